@@ -1,0 +1,3 @@
+"""Op definitions, one module per dialect; importing this package registers them all."""
+
+from . import ember, func, nn  # noqa: F401

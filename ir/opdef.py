@@ -1,0 +1,141 @@
+"""Op definitions: what an op name means (operands, attributes, type inference, traits).
+
+An op is declared once, as a small class in `ir/dialects/<dialect>.py`, and registered
+by its name. Traits used by passes and backends:
+
+- `pure`: no side effects (removable when unused, mergeable by CSE)
+- `elementwise`: result[i] depends on operand[i] only (after numpy broadcasting)
+- `reduction`: reduces over `axes`
+- `compute_bound` / `memory_bound`: the checkpoint class (keep vs recompute)
+- `random`: draws from the counter-based generator
+- `terminator`: ends a block
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from .types import ScalarType, TensorType, Type
+
+
+class InferenceError(ValueError):
+    """Operand types or attributes do not fit the op (raised by `OpDef.infer`)."""
+
+
+class VerifyError(ValueError):
+    """A graph breaks an IR rule; the message names the op and what is wrong."""
+
+
+OPS: dict[str, type[OpDef]] = {}
+
+
+def register(cls: type[OpDef]) -> type[OpDef]:
+    if cls.name in OPS:
+        raise ValueError(f"op {cls.name} registered twice")
+    OPS[cls.name] = cls
+    return cls
+
+
+def lookup(name: str) -> type[OpDef] | None:
+    """The definition of an op name, or None for an unregistered op."""
+    return OPS.get(name)
+
+
+def has_trait(op_name: str, trait: str) -> bool:
+    d = OPS.get(op_name)
+    return d is not None and trait in d.traits
+
+
+class OpDef:
+    """Base of every op definition. Subclasses set the class variables and `infer`."""
+
+    name: ClassVar[str]
+    traits: ClassVar[frozenset[str]] = frozenset({"pure", "memory_bound"})
+    # (min, max) operand count; max None = variadic
+    arity: ClassVar[tuple[int, int | None]] = (0, 0)
+    # attribute name -> accepted python type(s); `optional_attrs` may be absent
+    attrs: ClassVar[dict[str, Any]] = {}
+    optional_attrs: ClassVar[dict[str, Any]] = {}
+
+    @classmethod
+    def infer(cls, operand_types: list[Type], attrs: dict[str, Any]) -> list[Type] | None:
+        """Result types from operand types and attributes; None when given explicitly."""
+        return None
+
+    @classmethod
+    def check_signature(cls, operand_types: list[Type], attrs: dict[str, Any]) -> None:
+        lo, hi = cls.arity
+        n = len(operand_types)
+        if n < lo or (hi is not None and n > hi):
+            want = f"{lo}" if lo == hi else f"{lo}..{'' if hi is None else hi}"
+            raise InferenceError(f"{cls.name} takes {want} operands, got {n}")
+        for key, kind in cls.attrs.items():
+            if key not in attrs:
+                raise InferenceError(f"{cls.name} needs attribute '{key}'")
+            _check_attr(cls.name, key, attrs[key], kind)
+        for key, kind in cls.optional_attrs.items():
+            if key in attrs:
+                _check_attr(cls.name, key, attrs[key], kind)
+        for t in operand_types:
+            if not isinstance(t, TensorType) and "scalar_operands" not in cls.traits:
+                raise InferenceError(f"{cls.name} takes tensors, got {t}")
+
+    @classmethod
+    def result_types(cls, operand_types: list[Type], attrs: dict[str, Any]) -> list[Type] | None:
+        cls.check_signature(operand_types, attrs)
+        return cls.infer(operand_types, attrs)
+
+
+def _check_attr(op: str, key: str, value: Any, kind: Any) -> None:
+    if kind is list:
+        ok = isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool)
+                                             for v in value)
+        if not ok:
+            raise InferenceError(f"{op} attribute '{key}' must be a list of integers, got {value!r}")
+        return
+    if kind is int and isinstance(value, bool):
+        raise InferenceError(f"{op} attribute '{key}' must be an integer, got {value!r}")
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return
+    if not isinstance(value, kind):
+        raise InferenceError(f"{op} attribute '{key}' must be {getattr(kind, '__name__', kind)},"
+                             f" got {value!r}")
+
+
+def fmt_shape(shape: tuple[int, ...]) -> str:
+    return "[" + ", ".join(str(d) for d in shape) + "]"
+
+
+def broadcast_shapes(op: str, *shapes: tuple[int, ...]) -> tuple[int, ...]:
+    """numpy broadcasting of shapes, with an error naming the op and every shape."""
+    rank = max(len(s) for s in shapes)
+    out = []
+    for i in range(rank):
+        dims = {s[len(s) - rank + i] for s in shapes if len(s) - rank + i >= 0} - {1}
+        if len(dims) > 1:
+            raise InferenceError(f"{op}: shapes {' and '.join(fmt_shape(s) for s in shapes)} "
+                                 "do not broadcast")
+        out.append(dims.pop() if dims else 1)
+    return tuple(out)
+
+
+def same_dtype(op: str, types: list[Type]) -> str:
+    dtypes = {t.dtype for t in types}
+    if len(dtypes) != 1:
+        raise InferenceError(f"{op}: operand dtypes differ ({', '.join(str(t) for t in types)})")
+    return dtypes.pop()
+
+
+def normalize_axes(op: str, axes: list[int], rank: int) -> list[int]:
+    out = []
+    for a in axes:
+        if not -rank <= a < rank:
+            raise InferenceError(f"{op}: axis {a} out of range for rank {rank}")
+        out.append(a % rank)
+    if len(set(out)) != len(out):
+        raise InferenceError(f"{op}: repeated axis in {axes}")
+    return sorted(out)
+
+
+__all__ = ["OPS", "OpDef", "InferenceError", "VerifyError", "register", "lookup", "has_trait",
+           "broadcast_shapes", "same_dtype", "normalize_axes", "fmt_shape", "ScalarType"]

@@ -1,0 +1,91 @@
+"""Tensor and scalar types of the IR, printed as MLIR builtin types."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+DTYPES = ("f32", "f64", "f16", "bf16", "i64", "i32", "i1")
+FLOAT_DTYPES = frozenset({"f32", "f64", "f16", "bf16"})
+
+# bf16 has no numpy dtype; it is stored as f32 by the reference interpreter.
+_NUMPY = {"f32": np.float32, "f64": np.float64, "f16": np.float16, "bf16": np.float32,
+          "i64": np.int64, "i32": np.int32, "i1": np.bool_}
+_FROM_NUMPY = {np.dtype(np.float32): "f32", np.dtype(np.float64): "f64",
+               np.dtype(np.float16): "f16", np.dtype(np.int64): "i64",
+               np.dtype(np.int32): "i32", np.dtype(np.bool_): "i1"}
+
+
+def numpy_dtype(dtype: str) -> np.dtype:
+    """The numpy dtype that holds values of an IR dtype."""
+    return np.dtype(_NUMPY[dtype])
+
+
+def dtype_of(array_dtype) -> str:
+    """The IR dtype of a numpy dtype (or anything np.dtype accepts)."""
+    d = np.dtype(array_dtype)
+    if d not in _FROM_NUMPY:
+        raise TypeError(f"ember has no dtype for numpy {d}; use one of {', '.join(DTYPES)}")
+    return _FROM_NUMPY[d]
+
+
+@dataclass(frozen=True)
+class TensorType:
+    """`tensor<4x8xf32>`; a scalar is `tensor<f32>` (shape ())."""
+
+    shape: tuple[int, ...]
+    dtype: str
+
+    def __post_init__(self):
+        if self.dtype not in DTYPES:
+            raise ValueError(f"unknown dtype {self.dtype!r}; expected one of {', '.join(DTYPES)}")
+        object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
+        if any(d < 0 for d in self.shape):
+            raise ValueError(f"negative dimension in shape {self.shape}")
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * numpy_dtype(self.dtype).itemsize
+
+    @property
+    def is_float(self) -> bool:
+        return self.dtype in FLOAT_DTYPES
+
+    def with_shape(self, shape) -> TensorType:
+        return TensorType(tuple(shape), self.dtype)
+
+    def with_dtype(self, dtype: str) -> TensorType:
+        return TensorType(self.shape, dtype)
+
+    def __str__(self) -> str:
+        return "tensor<" + "".join(f"{d}x" for d in self.shape) + self.dtype + ">"
+
+
+@dataclass(frozen=True)
+class ScalarType:
+    """A bare element type (`f32`), the type of values inside a fused kernel's body."""
+
+    dtype: str
+
+    def __post_init__(self):
+        if self.dtype not in DTYPES:
+            raise ValueError(f"unknown dtype {self.dtype!r}; expected one of {', '.join(DTYPES)}")
+
+    @property
+    def is_float(self) -> bool:
+        return self.dtype in FLOAT_DTYPES
+
+    def __str__(self) -> str:
+        return self.dtype
+
+
+Type = TensorType | ScalarType
