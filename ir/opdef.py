@@ -91,7 +91,8 @@ def _check_attr(op: str, key: str, value: Any, kind: Any) -> None:
         ok = isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool)
                                              for v in value)
         if not ok:
-            raise InferenceError(f"{op} attribute '{key}' must be a list of integers, got {value!r}")
+            raise InferenceError(f"{op} attribute '{key}' must be a list of integers, "
+                                 f"got {value!r}")
         return
     if kind is int and isinstance(value, bool):
         raise InferenceError(f"{op} attribute '{key}' must be an integer, got {value!r}")

@@ -4,8 +4,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..opdef import (InferenceError, OpDef, broadcast_shapes, fmt_shape, normalize_axes,
-                     register, same_dtype)
+from ..opdef import (
+    InferenceError,
+    OpDef,
+    broadcast_shapes,
+    fmt_shape,
+    normalize_axes,
+    register,
+    same_dtype,
+)
 from ..types import DTYPES, TensorType, dtype_of
 
 ELEMENTWISE = frozenset({"pure", "elementwise", "memory_bound"})
