@@ -1,3 +1,15 @@
 """ember: a staged graph compiler for deep learning."""
 
 from . import ir  # noqa: F401
+from .frontend import init, nn
+from .frontend.module import ModuleMapper, ModuleVisitor, ParamGroup
+from .frontend.param import Param, ParamId, seed
+from .frontend.tensor import Tensor
+from .frontend.trace import ShapeError, TensorSpec, trace
+from .runtime import optim
+from .runtime.api import compile, compile_grad, compile_train_step  # noqa: A004
+from .runtime.params import GradientsParams
+
+__all__ = ["GradientsParams", "ModuleMapper", "ModuleVisitor", "Param", "ParamGroup", "ParamId",
+           "ShapeError", "Tensor", "TensorSpec", "compile", "compile_grad", "compile_train_step",
+           "init", "ir", "nn", "optim", "seed", "trace"]

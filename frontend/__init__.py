@@ -1,0 +1,1 @@
+"""What users write: modules, params, initializers, layers, symbolic tensors and tracing."""

@@ -24,7 +24,7 @@ class Param(OpDef):
 
     name = "ember.param"
     attrs = {"id": str, "path": str}
-    optional_attrs = {"init": str, "kind": str}
+    optional_attrs = {"init": str, "kind": str, "requires_grad": bool}
 
 
 @register

@@ -1,0 +1,47 @@
+"""Host buffers for compiled graphs: 64-byte aligned storage and input conversion.
+
+numpy only guarantees 16-byte alignment; a cache-line aligned buffer keeps vector loads
+from splitting lines. Generated code declares no alignment beyond the element's, so
+caller arrays (inputs, params) are used in place whenever they are contiguous.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ...ir import TensorType, numpy_dtype
+
+ALIGN = 64
+
+
+def aligned_empty(t: TensorType, align: int = ALIGN) -> tuple[np.ndarray, int]:
+    """An uninitialized array of type `t` starting on an `align`-byte boundary, and its
+    address."""
+    dt = numpy_dtype(t.dtype)
+    nbytes = math.prod(t.shape) * dt.itemsize
+    raw = np.empty(nbytes + align, np.uint8)
+    addr = raw.ctypes.data
+    start = -addr % align
+    return raw[start:start + nbytes].view(dt).reshape(t.shape), addr + start
+
+
+def aligned_copy(a: np.ndarray, t: TensorType) -> np.ndarray:
+    out, _ = aligned_empty(t)
+    out[...] = np.asarray(a, dtype=out.dtype).reshape(t.shape)
+    return out
+
+
+def as_input(x, t: TensorType, dtype: np.dtype, what: str) -> np.ndarray:
+    """`x` as a C-contiguous, aligned array of `dtype` (a copy only when needed).
+
+    A shape mismatch raises ValueError naming `what` and both shapes: generated code
+    trusts shapes completely, so this check is what keeps it in bounds.
+    """
+    if not (type(x) is np.ndarray and x.dtype == dtype and x.flags.c_contiguous
+            and x.flags.aligned):
+        x = np.require(x, dtype, ["C", "A"])
+    if x.shape != t.shape:
+        raise ValueError(f"{what}: expected shape {list(t.shape)} ({t}), got {list(x.shape)}")
+    return x

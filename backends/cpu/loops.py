@@ -1,0 +1,86 @@
+"""Loop nests over static shapes, in the form LLVM's vectorizer likes best.
+
+Every shape is known at compile time, so a loop is emitted bottom-tested with a constant
+trip count (a size-1 loop is no loop at all), and indices are i64 with `nuw nsw`.
+A nest walks several buffers at once, each with its own element strides: stride 0 is a
+broadcast dimension, a permuted stride a transpose.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from llvmlite import ir
+
+from .scalar import I64, i64
+
+Dim = tuple[int, tuple[int, ...]]  # (size, one element stride per buffer)
+NUW = ("nuw", "nsw")
+
+
+def contiguous_strides(shape: Sequence[int]) -> list[int]:
+    out, s = [], 1
+    for d in reversed(shape):
+        out.append(s)
+        s *= d
+    return out[::-1]
+
+
+def collapse(dims: Sequence[Dim]) -> list[Dim]:
+    """Drop size-1 dimensions and merge neighbours that every buffer walks contiguously,
+    so `x + y` on equal shapes is one flat loop and a bias add is two."""
+    out: list[Dim] = []
+    for size, strides in dims:
+        if size == 1:
+            continue
+        if out and all(so == s * size for so, s in zip(out[-1][1], strides)):
+            out[-1] = (out[-1][0] * size, strides)
+        else:
+            out.append((size, tuple(strides)))
+    return out
+
+
+def loop(b: ir.IRBuilder, n: int, body: Callable[[ir.Value], None], name: str = "i") -> None:
+    """`for i in range(n): body(i)`; nothing at all when n == 0."""
+    if n == 0:
+        return
+    if n == 1:
+        body(i64(0))
+        return
+    pre = b.block
+    head = b.append_basic_block(f"{name}.loop")
+    b.branch(head)
+    b.position_at_end(head)
+    i = b.phi(I64, name=name)
+    i.add_incoming(i64(0), pre)
+    body(i)
+    nxt = b.add(i, i64(1), flags=NUW)
+    i.add_incoming(nxt, b.block)
+    done = b.append_basic_block(f"{name}.done")
+    b.cbranch(b.icmp_unsigned("<", nxt, i64(n)), head, done)
+    b.position_at_end(done)
+
+
+def offset(b: ir.IRBuilder, base: ir.Value, i: ir.Value, stride: int) -> ir.Value:
+    """base + i*stride, skipping the arithmetic that is zero."""
+    if stride == 0:
+        return base
+    step = i if stride == 1 else b.mul(i, i64(stride), flags=NUW)
+    return step if isinstance(base, ir.Constant) and base.constant == 0 else \
+        b.add(base, step, flags=NUW)
+
+
+def nest(b: ir.IRBuilder, dims: Sequence[Dim], body: Callable[[list[ir.Value]], None],
+         base: Sequence[ir.Value]) -> None:
+    """Loops over `dims` (outermost first); `body` gets each buffer's element offset,
+    starting from `base` (one offset per buffer)."""
+
+    def level(k: int, offs: list[ir.Value]) -> None:
+        if k == len(dims):
+            body(offs)
+            return
+        size, strides = dims[k]
+        loop(b, size, lambda i: level(k + 1, [offset(b, o, i, s) for o, s in
+                                              zip(offs, strides)]), name=f"i{k}")
+
+    level(0, list(base))

@@ -1,0 +1,244 @@
+"""Params: lazily initialized model state, each with a stable 64-bit `ParamId`.
+
+A Param holds a shared lazy state (shape, initializer, fans, seed) and computes its
+value on the first `val()`. The value depends only on (seed in effect when the Param
+was created, its id) — `np.random.default_rng([seed, id])` — never on the order of
+first reads. Copies (`copy.copy`, `Module.clone`) share that state and id, so a lazy
+value is computed once for all of them; `set_value` rebinds only the Param it is called
+on. Inside `forward` a Param behaves as a tensor: operators and tensor methods forward
+to the `ember.param` value of the active trace.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import random
+import secrets
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..ir import DTYPES, dtype_of, numpy_dtype
+from ..ir.types import FLOAT_DTYPES
+from . import context
+
+_ALPHABET = "0123456789abcdefghijklmnopqrstuv"
+KINDS = ("float", "int", "bool", "flag", "buffer")
+
+_seed: int | None = None
+_ids = random.Random()
+_entropy = secrets.randbits(64)  # the value seed of unseeded processes
+
+
+def seed(s: int | None) -> None:
+    """Make new ParamIds and lazy initial values reproducible (None: random again)."""
+    global _seed
+    if s is not None and (not isinstance(s, int) or isinstance(s, bool) or s < 0):
+        raise ValueError(f"seed must be a non-negative integer or None, got {s!r}")
+    _seed = s
+    _ids.seed(s)
+
+
+@dataclass(frozen=True, order=True)
+class ParamId:
+    """A 64-bit id; `str()` is 13 lowercase base32 characters (0-9a-v)."""
+
+    value: int
+
+    def __post_init__(self):
+        if not 0 <= self.value < 1 << 64:
+            raise ValueError(f"ParamId must fit in 64 bits, got {self.value}")
+
+    @classmethod
+    def new(cls) -> ParamId:
+        """From the seeded stream after `em.seed`, else random."""
+        return cls(_ids.getrandbits(64) if _seed is not None else secrets.randbits(64))
+
+    @classmethod
+    def parse(cls, s: str) -> ParamId:
+        if len(s) != 13 or any(c not in _ALPHABET for c in s):
+            raise ValueError(f"not a ParamId: {s!r} (want 13 characters of 0-9a-v)")
+        return cls(int(s, 32))
+
+    def __int__(self) -> int:
+        return self.value
+
+    def __str__(self) -> str:
+        v, out = self.value, []
+        for _ in range(13):
+            v, d = divmod(v, 32)
+            out.append(_ALPHABET[d])
+        return "".join(reversed(out))
+
+    def __repr__(self) -> str:
+        return f"ParamId('{self}')"
+
+
+class _State:
+    """What clones share: how to compute the initial value, and the value once computed."""
+
+    __slots__ = ("shape", "dtype", "init", "fan_in", "fan_out", "seed", "value")
+
+    def __init__(self, shape, dtype, init=None, fan_in=None, fan_out=None, value=None):
+        self.shape, self.dtype, self.init = shape, dtype, init
+        self.fan_in, self.fan_out = fan_in, fan_out
+        self.seed = _seed if _seed is not None else _entropy
+        self.value = value
+
+    def materialize(self, pid: ParamId) -> np.ndarray:
+        if self.value is None:  # deterministic, so a race only computes the same value twice
+            rng = np.random.default_rng([self.seed, pid.value])
+            v = np.asarray(self.init(self.shape, rng, self.fan_in, self.fan_out))
+            if v.shape != self.shape:
+                raise ValueError(f"initializer {self.init} made shape {list(v.shape)}, "
+                                 f"not {list(self.shape)}")
+            self.value = np.asarray(v, dtype=numpy_dtype(self.dtype), order="C")
+        return self.value
+
+
+def _default_kind(dtype: str) -> str:
+    return "float" if dtype in FLOAT_DTYPES else "bool" if dtype == "i1" else "int"
+
+
+class Param:
+    """A model parameter (or flag, or buffer), lazy until its value is first read.
+
+    `Param((4, 8), em.init.Normal(0, 0.02))`; layers pass `fan_in`/`fan_out` for
+    fan-based initializers. `kind` is derived from the dtype ("float", "int", "bool")
+    unless "flag" or "buffer" is given; only float params require gradients by default.
+    """
+
+    def __init__(self, shape, init, dtype: str = "f32", *, fan_in: int | None = None,
+                 fan_out: int | None = None, kind: str | None = None,
+                 requires_grad: bool | None = None, device: str = "cpu",
+                 id: ParamId | None = None):
+        shape = tuple(int(d) for d in shape)
+        if any(d < 0 for d in shape):
+            raise ValueError(f"negative dimension in Param shape {list(shape)}")
+        if dtype not in DTYPES:
+            raise ValueError(f"unknown dtype {dtype!r}; expected one of {', '.join(DTYPES)}")
+        kind = kind or _default_kind(dtype)
+        if kind not in KINDS:
+            raise ValueError(f"unknown Param kind {kind!r}; expected one of {', '.join(KINDS)}")
+        if kind in ("float", "int", "bool") and kind != _default_kind(dtype):
+            raise ValueError(f"a {kind} Param cannot have dtype {dtype}")
+        if requires_grad and kind != "float":
+            raise ValueError(f"a {kind} Param cannot require gradients")
+        if init is not None:
+            getattr(init, "check", lambda *a: None)(shape, fan_in, fan_out)
+        self.id = id if id is not None else ParamId.new()
+        self.shape, self.dtype, self.kind, self.device = shape, dtype, kind, device
+        self.requires_grad = kind == "float" if requires_grad is None else bool(requires_grad)
+        self.frozen = False  # set by Module.freeze(): train() leaves this param's flags off
+        self._state = _State(shape, dtype, init, fan_in, fan_out)
+        self._value: np.ndarray | None = None  # set_value's rebinding, not shared with clones
+
+    @classmethod
+    def from_array(cls, a, requires_grad: bool | None = None, *, kind: str | None = None,
+                   device: str = "cpu") -> Param:
+        """A Param holding `a` (already initialized), with a new id."""
+        a = np.asarray(a)
+        p = cls(a.shape, None, dtype_of(a.dtype), kind=kind, requires_grad=requires_grad,
+                device=device)
+        p._state.value = np.array(a, order="C")  # a copy
+        return p
+
+    @classmethod
+    def flag(cls, value: bool) -> Param:
+        """A boolean mode switch (`Dropout.training`): read as a python bool while tracing."""
+        return cls.from_array(np.array(bool(value)), kind="flag")
+
+    @property
+    def init(self):
+        """The initializer of the lazy value (None for params made from arrays)."""
+        return self._state.init
+
+    @property
+    def is_initialized(self) -> bool:
+        return self._value is not None or self._state.value is not None
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def val(self) -> np.ndarray:
+        """The value, computed on the first read; treat it as read-only (use `set_value`)."""
+        return self._value if self._value is not None else self._state.materialize(self.id)
+
+    def set_value(self, a) -> Param:
+        """Rebind this Param's value (the runtime's updates, loaded records); same shape.
+
+        `a` is kept without a copy when its dtype and layout already fit: don't mutate it.
+        """
+        a = np.asarray(a)
+        if a.shape != self.shape:
+            raise ValueError(f"param {self.id}: value of shape {list(a.shape)} does not match "
+                             f"its shape {list(self.shape)}")
+        self._value = np.asarray(a, dtype=numpy_dtype(self.dtype), order="C")
+        return self
+
+    def map(self, fn) -> Param:
+        """A Param holding `fn(self.val())`, with the same id, kind and requires_grad."""
+        v = np.asarray(fn(self.val()))
+        p = copy.copy(self)
+        p.dtype = self.dtype if v.dtype == numpy_dtype(self.dtype) else dtype_of(v.dtype)
+        p.shape, p._value = v.shape, None
+        p._state = _State(v.shape, p.dtype, value=np.asarray(v, order="C"))
+        return p
+
+    def to_device(self, device: str) -> Param:
+        """The same Param (shared state, id, requires_grad) targeting `device`."""
+        p = copy.copy(self)
+        p.device = device
+        return p
+
+    def tensor(self):
+        """This Param as a symbolic tensor of the active trace (its `ember.param` op)."""
+        return context.current().param_tensor(self)
+
+    def __bool__(self) -> bool:
+        if self.kind != "flag":
+            raise TypeError(f"a {self.kind} Param has no truth value (only flags do)")
+        return bool(self.val())
+
+    # Tensor behaviour: == and != compare symbolically while tracing, by identity otherwise.
+    def __eq__(self, other):
+        t = context.active()
+        return NotImplemented if t is None else t.param_tensor(self) == other
+
+    def __ne__(self, other):
+        t = context.active()
+        return NotImplemented if t is None else t.param_tensor(self) != other
+
+    __hash__ = object.__hash__
+    __array_ufunc__ = None  # so `np_array * param` calls param.__rmul__
+
+    @property
+    def T(self):
+        return self.tensor().T
+
+    def __repr__(self) -> str:
+        state = "initialized" if self.is_initialized else "lazy"
+        grad = ", requires_grad" if self.requires_grad else ""
+        return (f"Param(id={self.id}, shape={list(self.shape)}, dtype={self.dtype}, "
+                f"kind={self.kind}, device={self.device}{grad}, {state})")
+
+
+def _forward(name):
+    def method(self, *args, **kwargs):
+        return getattr(self.tensor(), name)(*args, **kwargs)
+
+    method.__name__ = method.__qualname__ = name
+    return method
+
+
+for _name in ("add radd sub rsub mul rmul truediv rtruediv matmul rmatmul pow rpow neg lt le gt "
+              "ge").split():
+    setattr(Param, f"__{_name}__", _forward(f"__{_name}__"))
+for _name in "reshape transpose sum mean max exp log relu sigmoid tanh sqrt abs astype".split():
+    setattr(Param, _name, _forward(_name))

@@ -1,0 +1,185 @@
+"""Tracing: run a model's forward on symbolic Tensors and record an `ir.Graph`.
+
+`trace(model, *specs)` records `forward`; `trace_function(fn, model, specs)` records any
+function of tensors that may call the model (the runtime traces `loss_fn(model(x), y)`).
+Params become `ember.param` ops (once per trace, by id) without being materialized;
+flags are read as python bools. Each op carries the location of the user's source line,
+and a type error while building an op becomes a `ShapeError` naming the module path.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import ir
+from . import context
+from .module import Module
+from .param import Param, ParamId
+from .tensor import Tensor
+
+_PACKAGE = __name__.split(".")[0]  # "ember": frames of this package are not user code
+
+
+class ShapeError(ValueError):
+    """An op's operands do not fit, e.g. `layers.0 (Linear): nn.linear: input [32, 20] ...`."""
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """The shape and dtype of a traced input: `TensorSpec((32, 64), "f32")`."""
+
+    shape: tuple[int, ...]
+    dtype: str = "f32"
+
+    def __post_init__(self):
+        object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
+        if self.dtype not in ir.DTYPES:
+            object.__setattr__(self, "dtype", ir.dtype_of(self.dtype))
+
+    @classmethod
+    def of(cls, x) -> TensorSpec:
+        """The spec of a TensorSpec, an ir.TensorType or an example array."""
+        if isinstance(x, TensorSpec):
+            return x
+        if isinstance(x, ir.TensorType):
+            return cls(x.shape, x.dtype)
+        x = np.asarray(x)
+        return cls(x.shape, ir.dtype_of(x.dtype))
+
+    @property
+    def type(self) -> ir.TensorType:
+        return ir.TensorType(self.shape, self.dtype)
+
+
+def user_location() -> ir.Location | None:
+    """The innermost stack frame outside ember: the user's line that made this op."""
+    f = sys._getframe(1)
+    while f is not None:
+        name = f.f_globals.get("__name__", "")
+        if name != _PACKAGE and not name.startswith(_PACKAGE + "."):
+            return ir.Location(f.f_code.co_filename, f.f_lineno, 0)
+        f = f.f_back
+    return None
+
+
+class Trace:
+    """The graph being recorded: builds ops, lifts operands, maps params and module paths."""
+
+    def __init__(self, graph: ir.Graph, model: Module | None):
+        self.graph = graph
+        self.builder = ir.Builder(graph.body)
+        self.scopes: list[Module] = []
+        self.module_paths: dict[int, str] = {}
+        self.param_paths: dict[ParamId, str] = {}
+        if model is not None:
+            self.module_paths = {id(m): path for path, m in reversed(model.named_modules())}
+            for path, p in reversed(model.all_params()):
+                self.param_paths[p.id] = path  # the first path of a shared param wins
+        self.param_tensors: dict[ParamId, Tensor] = {}
+
+    @contextmanager
+    def scope(self, module: Module):
+        self.scopes.append(module)
+        try:
+            yield
+        finally:
+            self.scopes.pop()
+
+    def where(self) -> str:
+        """The module being called, as `path (Class)`, for error messages."""
+        if not self.scopes:
+            return f"<{self.graph.name}>"
+        m = self.scopes[-1]
+        path = self.module_paths.get(id(m))
+        return f"{path or ('<root>' if path == '' else '<not in model>')} ({type(m).__name__})"
+
+    def error(self, message: str) -> ShapeError:
+        loc = user_location()
+        at = f" (at {loc.file}:{loc.line})" if loc else ""
+        return ShapeError(f"{self.where()}: {message}{at}")
+
+    def op(self, name: str, *operands: Tensor, **attrs) -> Tensor:
+        try:
+            op = self.builder.create(name, [t.value for t in operands], attrs,
+                                     loc=user_location())
+        except ir.InferenceError as e:
+            raise self.error(str(e)) from None
+        return Tensor(op.result, self)
+
+    def param_tensor(self, p: Param) -> Tensor:
+        """The `ember.param` op of `p`, created before the graph's other ops on first use."""
+        if p.id in self.param_tensors:
+            return self.param_tensors[p.id]
+        if p.id not in self.param_paths:
+            raise ValueError(f"{self.where()}: {p!r} is used while tracing but is not in the "
+                             "model; assign it to a module field")
+        attrs = {"id": str(p.id), "path": self.param_paths[p.id]}
+        if p.init is not None:
+            attrs["init"] = str(p.init)
+        if p.kind in ("buffer", "flag"):
+            attrs["kind"] = p.kind
+        if not p.requires_grad:
+            attrs["requires_grad"] = False
+        op = ir.Operation("ember.param", [], [ir.TensorType(p.shape, p.dtype)], attrs,
+                          loc=user_location())
+        self.graph.body.insert(len(self.param_tensors), op)
+        self.param_tensors[p.id] = t = Tensor(op.result, self)
+        return t
+
+    def constant(self, value: np.ndarray, dtype: str | None = None) -> Tensor:
+        """An `ember.constant`; `dtype` only where numpy has none of its own (bf16)."""
+        value = np.array(value, order="C")  # a copy: later changes to it do not leak in
+        if dtype is None or dtype == ir.dtype_of(value.dtype):
+            return self.op("ember.constant", value=value)
+        return self.op("ember.constant", value=value, dtype=dtype)
+
+    def lift(self, x, dtype: str | None = None) -> Tensor:
+        """A Tensor of this trace from a Tensor, a Param, a python scalar (of `dtype`) or array."""
+        if isinstance(x, Tensor):
+            if x.trace is not self:
+                raise ValueError("a Tensor of another trace is used here")
+            return x
+        if isinstance(x, Param):
+            return self.param_tensor(x)
+        if isinstance(x, (bool, int, float)) and dtype is not None:
+            if isinstance(x, float) and not ir.TensorType((), dtype).is_float and x != int(x):
+                raise self.error(f"the scalar {x} does not fit a {dtype} tensor")
+            return self.constant(np.array(x, dtype=ir.numpy_dtype(dtype)), dtype)
+        if isinstance(x, (np.ndarray, np.generic, bool, int, float, list)):
+            return self.constant(np.asarray(x))
+        raise TypeError(f"cannot use a {type(x).__name__} as a tensor")
+
+
+def trace_function(fn: Callable, model: Module | None, specs: Sequence, name: str = "forward",
+                   arg_names: Sequence[str] | None = None) -> ir.Graph:
+    """Record `fn(*tensors)` as a graph; `model`'s params (any kind) may be used in it.
+
+    `specs`: TensorSpecs, ir.TensorTypes or example arrays. Arguments are named `x`, `x1`,
+    ... unless `arg_names` are given. `fn` returns a Tensor (or Param) or a tuple of them.
+    """
+    types = [TensorSpec.of(s).type for s in specs]
+    names = list(arg_names or ["x"] + [f"x{i}" for i in range(1, len(types))])
+    graph = ir.Graph(name, types, names)
+    t = Trace(graph, model)
+    token = context.enter(t)
+    try:
+        out = fn(*(Tensor(a, t) for a in graph.args))
+        outs = list(out) if isinstance(out, (tuple, list)) else [out]
+        for o in outs:
+            if not isinstance(o, (Tensor, Param)):
+                raise TypeError(f"@{name} returned a {type(o).__name__}; expected Tensors")
+        values = [t.lift(o).value for o in outs]
+    finally:
+        context.leave(token)
+    t.builder.create("func.return", values)
+    return ir.verify(graph)
+
+
+def trace(model: Module, *specs) -> ir.Graph:
+    """Record `model.forward` on inputs of these specs as the graph `@forward`."""
+    return trace_function(model, model, specs, name="forward")

@@ -1,0 +1,159 @@
+"""`canonicalize`: local simplifications as a pattern table keyed by op name.
+
+Each pattern is `(op, rewriter) -> bool` and only fires when the replacement has exactly
+the op's result type, so no simplification changes a shape through broadcasting. Small
+all-constant ops are folded with the interpreter's numpy kernels (the ops' living
+definition), so folding can never disagree with execution. Dead pure ops are erased,
+as MLIR's canonicalizer does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from ..ir import Graph, Operation, Value, dtype_of, has_trait, numpy_dtype
+from ..ir.rewriter import Rewriter, apply_patterns
+from .dce import is_dead
+from .manager import Pass, register_pass
+
+FOLD_LIMIT = 1024  # largest result (in elements) that folding materializes
+
+
+def splat(v: Value) -> float | None:
+    """The single value of a constant whose elements are all equal, else None."""
+    op = v.op
+    if op is None or op.name != "ember.constant":
+        return None
+    a = op.attributes["value"]
+    return a.flat[0].item() if a.size and np.all(a == a.flat[0]) else None
+
+
+def constant(rw: Rewriter, at: Operation, value, type) -> Value:
+    arr = np.ascontiguousarray(np.asarray(value, numpy_dtype(type.dtype))).reshape(type.shape)
+    extra = {} if dtype_of(arr.dtype) == type.dtype else {"dtype": type.dtype}
+    return rw.op(at, "ember.constant", value=arr, **extra)
+
+
+def same(op: Operation, v: Value) -> bool:
+    return v.type == op.result.type
+
+
+# --- patterns --------------------------------------------------------------------------
+
+def fold_constants(op: Operation, rw: Rewriter) -> bool:
+    from ..backends.interpreter.kernels import KERNELS
+
+    if (op.name in ("ember.constant", "ember.param") or len(op.results) != 1 or op.regions
+            or not op.operands or op.name not in KERNELS or not has_trait(op.name, "pure")
+            or has_trait(op.name, "random") or op.result.type.size > FOLD_LIMIT
+            or any(v.op is None or v.op.name != "ember.constant" for v in op.operands)):
+        return False
+    with np.errstate(all="ignore"):
+        value = KERNELS[op.name](op.attributes, *[v.op.attributes["value"] for v in op.operands])
+    return rw.replace(op, constant(rw, op, value, op.result.type))
+
+
+def erase_dead(op: Operation, rw: Rewriter) -> bool:
+    if op.name == "ember.param" or not is_dead(op):  # unused params are dce's call
+        return False
+    op.erase()
+    rw.changed = True
+    return True
+
+
+def identity_operand(index: int, unit: float):
+    """`x op unit -> x` for the operand at `index` (`x*1`, `x+0`, `x-0`, `x/1`)."""
+    def pattern(op: Operation, rw: Rewriter) -> bool:
+        x, c = op.operands[index], op.operands[1 - index]
+        return splat(c) == unit and same(op, x) and rw.replace(op, x)
+    return pattern
+
+
+def neg_neg(op: Operation, rw: Rewriter) -> bool:
+    x = op.operands[0].op
+    return x is not None and x.name == "ember.neg" and rw.replace(op, x.operands[0])
+
+
+def transpose(op: Operation, rw: Rewriter) -> bool:
+    x, perm = op.operands[0], op.attributes["perm"]
+    if perm == sorted(perm):
+        return rw.replace(op, x)
+    inner = x.op
+    if inner is None or inner.name != "ember.transpose":
+        return False
+    composed = [inner.attributes["perm"][p] for p in perm]
+    y = inner.operands[0]
+    if composed == sorted(composed):
+        return rw.replace(op, y)
+    return rw.replace(op, rw.op(op, "ember.transpose", y, perm=composed))
+
+
+def reshape(op: Operation, rw: Rewriter) -> bool:
+    x = op.operands[0]
+    if same(op, x):
+        return rw.replace(op, x)
+    if x.op is not None and x.op.name == "ember.reshape":
+        return rw.replace(op, rw.op(op, "ember.reshape", x.op.operands[0],
+                                    shape=op.attributes["shape"]))
+    return False
+
+
+def broadcast(op: Operation, rw: Rewriter) -> bool:
+    x = op.operands[0]
+    if same(op, x):
+        return rw.replace(op, x)
+    if x.op is None or x.op.name not in ("ember.broadcast", "ember.reshape"):
+        return False
+    src = x.op.operands[0]
+    lead = x.type.rank - src.type.rank  # a reshape that only prepends 1s is a broadcast too
+    if x.op.name == "ember.reshape" and not (lead >= 0 and x.type.shape[lead:] == src.type.shape
+                                             and set(x.type.shape[:lead]) <= {1}):
+        return False
+    return rw.replace(op, rw.op(op, "ember.broadcast", src, shape=op.attributes["shape"]))
+
+
+def reduce_of_broadcast(op: Operation, rw: Rewriter) -> bool:
+    """sum/mean over exactly the broadcast axes of broadcast(x) is x * count / x."""
+    src = op.operands[0].op
+    if src is None or src.name != "ember.broadcast" or op.result.type.dtype == "i1":
+        return False
+    x, shape = src.operands[0], src.result.type.shape
+    padded = (1,) * (len(shape) - x.type.rank) + x.type.shape
+    axes = {a % len(shape) for a in op.attributes["axes"]}
+    if any(padded[a] != 1 for a in axes) or any(
+            padded[a] != shape[a] for a in range(len(shape)) if a not in axes):
+        return False
+    count = int(np.prod([shape[a] for a in axes]))
+    if op.name == "ember.reduce_sum" and count != 1:
+        x = rw.op(op, "ember.mul", x, constant(rw, op, count, x.type.with_shape(())))
+    if x.type.shape != op.result.type.shape:
+        x = rw.op(op, "ember.reshape", x, shape=list(op.result.type.shape))
+    return rw.replace(op, x)
+
+
+PATTERNS = {
+    "ember.add": [identity_operand(0, 0), identity_operand(1, 0)],
+    "ember.sub": [identity_operand(0, 0)],
+    "ember.mul": [identity_operand(0, 1), identity_operand(1, 1)],
+    "ember.div": [identity_operand(0, 1)],
+    "ember.neg": [neg_neg],
+    "ember.transpose": [transpose],
+    "ember.reshape": [reshape],
+    "ember.broadcast": [broadcast],
+    "ember.reduce_sum": [reduce_of_broadcast],
+    "ember.reduce_mean": [reduce_of_broadcast],
+    "*": [fold_constants, erase_dead],
+}
+
+
+@register_pass
+@dataclass(frozen=True)
+class Canonicalize(Pass):
+    name: ClassVar[str] = "canonicalize"
+
+    def apply(self, graph: Graph) -> Graph:
+        apply_patterns(graph, PATTERNS)
+        return graph

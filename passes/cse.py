@@ -1,0 +1,63 @@
+"""`cse`: merge identical pure ops (same name, operands, attributes, result types).
+
+Ops with regions or the `random` trait are never merged: two dropout masks with equal
+attributes are still two draws.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from ..ir import Block, Graph, Operation, has_trait
+from .manager import Pass, register_pass
+
+
+def freeze(v: Any) -> Any:
+    """A hashable key for an attribute value; arrays compare by dtype, shape and bytes."""
+    if isinstance(v, np.ndarray):
+        return ("ndarray", v.dtype.str, v.shape, v.tobytes())
+    if isinstance(v, list | tuple):
+        return (type(v).__name__, *map(freeze, v))
+    if isinstance(v, dict):
+        return ("dict", *sorted((k, freeze(x)) for k, x in v.items()))
+    return (type(v).__name__, v)
+
+
+def op_key(op: Operation) -> tuple | None:
+    if op.regions or not has_trait(op.name, "pure") or has_trait(op.name, "random"):
+        return None
+    return (op.name, tuple(map(id, op.operands)), freeze(op.attributes),
+            tuple(str(r.type) for r in op.results))
+
+
+def cse_block(block: Block, seen: dict[tuple, Operation]) -> bool:
+    """Nested blocks see the ops above them (they are dominated by them), not vice versa."""
+    changed = False
+    for op in list(block.ops):
+        for region in op.regions:
+            for b in region.blocks:
+                changed |= cse_block(b, dict(seen))
+        key = op_key(op)
+        if key is None:
+            continue
+        if key in seen:
+            for old, new in zip(op.results, seen[key].results):
+                old.replace_all_uses_with(new)
+            op.erase()
+            changed = True
+        else:
+            seen[key] = op
+    return changed
+
+
+@register_pass
+@dataclass(frozen=True)
+class Cse(Pass):
+    name: ClassVar[str] = "cse"
+
+    def apply(self, graph: Graph) -> Graph:
+        cse_block(graph.body, {})
+        return graph

@@ -1,0 +1,55 @@
+"""The model's params as the runtime sees them: by id string, with the state that keys a compile."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..frontend.module import Module
+from ..frontend.param import Param, ParamId
+
+
+def param_table(model: Module) -> dict[str, Param]:
+    """Every Param of the model (buffers and flags too), keyed by `str(param.id)`."""
+    return model.params_by_id()
+
+
+def param_values(table: dict[str, Param]) -> dict[str, np.ndarray]:
+    """Materialize (on first run) and read every param's value."""
+    return {pid: p.val() for pid, p in table.items()}
+
+
+def state_key(table: dict[str, Param]) -> tuple:
+    """What a compiled graph bakes in: ids, shapes, flags and requires_grad."""
+    return tuple((pid, p.shape, p.kind, p.requires_grad,
+                  bool(p.val()) if p.kind == "flag" else None) for pid, p in table.items())
+
+
+class GradientsParams:
+    """Gradients keyed by ParamId, only for params that require grad (as burn's)."""
+
+    def __init__(self, grads: dict[ParamId, np.ndarray]):
+        self._grads = grads
+
+    def get(self, param: Param | ParamId) -> np.ndarray | None:
+        return self._grads.get(param.id if isinstance(param, Param) else param)
+
+    def __getitem__(self, param: Param | ParamId) -> np.ndarray:
+        g = self.get(param)
+        if g is None:
+            raise KeyError(f"no gradient for {param}")
+        return g
+
+    def __contains__(self, param: Param | ParamId) -> bool:
+        return self.get(param) is not None
+
+    def __len__(self) -> int:
+        return len(self._grads)
+
+    def __iter__(self):
+        return iter(self._grads)
+
+    def items(self):
+        return self._grads.items()
+
+    def __repr__(self) -> str:
+        return f"GradientsParams({len(self)} params)"

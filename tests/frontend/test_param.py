@@ -1,0 +1,101 @@
+"""Params: ids, seeding, laziness that does not depend on read order, map/from_array/copies."""
+
+import copy
+
+import numpy as np
+import pytest
+
+import ember as em
+from ember import nn
+
+
+def test_param_id_text_round_trip():
+    for value in (0, 1, 31, 32, 2**64 - 1, 0x0123456789ABCDEF):
+        pid = em.ParamId(value)
+        text = str(pid)
+        assert len(text) == 13 and set(text) <= set("0123456789abcdefghijklmnopqrstuv")
+        assert em.ParamId.parse(text) == pid and hash(em.ParamId.parse(text)) == hash(pid)
+    assert str(em.ParamId(0)) == "0" * 13 and str(em.ParamId(2**64 - 1)) == "fvvvvvvvvvvvv"
+    for bad in ("0" * 12, "w" * 13, "ABCDEFGHIJKLM"):
+        with pytest.raises(ValueError):
+            em.ParamId.parse(bad)
+    with pytest.raises(ValueError):
+        em.ParamId(2**64)
+
+
+def _mlp():
+    return nn.Sequential(nn.Linear(6, 5), nn.ReLU(), nn.Linear(5, 3))
+
+
+def test_seeded_models_are_equal_whatever_order_values_are_first_read():
+    em.seed(0)
+    a = _mlp()
+    em.seed(0)
+    b = _mlp()
+    for _, p in a.named_parameters():
+        p.val()
+    for _, p in reversed(b.named_parameters()):
+        p.val()
+    for (path, x), (_, y) in zip(a.named_parameters(), b.named_parameters()):
+        assert x.id == y.id and np.array_equal(x.val(), y.val()), path
+    em.seed(1)
+    c = _mlp()
+    assert all(x.id != y.id and not np.array_equal(x.val(), y.val())
+               for x, y in zip(a.parameters(), c.parameters()))
+
+
+def test_unseeded_ids_are_random():
+    em.seed(None)
+    assert _mlp().layers[0].weight.id != _mlp().layers[0].weight.id
+
+
+def test_map_keeps_id_and_trainability():
+    p = em.Param((2, 3), em.init.Ones())
+    q = p.map(lambda v: v * 3)
+    assert q.id == p.id and q.requires_grad and q.kind == "float"
+    assert np.array_equal(q.val(), np.full((2, 3), 3, np.float32)) and q.val().dtype == np.float32
+    frozen = em.Param((2,), em.init.Zeros(), requires_grad=False)
+    assert not frozen.map(lambda v: v + 1).requires_grad
+
+
+def test_from_array_makes_a_new_initialized_param():
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    p, q = em.Param.from_array(a), em.Param.from_array(a)
+    assert p.id != q.id and p.is_initialized and p.requires_grad and p.dtype == "f32"
+    assert np.array_equal(p.val(), a)
+    labels = em.Param.from_array(np.array([1, 2]))
+    assert labels.kind == "int" and labels.dtype == "i64" and not labels.requires_grad
+
+
+def test_copies_share_the_lazy_state_and_id():
+    p = em.Param((4,), em.init.Normal(0, 1))
+    c = copy.copy(p)
+    assert c.id == p.id and not c.is_initialized
+    assert c.val() is p.val() and p.is_initialized
+
+
+def test_set_value_checks_shape_and_casts():
+    p = em.Param((2, 2), em.init.Zeros())
+    p.set_value(np.ones((2, 2), np.float64))
+    assert p.val().dtype == np.float32 and p.val().sum() == 4
+    with pytest.raises(ValueError, match=r"shape \[3\] does not match its shape \[2, 2\]"):
+        p.set_value(np.ones(3))
+
+
+def test_kinds_and_flags():
+    flag = em.Param.flag(True)
+    assert flag.kind == "flag" and flag.dtype == "i1" and bool(flag) and not flag.requires_grad
+    assert flag.shape == () and flag.val().shape == () and flag.set_value(False).val().shape == ()
+    with pytest.raises(TypeError, match="no truth value"):
+        bool(em.Param((1,), em.init.Zeros()))
+    with pytest.raises(ValueError, match="cannot require gradients"):
+        em.Param((1,), em.init.Zeros(), kind="buffer", requires_grad=True)
+    with pytest.raises(ValueError, match="int Param cannot have dtype f32"):
+        em.Param((1,), em.init.Zeros(), kind="int")
+
+
+def test_a_param_is_not_a_tensor_outside_a_trace():
+    p = em.Param((2,), em.init.Zeros())
+    with pytest.raises(RuntimeError, match="only while tracing"):
+        p + 1
+    assert p != em.Param((2,), em.init.Zeros()) and p == p  # identity outside a trace
