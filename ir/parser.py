@@ -27,7 +27,7 @@ _LAZY_SPLAT = 1 << 20  # bigger splats stay read-only broadcast views instead of
 
 _TOKEN = re.compile(r"""
     (?P<pct>%[A-Za-z0-9_$.\-]+(?:\#[0-9]+)?)
-  | (?P<at>@(?:[A-Za-z_][A-Za-z0-9_$.\-]*)?)
+  | (?P<at>@(?:[A-Za-z_][A-Za-z0-9_$.]*)?)
   | (?P<caret>\^[A-Za-z0-9_$.\-]+)
   | (?P<hash>\#[A-Za-z0-9_$.\-]+)
   | (?P<float>[0-9]+\.[0-9]*(?:[eE][-+]?[0-9]+)?)
@@ -437,7 +437,8 @@ class _Parser:
 
     def check_uses(self, uses: list, types: list, pos: int) -> None:
         if len(uses) != len(types):
-            raise self.error(f"expected {len(uses)} operand types, got {len(types)}", pos)
+            raise self.error(f"expected {_count(len(uses), 'operand type')}, got {len(types)}",
+                             pos)
         for (v, tok), t in zip(uses, types):
             if v.type != t:
                 raise self.error(f"use of '{tok.text}' expected type {v.type} as defined, "
@@ -463,7 +464,8 @@ class _Parser:
         self.check_uses(uses, list(ft.inputs), pos)
         want = sum(n for _, n, _ in results)
         if len(ft.outputs) != want:
-            raise self.error(f"expected {want} result types, got {len(ft.outputs)}", pos)
+            raise self.error(f"expected {_count(want, 'result type')}, got {len(ft.outputs)}",
+                             pos)
         op = Operation(name, [v for v, _ in uses], list(ft.outputs), attrs, regions,
                        self.opt_loc())
         i = 0
@@ -826,6 +828,10 @@ class _Parser:
             seen.add(loc.name)
             loc = self.aliases[loc.name]
         return loc
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}" + ("" if n == 1 else "s")
 
 
 def _types(types) -> str:

@@ -54,8 +54,12 @@ def _dotted(s: str) -> str:
     return s if "." in mant else f"{mant}.0{e}{exp}"
 
 
-def _elem_float(x: np.floating, dtype: str) -> str:
-    """A dense float element that reads back (via double, as MLIR does) to the same bits."""
+def _elem(x: np.generic, dtype: str) -> str:
+    """A dense element; a float reads back (via double, as MLIR reads it) to the same bits."""
+    if dtype == "i1":
+        return "true" if x else "false"
+    if dtype in ("i32", "i64"):
+        return str(int(x))
     if not np.isfinite(x):
         return f"0x{int(x.view(f'u{x.itemsize}')):0{_HEX_WIDTH[dtype]}X}"
     s = _dotted(str(x))
@@ -72,18 +76,12 @@ def _is_splat(a: np.ndarray) -> bool:
 def fmt_dense(a: np.ndarray) -> str:
     """`dense<...> : tensor<2x3xf32>`: splat when all elements are equal, else nested lists."""
     dtype = dtype_of(a.dtype)
-    if dtype == "i1":
-        elem = lambda x: "true" if x else "false"  # noqa: E731
-    elif dtype in ("i32", "i64"):
-        elem = lambda x: str(int(x))  # noqa: E731
-    else:
-        elem = lambda x: _elem_float(x, dtype)  # noqa: E731
     if a.size == 0:
         body = ""
     elif _is_splat(a):
-        body = elem(a.reshape(-1)[0])
+        body = _elem(a.reshape(-1)[0], dtype)
     else:
-        items = [elem(x) for x in a.reshape(-1)]
+        items = [_elem(x, dtype) for x in a.reshape(-1)]
         for d in reversed(a.shape[1:]):
             items = ["[" + ", ".join(items[i:i + d]) + "]" for i in range(0, len(items), d)]
         body = "[" + ", ".join(items) + "]"

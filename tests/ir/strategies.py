@@ -271,9 +271,10 @@ def _region(rng: random.Random, operands: list[Value], outer: list[Value], depth
                                     ins, [t], rand_attrs(rng, 1) if rng.random() < 0.3 else {},
                                     regions, rand_loc(rng)))
         vals.append(op.result)
-    if rng.random() < 0.9:
+    second = rng.random() < 0.15  # MLIR allows an empty block only as a region's only one
+    if second or rng.random() < 0.9:
         block.append(Operation("kernel.yield", vals[-1:], []))
-    if rng.random() < 0.15:
+    if second:
         r.append(Block([ScalarType("i32")], [rng.choice(NAMES)])).append(
             Operation("test.end", [], []))
     return r
@@ -391,3 +392,49 @@ def mlir_opt() -> str | None:
             return path
     p = Path("/usr/lib/llvm-19/bin/mlir-opt")
     return str(p) if p.exists() else None
+
+
+# -- texts as ember and mlir-opt print them (notes/mlir-text.md) ------------------------------
+
+NOTES_INPUT = """\
+module {
+  func.func @forward(%x: tensor<5x20xf32>) -> tensor<5x48xf32> {
+    %0 = "ember.param"() {id = "9199rs1gnooc6", path = "a.weight", init = "kaiming_uniform", gain = 0.5773502691896258 : f64} : () -> tensor<20x48xf32>
+    %1 = "ember.param"() {id = "tumvmkapa4mm2", path = "a.bias"} : () -> tensor<48xf32>
+    %2 = "nn.linear"(%x, %0, %1) : (tensor<5x20xf32>, tensor<20x48xf32>, tensor<48xf32>) -> tensor<5x48xf32>
+    %3 = "ember.relu"(%2) : (tensor<5x48xf32>) -> tensor<5x48xf32>
+    %4 = "ember.constant"() {value = dense<1.000000e-01> : tensor<f32>} : () -> tensor<f32>
+    %5 = "ember.reduce_sum"(%3) {axes = [1], keepdims = false} : (tensor<5x48xf32>) -> tensor<5xf32>
+    %6 = "kernel.fused"(%3, %4) ({
+    ^bb0(%a: f32, %b: f32):
+      %c = "kernel.mul"(%a, %b) : (f32, f32) -> f32
+      "kernel.yield"(%c) : (f32) -> ()
+    }) : (tensor<5x48xf32>, tensor<f32>) -> tensor<5x48xf32>
+    func.return %3 : tensor<5x48xf32>
+  } loc("model.py":12:5)
+}
+"""  # noqa: E501
+
+NOTES_GENERIC = """\
+#loc1 = loc("model.py":12:5)
+"builtin.module"() ({
+  "func.func"() <{function_type = (tensor<5x20xf32>) -> tensor<5x48xf32>, sym_name = "forward"}> ({
+  ^bb0(%arg0: tensor<5x20xf32> loc("in.mlir":2:22)):
+    %0 = "ember.param"() {gain = 0.57735026918962584 : f64, id = "9199rs1gnooc6", init = "kaiming_uniform", path = "a.weight"} : () -> tensor<20x48xf32> loc(#loc3)
+    %1 = "ember.param"() {id = "tumvmkapa4mm2", path = "a.bias"} : () -> tensor<48xf32> loc(unknown)
+    %2 = "nn.linear"(%arg0, %0, %1) : (tensor<5x20xf32>, tensor<20x48xf32>, tensor<48xf32>) -> tensor<5x48xf32> loc(callsite("f"("a.py":1:2) at "b.py":3:4))
+    %3 = "ember.relu"(%2) : (tensor<5x48xf32>) -> tensor<5x48xf32> loc("relu"("c.py":5:6))
+    %4 = "ember.constant"() {value = dense<1.000000e-01> : tensor<f32>} : () -> tensor<f32> loc(fused<"x">["a.py":1:2, "b.py":3:4])
+    %5 = "ember.reduce_sum"(%3) {axes = [1], keepdims = false} : (tensor<5x48xf32>) -> tensor<5xf32>
+    %6 = "kernel.fused"(%3, %4) ({
+    ^bb0(%arg1: f32, %arg2: f32):
+      %7 = "kernel.mul"(%arg1, %arg2) : (f32, f32) -> f32
+      "kernel.yield"(%7) : (f32) -> ()
+    }) : (tensor<5x48xf32>, tensor<f32>) -> tensor<5x48xf32>
+    "func.return"(%3) : (tensor<5x48xf32>) -> ()
+  }) : () -> () loc(#loc1)
+}) : () -> () loc(#loc)
+#loc = loc("in.mlir":1:1)
+#loc3 = loc(#loc2)
+#loc2 = loc("model.py":7:9)
+"""  # noqa: E501

@@ -8,8 +8,7 @@ import random
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from strategies import op_graph, random_graph
-from test_text import NOTES_GENERIC, NOTES_INPUT
+from strategies import NOTES_GENERIC, NOTES_INPUT, op_graph, random_graph
 
 from ember.ir.parser import ParseError, parse
 from ember.ir.printer import print_graph
@@ -29,7 +28,7 @@ CASES = [
     (HEAD + '  %0 = "ember.add"(%x, %x) : ¦(tensor<3xf32>) -> tensor<3xf32>\n' + RET,
      "expected 2 operand types, got 1"),
     (HEAD + '  %0 = "ember.relu"(%x) : ¦(tensor<3xf32>) -> (tensor<3xf32>, tensor<3xf32>)\n'
-     + RET, "expected 1 result types, got 2"),
+     + RET, "expected 1 result type, got 2"),
     ("func.func @f(%x: tensor<3x¦f8>) {\n}\n", "expected a dtype (f32, f64"),
     ("func.func @f(%x: ¦index) {\n}\n", "got unknown type 'index'"),
     ("func.func @f(%x: tensor<¦?x3xf32>) {\n}\n", "expected a static dimension or dtype"),
@@ -76,7 +75,7 @@ def where(marked: str) -> tuple[str, int, int]:
     return before + after, line, len(before) - (before.rfind("\n") + 1) + 1
 
 
-@pytest.mark.parametrize("marked, fragment", CASES)
+@pytest.mark.parametrize("marked, fragment", CASES, ids=[f[:32] for _, f in CASES])
 def test_error_position_and_message(marked, fragment):
     text, line, col = where(marked)
     with pytest.raises(ParseError) as info:
