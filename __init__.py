@@ -4,6 +4,7 @@ from . import ir  # noqa: F401
 from .frontend import init, nn
 from .frontend.module import ModuleMapper, ModuleVisitor, ParamGroup
 from .frontend.param import Param, ParamId, seed
+from .frontend.records import RecordError, load, load_torch, save
 from .frontend.tensor import Tensor
 from .frontend.trace import ShapeError, TensorSpec, trace
 from .runtime import optim
@@ -12,4 +13,5 @@ from .runtime.params import GradientsParams
 
 __all__ = ["GradientsParams", "ModuleMapper", "ModuleVisitor", "Param", "ParamGroup", "ParamId",
            "ShapeError", "Tensor", "TensorSpec", "compile", "compile_grad", "compile_train_step",
-           "init", "ir", "nn", "optim", "seed", "trace"]
+           "init", "ir", "load", "load_torch", "nn", "optim", "RecordError", "save", "seed",
+           "trace"]

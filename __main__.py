@@ -1,4 +1,4 @@
-"""The `ember` command: `ember train`, `ember opt`."""
+"""The `ember` command: `ember train`, `ember bench`, `ember opt`."""
 
 from __future__ import annotations
 
@@ -6,23 +6,61 @@ import argparse
 import sys
 
 
+def _optimizer(args: argparse.Namespace, steps_per_epoch: int):
+    from ember.runtime import optim
+
+    lr = args.lr if args.lr is not None else (0.05 if args.optimizer == "sgd" else 1e-3)
+    total = max(1, args.epochs * steps_per_epoch - args.warmup)
+    schedule = {"constant": lambda: optim.Constant(lr),
+                "step": lambda: optim.StepLR(lr, step_size=max(1, total // 3), gamma=0.1),
+                "cosine": lambda: optim.Cosine(lr, total_steps=total)}[args.schedule]()
+    if args.warmup:
+        schedule = optim.LinearWarmup(schedule, warmup_steps=args.warmup)
+    kwargs = {"weight_decay": args.weight_decay} if args.weight_decay is not None else {}
+    if args.optimizer == "sgd":
+        kwargs["momentum"] = args.momentum
+    return optim.OPTIMIZERS[args.optimizer](lr=schedule, clip_norm=args.clip_norm, **kwargs)
+
+
 def _train(args: argparse.Namespace) -> int:
     import ember as em
     from ember.runtime import data, models, train
+    from ember.runtime.backend import BackendUnavailableError
+    from ember.runtime.debug import ExecutionError
 
-    em.seed(args.seed)
-    dataset = data.load_npz(args.data, args.seed) if args.data else data.digits(args.seed)
-    model = models.load_model(args.model, dataset.input_shape[-1], dataset.num_classes)
-    opt_cls = {"sgd": em.optim.SGD, "adam": em.optim.Adam, "adamw": em.optim.AdamW}
-    kwargs = {"momentum": args.momentum} if args.optimizer == "sgd" else {}
-    optimizer = opt_cls[args.optimizer](lr=args.lr, **kwargs)
-    print(f"training {args.model} ({model.num_params():,} params) on "
-          f"{args.data or 'digits'} with {optimizer}, {args.epochs} epochs, "
-          f"batch {args.batch_size}, {args.backend} backend")
-    results = train.fit(model, dataset, optimizer, epochs=args.epochs,
-                        batch_size=args.batch_size, backend=args.backend, seed=args.seed,
-                        dump_ir=args.dump_ir, progress=not args.no_progress)
-    print(f"final test accuracy {results[-1].test_accuracy:.2%}")
+    try:
+        em.seed(args.seed)
+        image = models.wants_image(args.model)
+        dataset = (data.load_npz(args.data, args.seed) if args.data
+                   else data.digits(args.seed, image=image))
+        model = models.load_model(args.model, dataset.input_shape, dataset.num_classes)
+        optimizer = _optimizer(args, len(dataset.x_train) // args.batch_size)
+        print(f"training {args.model} ({model.num_params():,} params) on "
+              f"{args.data or 'digits'} with {optimizer}, {args.epochs} epochs, "
+              f"batch {args.batch_size}, {args.backend} backend"
+              + (f", checkpoint {args.checkpoint}" if args.checkpoint != "none" else ""))
+        results = train.fit(model, dataset, optimizer, epochs=args.epochs,
+                            batch_size=args.batch_size, backend=args.backend, seed=args.seed,
+                            dump_ir=args.dump_ir, progress=not args.no_progress,
+                            checkpoint=args.checkpoint, memory_budget=args.memory_budget,
+                            save=args.save, resume=args.resume,
+                            detect_anomaly=args.detect_anomaly)
+    except (ValueError, FloatingPointError, ExecutionError, BackendUnavailableError,
+            OSError, NotImplementedError) as e:
+        print(f"ember train: error: {e}", file=sys.stderr)
+        return 1
+    if results:
+        print(f"final test accuracy {results[-1].test_accuracy:.2%}")
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from ember.runtime import bench
+
+    print(bench.run(models=args.models.split(","), batch_size=args.batch_size,
+                    steps=args.steps, backend=args.backend, torch=not args.no_torch,
+                    torch_compile=not (args.no_torch or args.no_torch_compile),
+                    threads=args.threads))
     return 0
 
 
@@ -48,6 +86,14 @@ def _opt(args: argparse.Namespace) -> int:
         from ember.backends.cpu import emit_llvm
 
         print(emit_llvm(graph))
+    elif args.emit == "cuda":
+        from ember.backends.cuda import UnsupportedOpError, emit_cuda
+
+        try:
+            print(emit_cuda(graph), end="")
+        except UnsupportedOpError as e:
+            print(f"{name}: error: {e}", file=sys.stderr)
+            return 1
     else:
         print(graph.__str__() if not args.debuginfo else _debug_text(graph), end="")
     if args.pass_timing:
@@ -62,22 +108,50 @@ def _debug_text(graph) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from ember.runtime.api import checkpoint_strategies
+
     parser = argparse.ArgumentParser(prog="ember", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
     t = sub.add_parser("train", help="train a built-in model on built-in data")
-    t.add_argument("--model", default="mlp", help="mlp, or path/to/file.py:ClassName")
+    t.add_argument("--model", default="mlp", help="mlp, cnn, or path/to/file.py:ClassName")
     t.add_argument("--data", default=None, help=".npz with x and y (default: digits)")
     t.add_argument("--optimizer", choices=("sgd", "adam", "adamw"), default="sgd")
-    t.add_argument("--lr", type=float, default=0.05)
+    t.add_argument("--lr", type=float, default=None, help="default: 0.05 for sgd, else 1e-3")
+    t.add_argument("--schedule", choices=("constant", "step", "cosine"), default="constant",
+                   help="lr schedule over the run (step: x0.1 at each third)")
+    t.add_argument("--warmup", type=int, default=0, metavar="STEPS", help="linear lr warmup")
     t.add_argument("--momentum", type=float, default=0.9, help="for sgd")
-    t.add_argument("--epochs", type=int, default=10)
+    t.add_argument("--weight-decay", type=float, default=None,
+                   help="default: 0, or 1e-2 for adamw (PyTorch's)")
+    t.add_argument("--clip-norm", type=float, default=0.0,
+                   help="clip gradients to this global L2 norm (0: off)")
+    t.add_argument("--epochs", type=int, default=10, help="epochs in the whole run (resume "
+                   "counts those already done)")
     t.add_argument("--batch-size", type=int, default=32)
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--backend", choices=("cpu", "interpreter", "cuda"), default="cpu")
+    t.add_argument("--checkpoint", default="none", choices=checkpoint_strategies(),
+                   help="activation checkpointing: what the backward recomputes")
+    t.add_argument("--memory-budget", type=int, default=None, metavar="BYTES",
+                   help="planned peak memory of the step (implies --checkpoint min-cut)")
     t.add_argument("--dump-ir", metavar="DIR", help="write the IR of every stage to DIR")
+    t.add_argument("--save", metavar="PATH", help="checkpoint after each epoch and on Ctrl-C")
+    t.add_argument("--resume", metavar="PATH", help="continue a run from a --save checkpoint")
+    t.add_argument("--detect-anomaly", action="store_true",
+                   help="check every step for NaN/Inf and name the op that produced it")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
     t.set_defaults(run=_train)
+
+    bn = sub.add_parser("bench", help="step time of the built-in models vs numpy and PyTorch")
+    bn.add_argument("--models", default="mlp,cnn", help="comma-separated: mlp, cnn")
+    bn.add_argument("--batch-size", type=int, default=32)
+    bn.add_argument("--steps", type=int, default=200, help="timed steps per row")
+    bn.add_argument("--backend", choices=("cpu", "interpreter", "cuda"), default="cpu")
+    bn.add_argument("--no-torch", action="store_true", help="skip PyTorch rows")
+    bn.add_argument("--no-torch-compile", action="store_true", help="skip torch.compile rows")
+    bn.add_argument("--threads", type=int, default=1, help="PyTorch threads (0: its default)")
+    bn.set_defaults(run=_bench)
 
     o = sub.add_parser("opt", help="parse IR, run passes, print the result (as mlir-opt)")
     o.add_argument("file", help="an .mlir file, or - for stdin")
@@ -87,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     o.add_argument("--verify-each", action="store_true")
     o.add_argument("--pass-timing", action="store_true")
     o.add_argument("--mlir-print-debuginfo", dest="debuginfo", action="store_true")
-    o.add_argument("--emit", choices=("mlir", "llvm"), default="mlir")
+    o.add_argument("--emit", choices=("mlir", "llvm", "cuda"), default="mlir")
     o.set_defaults(run=_opt)
 
     args = parser.parse_args(argv)

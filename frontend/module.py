@@ -179,9 +179,9 @@ class _Node:
     param: Param | None = None
     children: list[_Node] = field(default_factory=list)
 
-    def count(self) -> int:
-        own = self.param.size if self.param is not None and self.param.kind in PARAM_KINDS else 0
-        return own + sum(c.count() for c in self.children)
+    def count(self, kinds=PARAM_KINDS) -> int:
+        own = self.param.size if self.param is not None and self.param.kind in kinds else 0
+        return own + sum(c.count(kinds) for c in self.children)
 
 
 class _Tree(ModuleVisitor):
@@ -208,8 +208,9 @@ class _Tree(ModuleVisitor):
 
 def _render(node: _Node) -> list[str]:
     """PyTorch-style lines; a module's own params show in its config, a container's as Params."""
-    n = node.count()
+    n, b = node.count(), node.count(("buffer",))
     note = f"  # {n:,} params" if n else ""
+    note += (f", {b:,} buffers" if n else f"  # {b:,} buffers") if b else ""
     if node.param is not None:
         p = node.param
         kind = "" if p.kind in PARAM_KINDS else f", {p.kind}"

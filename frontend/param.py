@@ -40,6 +40,12 @@ def seed(s: int | None) -> None:
     _ids.seed(s)
 
 
+def random_seed() -> int:
+    """The seed of random ops traced now (dropout's `seed`): `em.seed`'s, else the process's
+    entropy; 63 bits, so it prints as an i64 attribute."""
+    return (_seed if _seed is not None else _entropy) & (1 << 63) - 1
+
+
 @dataclass(frozen=True, order=True)
 class ParamId:
     """A 64-bit id; `str()` is 13 lowercase base32 characters (0-9a-v)."""

@@ -5,6 +5,13 @@ function of tensors that may call the model (the runtime traces `loss_fn(model(x
 Params become `ember.param` ops (once per trace, by id) without being materialized;
 flags are read as python bools. Each op carries the location of the user's source line,
 and a type error while building an op becomes a `ShapeError` naming the module path.
+
+A trace is a training trace or not (`training=`): Dropout is active and BatchNorm uses
+batch statistics only in a training trace whose module flag is on. Graph roles it records:
+- `ember.rng = <arg index>`: the `tensor<i64>` argument `rng` (the step counter), added
+  on the first random op;
+- `ember.buffer_updates = [param ids]`: buffers given new values by `update_buffer` (a
+  training trace only), whose new values are the graph's last results, in this order.
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ import numpy as np
 from .. import ir
 from . import context
 from .module import Module
-from .param import Param, ParamId
+from .param import Param, ParamId, random_seed
 from .tensor import Tensor
 
 _PACKAGE = __name__.split(".")[0]  # "ember": frames of this package are not user code
@@ -70,8 +77,13 @@ def user_location() -> ir.Location | None:
 class Trace:
     """The graph being recorded: builds ops, lifts operands, maps params and module paths."""
 
-    def __init__(self, graph: ir.Graph, model: Module | None):
+    def __init__(self, graph: ir.Graph, model: Module | None, training: bool = False):
         self.graph = graph
+        self.training = bool(training)
+        self.seed = random_seed()  # the `seed` of this trace's random ops
+        self.keys = 0  # random ops so far: each gets its own `key`
+        self._rng: Tensor | None = None
+        self.buffer_updates: dict[ParamId, tuple[Param, Tensor]] = {}
         self.builder = ir.Builder(graph.body)
         self.scopes: list[Module] = []
         self.module_paths: dict[int, str] = {}
@@ -104,12 +116,47 @@ class Trace:
         return ShapeError(f"{self.where()}: {message}{at}")
 
     def op(self, name: str, *operands: Tensor, **attrs) -> Tensor:
+        (out,) = self.ops(name, *operands, **attrs)
+        return out
+
+    def ops(self, name: str, *operands: Tensor, **attrs) -> tuple[Tensor, ...]:
+        """Emit `name` and return all of its results (`nn.batch_norm` has three)."""
         try:
             op = self.builder.create(name, [t.value for t in operands], attrs,
                                      loc=user_location())
         except ir.InferenceError as e:
             raise self.error(str(e)) from None
-        return Tensor(op.result, self)
+        return tuple(Tensor(r, self) for r in op.results)
+
+    def rng(self) -> Tensor:
+        """The step counter (`tensor<i64>` argument `rng`), added on first use."""
+        if self._rng is None:
+            arg = self.graph.body.add_arg(ir.TensorType((), "i64"), "rng")
+            self.graph.attributes["ember.rng"] = arg.index
+            self._rng = Tensor(arg, self)
+        return self._rng
+
+    def next_key(self) -> int:
+        """A new `key` for a random op: masks of different ops differ."""
+        self.keys += 1
+        return self.keys - 1
+
+    def update_buffer(self, param: Param, value) -> None:
+        """Give buffer `param` a new value after this step (recorded in training traces only).
+
+        The last update of a buffer wins; the runtime writes it back after each step.
+        """
+        if param.kind != "buffer":
+            raise TypeError(f"{self.where()}: update_buffer needs a buffer Param, got a "
+                            f"{param.kind} Param")
+        value = self.lift(value)
+        if value.shape != param.shape or value.dtype != param.dtype:
+            raise self.error(f"update_buffer: new value {value.type} does not match buffer "
+                             f"{ir.TensorType(param.shape, param.dtype)}")
+        self.param_tensor(param)  # the buffer must be in the model
+        if self.training:
+            self.buffer_updates.pop(param.id, None)
+            self.buffer_updates[param.id] = (param, value)
 
     def param_tensor(self, p: Param) -> Tensor:
         """The `ember.param` op of `p`, created before the graph's other ops on first use."""
@@ -156,16 +203,18 @@ class Trace:
 
 
 def trace_function(fn: Callable, model: Module | None, specs: Sequence, name: str = "forward",
-                   arg_names: Sequence[str] | None = None) -> ir.Graph:
+                   arg_names: Sequence[str] | None = None, training: bool = False) -> ir.Graph:
     """Record `fn(*tensors)` as a graph; `model`'s params (any kind) may be used in it.
 
     `specs`: TensorSpecs, ir.TensorTypes or example arrays. Arguments are named `x`, `x1`,
     ... unless `arg_names` are given. `fn` returns a Tensor (or Param) or a tuple of them.
+    `training`: a training trace (train and grad steps), see the module docstring; the
+    graph's results are fn's outputs followed by the buffer updates.
     """
     types = [TensorSpec.of(s).type for s in specs]
     names = list(arg_names or ["x"] + [f"x{i}" for i in range(1, len(types))])
     graph = ir.Graph(name, types, names)
-    t = Trace(graph, model)
+    t = Trace(graph, model, training)
     token = context.enter(t)
     try:
         out = fn(*(Tensor(a, t) for a in graph.args))
@@ -176,10 +225,13 @@ def trace_function(fn: Callable, model: Module | None, specs: Sequence, name: st
         values = [t.lift(o).value for o in outs]
     finally:
         context.leave(token)
+    if t.buffer_updates:
+        graph.attributes["ember.buffer_updates"] = [str(pid) for pid in t.buffer_updates]
+        values += [v.value for _, v in t.buffer_updates.values()]
     t.builder.create("func.return", values)
     return ir.verify(graph)
 
 
-def trace(model: Module, *specs) -> ir.Graph:
+def trace(model: Module, *specs, training: bool = False) -> ir.Graph:
     """Record `model.forward` on inputs of these specs as the graph `@forward`."""
-    return trace_function(model, model, specs, name="forward")
+    return trace_function(model, model, specs, name="forward", training=training)

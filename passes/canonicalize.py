@@ -2,9 +2,11 @@
 
 Each pattern is `(op, rewriter) -> bool` and only fires when the replacement has exactly
 the op's result type, so no simplification changes a shape through broadcasting. Small
-all-constant ops are folded with the interpreter's numpy kernels (the ops' living
-definition), so folding can never disagree with execution. Dead pure ops are erased,
-as MLIR's canonicalizer does.
+all-constant ops are folded with the numpy table of `passes/fold.py` (elementwise
+arithmetic, casts, shape ops, reductions). Dead pure ops are erased, as MLIR's
+canonicalizer does. The patterns autodiff output needs are here too: transposes of
+transposes, a sum of a broadcast, multiplying by ones and adding zeros (also when the
+ones or zeros are a broadcast or reshape of a splat constant).
 """
 
 from __future__ import annotations
@@ -14,17 +16,21 @@ from typing import ClassVar
 
 import numpy as np
 
-from ..ir import Graph, Operation, Value, dtype_of, has_trait, numpy_dtype
+from ..ir import Graph, Operation, Value, dtype_of, numpy_dtype
 from ..ir.rewriter import Rewriter, apply_patterns
 from .dce import is_dead
+from .fold import FOLDERS, fold
 from .manager import Pass, register_pass
 
 FOLD_LIMIT = 1024  # largest result (in elements) that folding materializes
 
 
 def splat(v: Value) -> float | None:
-    """The single value of a constant whose elements are all equal, else None."""
+    """The single value of a constant whose elements are all equal, else None; a broadcast
+    or reshape of such a constant (how autodiff spells zeros and ones) counts too."""
     op = v.op
+    while op is not None and op.name in ("ember.broadcast", "ember.reshape"):
+        op = op.operands[0].op
     if op is None or op.name != "ember.constant":
         return None
     a = op.attributes["value"]
@@ -44,15 +50,11 @@ def same(op: Operation, v: Value) -> bool:
 # --- patterns --------------------------------------------------------------------------
 
 def fold_constants(op: Operation, rw: Rewriter) -> bool:
-    from ..backends.interpreter.kernels import KERNELS
-
-    if (op.name in ("ember.constant", "ember.param") or len(op.results) != 1 or op.regions
-            or not op.operands or op.name not in KERNELS or not has_trait(op.name, "pure")
-            or has_trait(op.name, "random") or op.result.type.size > FOLD_LIMIT
+    if (op.name not in FOLDERS or len(op.results) != 1 or op.regions or not op.operands
+            or op.result.type.size > FOLD_LIMIT
             or any(v.op is None or v.op.name != "ember.constant" for v in op.operands)):
         return False
-    with np.errstate(all="ignore"):
-        value = KERNELS[op.name](op.attributes, *[v.op.attributes["value"] for v in op.operands])
+    value = fold(op.name, op.attributes, *[v.op.attributes["value"] for v in op.operands])
     return rw.replace(op, constant(rw, op, value, op.result.type))
 
 

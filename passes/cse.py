@@ -1,7 +1,8 @@
 """`cse`: merge identical pure ops (same name, operands, attributes, result types).
 
 Ops with regions or the `random` trait are never merged: two dropout masks with equal
-attributes are still two draws.
+attributes are still two draws. Nor are ops marked `ember.recompute` (the copies the
+checkpoint pass makes on purpose, so that a value is recomputed instead of kept).
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ def freeze(v: Any) -> Any:
 
 
 def op_key(op: Operation) -> tuple | None:
-    if op.regions or not has_trait(op.name, "pure") or has_trait(op.name, "random"):
+    if (op.regions or not has_trait(op.name, "pure") or has_trait(op.name, "random")
+            or op.attributes.get("ember.recompute")):
         return None
     return (op.name, tuple(map(id, op.operands)), freeze(op.attributes),
             tuple(str(r.type) for r in op.results))

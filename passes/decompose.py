@@ -1,23 +1,40 @@
-"""`decompose{linear=split|keep}`: lower `nn.*` ops to core `ember.*` ops.
+"""`decompose{linear=split|keep}`: lower every `nn.*` op to core `ember.*` ops.
 
 Every backend then only needs core kernels. `linear=keep` leaves `nn.linear` whole (a
 backend may call a fused GEMM+bias for it); the choice is recorded as the graph attribute
 `ember.linear`, so a dump shows which lowering ran. Softmaxes subtract the max first, so
-they never overflow.
+they never overflow. The helpers here (`normalize`, `attention_probs`, ...) are also what
+the dedicated autodiff rules emit to recompute forward intermediates, so after
+decomposition CSE merges the two.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
 
-from ..ir import Builder, Graph, Operation, Value
+from ..ir import Builder, Graph, Operation, Value, dtype_of, numpy_dtype
 from ..ir.rewriter import Rewriter, apply_patterns
 from .manager import Pass, PipelineError, register_pass
 
 LINEAR_CHOICES = ("split", "keep")
+CONV_ATTRS = ("stride", "padding", "dilation", "groups")
+POOL_ATTRS = ("kernel", "stride", "padding")
+
+
+def const(b: Builder, value: float, dtype: str) -> Value:
+    """A scalar constant of `dtype`."""
+    arr = np.array(value, numpy_dtype(dtype))
+    return b.op("ember.constant", value=arr,
+                **({} if dtype_of(arr.dtype) == dtype else {"dtype": dtype}))
+
+
+def pick(op: Operation, keys: tuple[str, ...]) -> dict:
+    """The attributes `keys` of `op` (never the pass-added ones such as `ember.recompute`)."""
+    return {k: op.attributes[k] for k in keys}
 
 
 def shifted(b: Builder, x: Value, axis: int) -> tuple[Value, Value, Value]:
@@ -61,6 +78,108 @@ def cross_entropy(b: Builder, logits: Value, labels: Value) -> Value:
     return b.op("ember.neg", b.op("ember.reduce_mean", rows, axes=[0], keepdims=False))
 
 
+def normalize(b: Builder, x: Value, axes: list[int], eps: float):
+    """(x - mean) * rsqrt(var + eps) over `axes` (kept as size 1): returns (xhat, rstd, mean,
+    var), the biased variance computed from the centered values (two passes, stable)."""
+    mean = b.op("ember.reduce_mean", x, axes=axes, keepdims=True)
+    xc = b.op("ember.sub", x, mean)
+    var = b.op("ember.reduce_mean", b.op("ember.mul", xc, xc), axes=axes, keepdims=True)
+    rstd = b.op("ember.rsqrt", b.op("ember.add", var, const(b, eps, x.type.dtype)))
+    return b.op("ember.mul", xc, rstd), rstd, mean, var
+
+
+def channel(b: Builder, p: Value, rank: int) -> Value:
+    """A per-channel [C] vector shaped to broadcast on axis 1 of a rank-`rank` tensor."""
+    return p if rank == 2 else b.op("ember.reshape", p, shape=[p.type.shape[0]] + [1] * (rank - 2))
+
+
+def layer_norm(b: Builder, op: Operation) -> Value:
+    x, *affine = op.operands
+    xhat = normalize(b, x, _axes(op), op.attributes["eps"])[0]
+    if not affine:
+        return xhat
+    return b.op("ember.add", b.op("ember.mul", xhat, affine[0]), affine[1])
+
+
+def batch_norm(b: Builder, op: Operation) -> tuple[Value, Value, Value]:
+    """Training: batch statistics (biased var to normalize, unbiased for the running update,
+    as PyTorch); inference: the running statistics, returned unchanged."""
+    x, gamma, beta, rm, rv = op.operands
+    a, rank, dtype = op.attributes, x.type.rank, x.type.dtype
+    axes = [0, *range(2, rank)]
+    if a["training"]:
+        xhat, _, mean, var = normalize(b, x, axes, a["eps"])
+        count = x.type.size // x.type.shape[1]
+        keep, m = const(b, 1 - a["momentum"], dtype), const(b, a["momentum"], dtype)
+
+        def update(old: Value, new: Value) -> Value:
+            new = b.op("ember.reshape", new, shape=list(old.type.shape))
+            return b.op("ember.add", b.op("ember.mul", old, keep), b.op("ember.mul", new, m))
+
+        unbiased = b.op("ember.mul", var, const(b, count / (count - 1), dtype))
+        stats = update(rm, mean), update(rv, unbiased)
+    else:
+        rstd = b.op("ember.rsqrt", b.op("ember.add", channel(b, rv, rank), const(b, a["eps"],
+                                                                                 dtype)))
+        xhat = b.op("ember.mul", b.op("ember.sub", x, channel(b, rm, rank)), rstd)
+        stats = rm, rv
+    y = b.op("ember.add", b.op("ember.mul", xhat, channel(b, gamma, rank)), channel(b, beta, rank))
+    return (y, *stats)
+
+
+GELU_C = math.sqrt(2 / math.pi)
+GELU_A = 0.044715
+
+
+def gelu(b: Builder, x: Value, approximate: str) -> Value:
+    """0.5 x (1 + erf(x / sqrt 2)), or 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
+    dtype = x.type.dtype
+    if approximate == "tanh":
+        cube = b.op("ember.mul", b.op("ember.mul", x, x), x)
+        inner = b.op("ember.add", x, b.op("ember.mul", cube, const(b, GELU_A, dtype)))
+        phi = b.op("ember.tanh", b.op("ember.mul", inner, const(b, GELU_C, dtype)))
+    else:
+        phi = b.op("ember.erf", b.op("ember.mul", x, const(b, 1 / math.sqrt(2), dtype)))
+    half_x = b.op("ember.mul", x, const(b, 0.5, dtype))
+    return b.op("ember.mul", half_x, b.op("ember.add", phi, const(b, 1, dtype)))
+
+
+def transpose_last(b: Builder, v: Value) -> Value:
+    """Swap the last two axes."""
+    r = v.type.rank
+    return b.op("ember.transpose", v, perm=[*range(r - 2), r - 1, r - 2])
+
+
+def attention_probs(b: Builder, q: Value, k: Value, causal: bool, scale: float) -> Value:
+    """softmax(q k^T * scale + mask) over the last axis; the causal mask (key j hidden from
+    query i when j > i) is built from two index vectors, never stored as a T x T constant."""
+    dtype, (tq, tk) = q.type.dtype, (q.type.shape[-2], k.type.shape[-2])
+    s = b.op("ember.mul", b.op("ember.matmul", q, transpose_last(b, k)), const(b, scale, dtype))
+    if causal:
+        rows = b.op("ember.constant", value=np.arange(tq, dtype=np.int64).reshape(tq, 1))
+        cols = b.op("ember.constant", value=np.arange(tk, dtype=np.int64))
+        hidden = b.op("ember.cmp", cols, rows, predicate="gt")
+        s = b.op("ember.select", hidden, const(b, -np.inf, dtype), s)
+    return softmax(b, s, s.type.rank - 1)
+
+
+def attention(b: Builder, op: Operation) -> Value:
+    q, k, v = op.operands
+    p = attention_probs(b, q, k, op.attributes["causal"], op.attributes["scale"])
+    return b.op("ember.matmul", p, v)
+
+
+def conv2d(b: Builder, op: Operation) -> Value:
+    x, w, *bias = op.operands
+    y = b.op("ember.conv2d", x, w, **pick(op, CONV_ATTRS))
+    return b.op("ember.add", y, channel(b, bias[0], 4)) if bias else y
+
+
+def _axes(op: Operation) -> list[int]:
+    rank = op.operands[0].type.rank
+    return sorted(a % rank for a in op.attributes["axes"])
+
+
 def _linear(b: Builder, op: Operation) -> Value:
     x, w, *bias = op.operands
     y = matmul_2d(b, x, w)
@@ -76,6 +195,11 @@ RULES = {
     "nn.log_softmax": lambda b, op: log_softmax(b, op.operands[0], _axis(op)),
     "nn.softmax": lambda b, op: softmax(b, op.operands[0], _axis(op)),
     "nn.cross_entropy": lambda b, op: cross_entropy(b, *op.operands),
+    "nn.conv2d": conv2d,
+    "nn.layer_norm": layer_norm,
+    "nn.batch_norm": batch_norm,
+    "nn.gelu": lambda b, op: gelu(b, op.operands[0], op.attributes["approximate"]),
+    "nn.attention": attention,
 }
 
 
@@ -94,8 +218,8 @@ class Decompose(Pass):
         skip = {"nn.linear"} if self.linear == "keep" else set()
 
         def lower(op: Operation, rw: Rewriter) -> bool:
-            b = rw.builder(op)
-            return rw.replace(op, RULES[op.name](b, op))
+            new = RULES[op.name](rw.builder(op), op)
+            return rw.replace(op, *(new if isinstance(new, tuple) else (new,)))
 
         apply_patterns(graph, {name: [lower] for name in RULES if name not in skip})
         graph.attributes["ember.linear"] = self.linear

@@ -36,6 +36,7 @@ class Optimizer(Pass):
     beta1: float = 0.9
     beta2: float = 0.999
     eps: float = 1e-8
+    clip_norm: float = 0.0  # > 0: scale all grads so their global L2 norm is at most this
 
     def check(self, graph: Graph) -> None:
         if "ember.grads" not in graph.attributes:
@@ -60,6 +61,8 @@ class Optimizer(Pass):
         lr = graph.body.add_arg(scalar, "lr")
         step = graph.body.add_arg(scalar, "step")
         b = Builder(graph.body, before=ret)
+        if self.clip_norm > 0 and grads:
+            grads = self._clip(b, grads)
         new_params, new_state, state_names = [], [], []
         for pid, g in zip(ids, grads):
             state = {s: graph.body.add_arg(g.type, None) for s in self.slots()}
@@ -104,3 +107,19 @@ class Optimizer(Pass):
         step_size = b.op("ember.div", lr, bc1)
         p_new = b.op("ember.sub", p, b.op("ember.mul", step_size, b.op("ember.div", m, denom)))
         return p_new, {"exp_avg": m, "exp_avg_sq": v}
+
+    def _clip(self, b: Builder, grads: list[Value]) -> list[Value]:
+        """PyTorch's clip_grad_norm_: g * min(1, clip_norm / (||all grads||_2 + 1e-6))."""
+        dtype = numpy_dtype(grads[0].type.dtype)
+
+        def const(x: float) -> Value:
+            return b.op("ember.constant", value=np.array(x, dtype=dtype))
+
+        total = None
+        for g in grads:
+            sq = b.op("ember.reduce_sum", b.op("ember.mul", g, g),
+                      axes=list(range(g.type.rank)), keepdims=False)
+            total = sq if total is None else b.op("ember.add", total, sq)
+        norm = b.op("ember.add", b.op("ember.sqrt", total), const(1e-6))
+        coef = b.op("ember.min", b.op("ember.div", const(self.clip_norm), norm), const(1.0))
+        return [b.op("ember.mul", g, coef) for g in grads]

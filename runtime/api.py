@@ -5,29 +5,65 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..frontend.module import Module
+from ..passes.manager import PASSES
 from .compiled import CompiledFunction, GradFunction, TrainStep
 from .optim import Optimizer
 
-CHECKPOINT_STRATEGIES = ("none",)
+# what a `checkpoint{strategy=...}` pass may offer, in order; only those it has are listed
+_KNOWN_STRATEGIES = ("none", "all", "balanced", "min-cut")
+
+
+def checkpoint_strategies() -> tuple[str, ...]:
+    """The activation-checkpointing strategies this build supports ("none" always)."""
+    cls = PASSES.get("checkpoint")
+    if cls is None:
+        return ("none",)
+    offered = getattr(cls, "STRATEGIES", None) or getattr(cls, "strategies", None)
+    if offered is None:
+        return ("none",)
+    return tuple(s for s in _KNOWN_STRATEGIES if s == "none" or s in offered)
 
 
 def compile(model: Module, *specs, backend: str = "cpu",  # noqa: A001  (em.compile)
             linear: str = "split") -> CompiledFunction:
-    """The model's forward for inputs like `specs` (TensorSpecs or example arrays)."""
+    """The model's forward for inputs like `specs` (TensorSpecs or example arrays).
+
+    Traced for inference: dropout is off and BatchNorm uses its running statistics,
+    whatever the model's flags say.
+    """
     return CompiledFunction(model, specs, backend=backend, linear=linear)
 
 
 def compile_grad(model: Module, loss_fn: Callable, backend: str = "cpu",
-                 linear: str = "split") -> GradFunction:
+                 linear: str = "split", detect_anomaly: bool = False) -> GradFunction:
     """`fn(x, y)` returning em.GradientsParams of `loss_fn(model(x), y)`; compiles on first call."""
-    return GradFunction(model, loss_fn, backend=backend, linear=linear)
+    return GradFunction(model, loss_fn, backend=backend, linear=linear,
+                        detect_anomaly=detect_anomaly)
 
 
 def compile_train_step(model: Module, loss_fn: Callable, optimizer: Optimizer,
                        backend: str = "cpu", checkpoint: str = "none",
-                       linear: str = "split") -> TrainStep:
-    """`step(x, y)`: forward, backward and update in one compiled graph; returns the loss."""
-    if checkpoint not in CHECKPOINT_STRATEGIES:
+                       memory_budget: int | None = None, linear: str = "split",
+                       detect_anomaly: bool = False) -> TrainStep:
+    """`step(x, y)`: forward, backward and update in one compiled graph; returns the loss.
+
+    `checkpoint`: which activations the backward recomputes instead of keeping (see
+    `checkpoint_strategies()`: "none", "all", "balanced", "min-cut"); `memory_budget`
+    (bytes, the planned peak of the whole step) makes "min-cut" search for the cheapest
+    recomputation that fits, and other strategies fail at compile time when over it; it
+    implies "min-cut" when `checkpoint` is "none".
+    `detect_anomaly`: check every result for NaN/Inf and, if found, name the first op that
+    produced it (slow: for debugging).
+    """
+    available = checkpoint_strategies()
+    if memory_budget is not None:
+        if memory_budget <= 0:
+            raise ValueError(f"memory_budget must be a positive number of bytes, "
+                             f"got {memory_budget}")
+        checkpoint = "min-cut" if checkpoint == "none" else checkpoint
+    if checkpoint not in available:
         raise ValueError(f"checkpoint strategy {checkpoint!r} is not available in this version; "
-                         f"choose one of {', '.join(CHECKPOINT_STRATEGIES)}")
-    return TrainStep(model, loss_fn, optimizer, backend=backend, linear=linear)
+                         f"choose one of {', '.join(available)}")
+    return TrainStep(model, loss_fn, optimizer, backend=backend, linear=linear,
+                     checkpoint=checkpoint, memory_budget=memory_budget,
+                     detect_anomaly=detect_anomaly)

@@ -2,6 +2,11 @@
 
 Each keeps a cache keyed by the input shapes and the model's params state (flags,
 requires_grad): a change recompiles, with a one-line notice, and never runs a stale graph.
+
+The runtime reads the graph roles the tracer and the passes leave on the graph:
+`ember.rng` (the argument fed with the step counter, for dropout), `ember.buffer_updates`
+(results that are new values of buffers such as BatchNorm's running stats, written back
+after the step), `ember.grads`, `ember.updates` and `ember.state` (optimizer pass).
 """
 
 from __future__ import annotations
@@ -17,7 +22,8 @@ import numpy as np
 from ..frontend.module import Module
 from ..frontend.trace import TensorSpec, trace_function
 from ..ir import Graph
-from .backend import get_backend
+from .backend import DEVICE_BACKENDS, get_backend, to_host
+from .debug import AnomalyError, ExecutionError, describe, find_anomaly, locate_error
 from .params import GradientsParams, param_table, param_values, state_key
 from .pipeline import Stages, grad_pipeline, inference_pipeline, training_pipeline
 from .update import hyper_inputs, state_inputs, write_back
@@ -25,23 +31,67 @@ from .update import hyper_inputs, state_inputs, write_back
 
 @dataclass
 class Entry:
-    """One compiled graph and what produced it."""
+    """One compiled graph, what produced it, and where its roles sit among args/results."""
 
     graph: Graph
     run: Callable
     stages: Stages
     compile_seconds: float
     specs: tuple = field(default_factory=tuple)
+    labels: tuple = ()  # (input index, number of classes) of each cross-entropy's labels
+    _replay: Graph | None = None
+
+    def replay_graph(self) -> Graph:
+        """What the interpreter replays to find a failing op: the graph before fusion."""
+        if self._replay is None:
+            self._replay = self.stages.unfused()
+        return self._replay
+
+    @property
+    def rng_index(self) -> int | None:
+        i = self.graph.attributes.get("ember.rng")
+        return None if i is None else int(i)
+
+    @property
+    def buffer_ids(self) -> list[str]:
+        return list(self.graph.attributes.get("ember.buffer_updates", ()))
+
+    @property
+    def tail(self) -> int:
+        """How many results at the end are gradients or new params and optimizer state."""
+        a = self.graph.attributes
+        if "ember.updates" in a:
+            return len(a["ember.updates"]) + len(a.get("ember.state", ()))
+        return len(a.get("ember.grads", ()))
+
+    def split(self, outs: list) -> tuple[list, list, list]:
+        """(user results, new buffer values, tail) of one run's results."""
+        body, tail = outs[:len(outs) - self.tail], outs[len(outs) - self.tail:]
+        nb = len(self.buffer_ids)
+        return body[:len(body) - nb], body[len(body) - nb:], tail
+
+
+def _label_inputs(graph: Graph) -> tuple:
+    """Cross-entropy labels that come straight from an input: checked before each run."""
+    args = {a: i for i, a in enumerate(graph.args)}
+    return tuple((args[op.operands[1]], op.operands[0].type.shape[-1]) for op in graph.ops
+                 if op.name == "nn.cross_entropy" and op.operands[1] in args)
 
 
 class Compiled:
     """Shared machinery: specs → trace → pipeline → backend, cached by key."""
 
     kind = "forward"
+    training = False  # traced as a training trace (dropout active, buffers updated)
 
-    def __init__(self, model: Module, backend: str, linear: str = "split"):
+    def __init__(self, model: Module, backend: str, linear: str = "split",
+                 detect_anomaly: bool = False):
         self.model, self.backend_name, self.linear = model, backend, linear
         self.backend = get_backend(backend)
+        self.detect_anomaly = detect_anomaly
+        self.rng_step = 0  # fed to the graph's `ember.rng` argument; counts runs
+        # device backends: pid -> (the host array a Param holds, its copy on the device)
+        self._on_device: dict[str, tuple] | None = {} if backend in DEVICE_BACKENDS else None
         self._cache: dict[tuple, Entry] = {}
         self._last: Entry | None = None
 
@@ -52,37 +102,120 @@ class Compiled:
     def pipeline(self) -> list[str]:
         raise NotImplementedError
 
-    def entry(self, inputs: tuple) -> Entry:
+    def key_extra(self) -> tuple:
+        """What else a compiled graph bakes in (an optimizer's hyper-parameters)."""
+        return ()
+
+    def entry(self, inputs: tuple, table: dict | None = None) -> Entry:
         specs = tuple(TensorSpec.of(x) for x in inputs)
-        table = param_table(self.model)
-        key = (tuple((s.shape, s.dtype) for s in specs), state_key(table))
+        table = param_table(self.model) if table is None else table
+        key = (tuple((s.shape, s.dtype) for s in specs), state_key(table), self.key_extra())
         entry = self._cache.get(key)
         if entry is None:
             if self._last is not None:
                 was = ", ".join(str(list(s.shape)) for s in self._last.specs)
                 now = ", ".join(str(list(s.shape)) for s in specs)
-                print(f"ember: recompiling {self.kind} (inputs {now}; was {was}, or model "
-                      "flags/requires_grad changed)", file=sys.stderr)
+                why = ("inputs " + now + "; was " + was if was != now
+                       else "model flags, requires_grad or optimizer settings changed")
+                print(f"ember: recompiling {self.kind} ({why})", file=sys.stderr)
             entry = self._compile(specs)
             self._cache[key] = entry
         self._last = entry
         return entry
 
+    def _trace(self, specs: tuple) -> Graph:
+        return trace_function(self.traced_fn(), self.model, specs, name=self.kind,
+                              training=self.training)
+
     def _compile(self, specs: tuple) -> Entry:
         start = time.perf_counter()
-        graph = trace_function(self.traced_fn(), self.model, specs, name=self.kind)
+        graph = self._trace(specs)
+        labels = _label_inputs(graph)
         stages = Stages(graph, self.pipeline())
         run = self.backend.compile(stages.graph)
-        entry = Entry(stages.graph, run, stages, time.perf_counter() - start, specs)
+        entry = Entry(stages.graph, run, stages, time.perf_counter() - start, specs, labels)
         dump = os.environ.get("EMBER_DUMP_IR")
         if dump:
             write_stages(stages, dump, prefix=self.kind)
         return entry
 
-    def execute(self, inputs: tuple, extra: tuple = ()) -> tuple[Entry, list[np.ndarray]]:
-        entry = self.entry(inputs)
-        values = param_values(param_table(self.model))
-        return entry, entry.run([*inputs, *extra], values)
+    # -- running ------------------------------------------------------------------------
+
+    def check_inputs(self, entry: Entry, inputs: tuple) -> None:
+        """Clear errors for what would otherwise fail deep inside, or silently."""
+        for i, c in entry.labels:
+            y = np.asarray(inputs[i])
+            if y.size and (y.min() < 0 or y.max() >= c):
+                bad = np.unique(y[(y < 0) | (y >= c)])[:5].tolist()
+                raise ValueError(f"labels out of range: input {i} has values {bad} outside "
+                                 f"[0, {c}) (the model's output has {c} classes)")
+
+    def arguments(self, entry: Entry, inputs: tuple) -> list:
+        """The graph's arguments: the inputs, with the rng counter at `ember.rng`."""
+        args = list(inputs)
+        if entry.rng_index is not None:
+            args.insert(entry.rng_index, np.asarray(self.rng_step, dtype=np.int64))
+        return args
+
+    def run(self, entry: Entry, args: list, params: dict) -> list[np.ndarray]:
+        """Run the compiled graph; an error names the op and source line that raised it."""
+        try:
+            return entry.run(args, params)
+        except Exception as e:
+            found = locate_error(entry.replay_graph(), args, params)
+            if found is None:
+                raise
+            op, cause = found
+            raise ExecutionError(f"{self.kind} failed in {describe(op)}: "
+                                 f"{type(cause).__name__}: {cause}") from e
+
+    def check_finite(self, entry: Entry, args: list, params: dict, outs: list) -> None:
+        """Under detect_anomaly: any NaN/Inf in the results is traced to the op behind it."""
+        outs = [to_host(o) for o in outs]
+        if not any(o.dtype.kind == "f" and not np.isfinite(o).all() for o in outs):
+            return
+        where = (find_anomaly(entry.replay_graph(), args, params)
+                 or f"the interpreter found none (the {self.backend_name} backend differs)")
+        raise AnomalyError(f"NaN/Inf in the results of {self.kind} at step {self.rng_step}: "
+                           f"{where}; the model's params were not updated")
+
+    def extra_inputs(self, entry: Entry, table: dict) -> list:
+        """Arguments after the inputs and the rng counter (a training step's lr, state)."""
+        return []
+
+    def params(self, table: dict) -> dict:
+        """Param values for the backend: on a device backend, the device copy the last step
+        left, unless the Param was given another value since (then the host value)."""
+        values = param_values(table)
+        if self._on_device:
+            for pid, v in values.items():
+                kept = self._on_device.get(pid)
+                if kept is not None and kept[0] is v:
+                    values[pid] = kept[1]
+        return values
+
+    def keep(self, pid: str, host, device) -> None:
+        """Remember the device copy of a value just written back to a Param."""
+        if self._on_device is not None:
+            self._on_device[pid] = (host, device)
+
+    def set_param(self, table: dict, pid: str, value) -> None:
+        table[pid].set_value(to_host(value))
+        self.keep(pid, table[pid].val(), value)
+
+    def execute(self, inputs: tuple) -> tuple[Entry, dict, list[np.ndarray]]:
+        """Compile if needed, check, run: (entry, the param table, the results)."""
+        table = param_table(self.model)
+        entry = self.entry(inputs, table)
+        self.check_inputs(entry, inputs)
+        params = self.params(table)
+        args = self.arguments(entry, inputs) + self.extra_inputs(entry, table)
+        outs = self.run(entry, args, params)
+        if self.detect_anomaly:
+            self.check_finite(entry, args, params, outs)
+        return entry, table, outs
+
+    # -- inspecting -----------------------------------------------------------------------
 
     @property
     def stages(self) -> list[str]:
@@ -96,6 +229,14 @@ class Compiled:
         if stage not in texts:
             raise KeyError(f"no stage {stage!r}; stages are {', '.join(texts)}")
         return texts[stage]
+
+    def dump_ir(self, directory: str) -> list[str]:
+        """Write every stage of the last compiled graph to `directory` (numbered)."""
+        return write_stages(self._require().stages, directory, prefix=self.kind)
+
+    @property
+    def graph(self) -> Graph:
+        return self._require().graph
 
     @property
     def compile_seconds(self) -> float:
@@ -119,6 +260,24 @@ def write_stages(stages: Stages, directory: str, prefix: str = "") -> list[str]:
     return paths
 
 
+def _batch_sizes_agree(inputs: tuple) -> None:
+    rows = [np.shape(x)[0] if np.ndim(x) else None for x in inputs]
+    if len({r for r in rows if r is not None}) > 1:
+        names = ["x"] + [f"y{'' if i == 1 else i}" for i in range(1, len(rows))]
+        listed = ", ".join(f"{n} has {r}" for n, r in zip(names, rows) if r is not None)
+        raise ValueError(f"inputs disagree on the batch size (rows): {listed}")
+
+
+def _finite_inputs(inputs: tuple) -> None:
+    for i, x in enumerate(inputs):
+        x = np.asarray(x)
+        if x.dtype.kind == "f" and not np.isfinite(x).all():
+            rows = np.unique(np.nonzero(~np.isfinite(x))[0])[:5].tolist() if x.ndim else []
+            raise ValueError(f"input {i} contains NaN or Inf"
+                             + (f" (rows {rows}{', ...' if len(rows) == 5 else ''})"
+                                if rows else ""))
+
+
 class CompiledFunction(Compiled):
     """`em.compile(model, *specs)`: the model's forward, numpy in, numpy out."""
 
@@ -133,58 +292,131 @@ class CompiledFunction(Compiled):
         return inference_pipeline(self.linear)
 
     def __call__(self, *inputs: np.ndarray):
-        _, outs = self.execute(inputs)
+        entry, _, outs = self.execute(inputs)
+        outs = [to_host(o) for o in entry.split(outs)[0]]
         return outs[0] if len(outs) == 1 else tuple(outs)
 
 
-class GradFunction(Compiled):
+class _Training(Compiled):
+    """What gradient and training steps share: a loss function, input checks, metrics."""
+
+    training = True
+
+    def __init__(self, model: Module, loss_fn: Callable, backend: str, linear: str,
+                 detect_anomaly: bool):
+        super().__init__(model, backend, linear, detect_anomaly)
+        self.loss_fn = loss_fn
+        self.loss: float | None = None
+        self.metrics: tuple = ()  # what loss_fn returned after the loss, from the last call
+
+    def traced_fn(self):
+        return lambda x, *targets: self.loss_fn(self.model(x), *targets)
+
+    def check_inputs(self, entry: Entry, inputs: tuple) -> None:
+        _batch_sizes_agree(inputs)
+        _finite_inputs(inputs)
+        super().check_inputs(entry, inputs)
+
+    def entry(self, inputs: tuple, table: dict | None = None) -> Entry:
+        _batch_sizes_agree(inputs)  # before tracing, so the error is this one
+        return super().entry(inputs, table)
+
+    def finish(self, entry: Entry, table: dict, outs: list) -> list:
+        """Check the loss, keep loss and metrics, write buffers; returns the tail."""
+        main, buffers, tail = entry.split(outs)
+        loss = float(main[0])
+        if not np.isfinite(loss):
+            raise FloatingPointError(
+                f"the loss is {loss} at step {self.rng_step}; the model's params were not "
+                "updated. Rerun with detect_anomaly=True (ember train --detect-anomaly) to "
+                "find the op that produced it")
+        self.loss = loss
+        self.metrics = tuple(float(m) if m.ndim == 0 else m
+                             for m in (to_host(m) for m in main[1:]))
+        for pid, value in zip(entry.buffer_ids, buffers):
+            self.set_param(table, pid, value)
+        self.rng_step += 1
+        return tail
+
+
+class GradFunction(_Training):
     """`em.compile_grad(model, loss_fn)`: call(x, y) returns GradientsParams."""
 
     kind = "grad"
 
     def __init__(self, model: Module, loss_fn: Callable, backend: str = "cpu",
-                 linear: str = "split"):
-        super().__init__(model, backend, linear)
-        self.loss_fn = loss_fn
-        self.loss: float | None = None
-
-    def traced_fn(self):
-        return lambda x, *targets: self.loss_fn(self.model(x), *targets)
+                 linear: str = "split", detect_anomaly: bool = False):
+        super().__init__(model, loss_fn, backend, linear, detect_anomaly)
 
     def pipeline(self):
         return grad_pipeline(self.linear)
 
     def __call__(self, *inputs: np.ndarray) -> GradientsParams:
-        entry, outs = self.execute(inputs)
-        table = param_table(self.model)
+        entry, table, outs = self.execute(inputs)
+        grads = self.finish(entry, table, outs)
         ids = entry.graph.attributes["ember.grads"]
-        self.loss = float(outs[0])
-        grads = outs[len(outs) - len(ids):]
-        return GradientsParams({table[pid].id: g for pid, g in zip(ids, grads)})
+        return GradientsParams({table[pid].id: to_host(g) for pid, g in zip(ids, grads)})
 
 
-class TrainStep(Compiled):
-    """`em.compile_train_step(...)`: forward, backward and update as one compiled graph."""
+class TrainStep(_Training):
+    """`em.compile_train_step(...)`: forward, backward and update as one compiled graph.
+
+    Calling it returns the loss (a float), or `(loss, *metrics)` when `loss_fn` returns a
+    tuple. Params, buffers and optimizer state are rebound to the arrays the step returns
+    (no copies); `Param.val()` sees them, ids unchanged.
+    """
 
     kind = "train_step"
 
     def __init__(self, model: Module, loss_fn: Callable, optimizer, backend: str = "cpu",
-                 linear: str = "split"):
-        super().__init__(model, backend, linear)
-        self.loss_fn, self.optimizer = loss_fn, optimizer
-
-    def traced_fn(self):
-        return lambda x, *targets: self.loss_fn(self.model(x), *targets)
+                 linear: str = "split", checkpoint: str = "none",
+                 memory_budget: int | None = None, detect_anomaly: bool = False):
+        super().__init__(model, loss_fn, backend, linear, detect_anomaly)
+        self.optimizer = optimizer
+        self.checkpoint, self.memory_budget = checkpoint, memory_budget
 
     def pipeline(self):
-        return training_pipeline(self.optimizer.pass_spec(), self.linear)
+        return training_pipeline(self.optimizer.pass_spec(), self.linear,
+                                 self.checkpoint, self.memory_budget)
 
-    def __call__(self, *inputs: np.ndarray) -> float:
-        entry = self.entry(inputs)
-        table = param_table(self.model)
-        dtype = entry.graph.args[len(inputs)].type.dtype
-        extra = hyper_inputs(self.optimizer, dtype) + state_inputs(self.optimizer, entry.graph,
-                                                                   table)
-        outs = entry.run([*inputs, *extra], param_values(table))
-        write_back(self.optimizer, entry.graph, table, outs)
-        return float(outs[0])
+    def key_extra(self) -> tuple:
+        return (self.optimizer.pass_spec(),)
+
+    def extra_inputs(self, entry: Entry, table: dict) -> list:
+        lr = next(a for a in entry.graph.args if a.name == "lr")
+        return (hyper_inputs(self.optimizer, lr.type.dtype)
+                + state_inputs(self.optimizer, entry.graph, table))
+
+    def __call__(self, *inputs: np.ndarray):
+        entry, table, outs = self.execute(inputs)
+        tail = self.finish(entry, table, outs)
+        write_back(self.optimizer, entry.graph, table, tail, keep=self.keep)
+        return self.loss if not self.metrics else (self.loss, *self.metrics)
+
+    def memory_report(self) -> dict:
+        """Bytes by role (params, optimizer state, saved activations, ...) of the compiled
+        step, from the memory planner."""
+        try:
+            from ..passes.memory import plan_memory
+        except ImportError:
+            raise NotImplementedError("memory planning (ember.passes.memory) is not in this "
+                                      "version of ember") from None
+        return plan_memory(self._require().graph).report()
+
+    def save_checkpoint(self, path: str, extra: dict | None = None) -> str:
+        """Params, optimizer state, step and RNG counters, schedule and the model's flags,
+        as safetensors written atomically; `extra` (JSON) rides along (the data position)."""
+        from .checkpoint import save
+
+        return save(self, path, extra)
+
+    def load_checkpoint(self, path: str) -> dict:
+        """Restore what `save_checkpoint` wrote; returns its `extra`. Nothing changes when
+        the file is damaged or belongs to another model (the error lists the paths)."""
+        from .checkpoint import load
+
+        return load(self, path)
+
+
+__all__ = ["AnomalyError", "CompiledFunction", "Entry", "ExecutionError", "GradFunction",
+           "TrainStep", "write_stages"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import queue
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -52,7 +54,10 @@ def load_npz(path: str, seed: int = 0, test_fraction: float = 0.2) -> Dataset:
     with np.load(path, allow_pickle=False) as f:
         if "x_train" in f:
             parts = [f[k] for k in ("x_train", "y_train", "x_test", "y_test")]
+            _check(path, "train", *parts[:2])
+            _check(path, "test", *parts[2:])
         elif "x" in f and "y" in f:
+            _check(path, "", f["x"], f["y"])
             parts = split(f["x"], f["y"], test_fraction, seed)
         else:
             raise ValueError(f"{path}: expected arrays 'x' and 'y' (or 'x_train', 'y_train', "
@@ -63,25 +68,111 @@ def load_npz(path: str, seed: int = 0, test_fraction: float = 0.2) -> Dataset:
                    num_classes=int(max(y_tr.max(), y_te.max())) + 1)
 
 
+def _check(path: str, part: str, x: np.ndarray, y: np.ndarray) -> None:
+    """What would otherwise fail deep inside a step: row counts, NaN/Inf, label values."""
+    part = f"{part} " if part else ""
+    if len(x) != len(y):
+        raise ValueError(f"{path}: {part}x has {len(x)} rows but y has {len(y)}")
+    if x.dtype.kind not in "fiub":
+        raise ValueError(f"{path}: x must be numeric, got dtype {x.dtype}")
+    if x.dtype.kind == "f" and not np.isfinite(x).all():
+        rows = np.unique(np.nonzero(~np.isfinite(x.reshape(len(x), -1)))[0])[:5].tolist()
+        raise ValueError(f"{path}: {part}x contains NaN or Inf (rows {rows})")
+    if y.dtype.kind not in "iu" and not (y.dtype.kind == "f" and np.all(y == np.round(y))):
+        raise ValueError(f"{path}: y must hold integer class labels, got dtype {y.dtype}")
+    if len(y) and y.min() < 0:
+        raise ValueError(f"{path}: {part}y has negative labels ({int(y.min())})")
+
+
+class _Raised:
+    def __init__(self, error: BaseException):
+        self.error = error
+
+
+_END = object()
+
+
 class DataLoader:
-    """Batches of (x, y), reshuffled each epoch from a seeded generator."""
+    """Batches of (x, y): seeded shuffling, drop_last, and a background prefetch thread.
+
+    Epoch `e` is shuffled by `np.random.default_rng([seed, e])`, so the order depends only
+    on (seed, epoch): a resumed run (`set_epoch(e, batch)`) sees exactly the batches an
+    uninterrupted one would. Each `iter()` serves the next epoch. With `prefetch > 0` a
+    thread gathers up to that many batches ahead while the step runs (numpy's fancy
+    indexing releases the GIL for large copies).
+    """
 
     def __init__(self, x: np.ndarray, y: np.ndarray, batch_size: int, shuffle: bool = True,
-                 drop_last: bool = True, seed: int = 0):
+                 drop_last: bool = True, seed: int = 0, prefetch: int = 2):
         if len(x) != len(y):
             raise ValueError(f"x has {len(x)} rows but y has {len(y)}")
         if batch_size <= 0:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
+        if drop_last and len(x) < batch_size:
+            raise ValueError(f"batch_size {batch_size} is larger than the data ({len(x)} rows) "
+                             "and drop_last is set: no batch would be served")
         self.x, self.y = x, y
         self.batch_size, self.shuffle, self.drop_last = batch_size, shuffle, drop_last
-        self.rng = np.random.default_rng(seed)
+        self.seed, self.prefetch = seed, prefetch
+        self.epoch, self.start = 0, 0  # what the next iter() serves: epoch, first batch
 
     def __len__(self) -> int:
         n, b = len(self.x), self.batch_size
         return n // b if self.drop_last else -(-n // b)
 
-    def __iter__(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        order = self.rng.permutation(len(self.x)) if self.shuffle else np.arange(len(self.x))
-        for i in range(len(self)):
+    def set_epoch(self, epoch: int, batch: int = 0) -> None:
+        """The next iter() serves `epoch` (0-based), starting at its batch `batch`."""
+        self.epoch, self.start = int(epoch), int(batch)
+
+    def order(self, epoch: int) -> np.ndarray:
+        n = len(self.x)
+        return np.random.default_rng([self.seed, epoch]).permutation(n) if self.shuffle \
+            else np.arange(n)
+
+    def _batches(self, order: np.ndarray, start: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        for i in range(start, len(self)):
             idx = order[i * self.batch_size:(i + 1) * self.batch_size]
             yield np.ascontiguousarray(self.x[idx]), np.ascontiguousarray(self.y[idx])
+
+    def __iter__(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        batches = self._batches(self.order(self.epoch), self.start)
+        self.epoch, self.start = self.epoch + 1, 0
+        return _prefetched(batches, self.prefetch) if self.prefetch > 0 else batches
+
+
+def _prefetched(it: Iterator, depth: int) -> Iterator:
+    """`it` run on a daemon thread, up to `depth` items ahead; stops when the consumer does."""
+    q: queue.Queue = queue.Queue(depth)
+    stop = threading.Event()
+
+    def put(item) -> bool:
+        while not stop.is_set():
+            try:
+                q.put(item, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def work() -> None:
+        try:
+            for item in it:
+                if not put(item):
+                    return
+            put(_END)
+        except BaseException as e:  # noqa: BLE001  (handed to the consumer)
+            put(_Raised(e))
+
+    thread = threading.Thread(target=work, name="ember-prefetch", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item = q.get()
+            if item is _END:
+                return
+            if isinstance(item, _Raised):
+                raise item.error
+            yield item
+    finally:
+        stop.set()
+        thread.join()

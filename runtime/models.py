@@ -1,8 +1,14 @@
-"""The built-in models `ember train` offers, and loading a user's model from a file."""
+"""The built-in models `ember train` offers, and loading a user's model from a file.
+
+A model class says how it wants the digits: `image = True` gives [N, 1, 8, 8] (a user's
+class may set it too), otherwise [N, 64].
+"""
 
 from __future__ import annotations
 
+import functools
 import importlib.util
+import math
 import os
 
 from ..frontend import nn
@@ -10,6 +16,8 @@ from ..frontend import nn
 
 class Mlp(nn.Module):
     """Linear-ReLU layers then a linear head: 64-128-10 on the digits by default."""
+
+    image = False
 
     def __init__(self, d_in: int = 64, hidden: tuple[int, ...] = (128,), d_out: int = 10):
         super().__init__()
@@ -23,13 +31,51 @@ class Mlp(nn.Module):
         return self.head(x)
 
 
-BUILTIN = {"mlp": Mlp}
+class Cnn(nn.Module):
+    """conv 3x3 (padding 1) - ReLU - max-pool 2x2 - linear: 1x8x8 digits -> 16x4x4 -> 10."""
+
+    image = True
+
+    def __init__(self, in_shape: tuple[int, int, int] = (1, 8, 8), channels: int = 16,
+                 d_out: int = 10):
+        super().__init__()
+        c, h, w = in_shape
+        self.conv = nn.Conv2d(c, channels, 3, padding=1)
+        self.pool = nn.MaxPool2d(2)
+        self.head = nn.Linear(channels * (h // 2) * (w // 2), d_out)
+
+    def forward(self, x):
+        x = self.pool(nn.functional.relu(self.conv(x)))
+        return self.head(x.reshape(x.shape[0], -1))
 
 
-def load_model(spec: str, d_in: int, d_out: int) -> nn.Module:
-    """A built-in name (`mlp`) or `path/to/file.py:ClassName` (constructed with no arguments)."""
+def _has_conv() -> bool:
+    return hasattr(nn, "Conv2d") and hasattr(nn, "MaxPool2d")
+
+
+BUILTIN = {"mlp": Mlp, **({"cnn": Cnn} if _has_conv() else {})}
+
+
+def wants_image(spec: str) -> bool:
+    """Does the model `spec` names take [N, C, H, W] images (else flat rows)?"""
     if spec in BUILTIN:
-        return BUILTIN[spec](d_in=d_in, d_out=d_out)
+        return BUILTIN[spec].image
+    return bool(getattr(_user_class(spec), "image", False))
+
+
+def load_model(spec: str, input_shape: tuple[int, ...] | int, d_out: int) -> nn.Module:
+    """A built-in name (`mlp`, `cnn`) or `path/to/file.py:ClassName` (constructed with no
+    arguments). `input_shape` is one example's shape ([64] or [1, 8, 8])."""
+    shape = (input_shape,) if isinstance(input_shape, int) else tuple(input_shape)
+    if spec == "mlp":
+        return Mlp(d_in=math.prod(shape), d_out=d_out)
+    if spec in BUILTIN:
+        return BUILTIN[spec](shape, d_out=d_out)
+    return _user_class(spec)()
+
+
+@functools.cache
+def _user_class(spec: str) -> type:
     path, sep, cls = spec.rpartition(":")
     if not sep or not path.endswith(".py"):
         raise ValueError(f"unknown model {spec!r}: use one of {', '.join(BUILTIN)} "
@@ -41,4 +87,4 @@ def load_model(spec: str, d_in: int, d_out: int) -> nn.Module:
     mod_spec.loader.exec_module(module)
     if not hasattr(module, cls):
         raise ValueError(f"{path} has no class {cls}")
-    return getattr(module, cls)()
+    return getattr(module, cls)

@@ -2,8 +2,18 @@
 
 The update rule is lowered into the training graph by the `optimizer` pass, so a
 compiled step runs forward, backward and update in one call. `opt.step(model, grads)`
-runs the same lowered rule for hand-written loops. Defaults follow PyTorch (Adam eps
-1e-8, AdamW weight decay 1e-2); burn's differ (eps 1e-5).
+runs the same lowered rule for hand-written loops.
+
+State lives in `opt.state[param.id]` (a dict of slot name -> array), so a Param replaced
+through `Param.map` (same id) keeps its moments and one made by `Param.from_array` (new
+id) starts fresh, as in burn. `lr` is a float or a schedule (`optim.Cosine`, ...), read
+at every step; `clip_norm > 0` scales the gradients so that their global L2 norm is at
+most `clip_norm`, inside the compiled step (PyTorch's `clip_grad_norm_`).
+
+Defaults follow PyTorch, since that is what users compare against: Adam eps 1e-8, AdamW
+weight decay 1e-2, clipping by the norm of all gradients together. burn's differ: its
+Adam/AdamW epsilon is 1e-5, and its `GradientClipping::Norm` clips each tensor by its own
+norm.
 """
 
 from __future__ import annotations
@@ -11,21 +21,39 @@ from __future__ import annotations
 import numpy as np
 
 from ..frontend.param import ParamId
+from .schedules import Constant, Cosine, LinearWarmup, Schedule, StepLR, as_schedule
 
 
 class Optimizer:
     kind = ""
 
-    def __init__(self, lr: float, weight_decay: float = 0.0):
-        if not lr > 0:
+    def __init__(self, lr: float | Schedule, weight_decay: float = 0.0, clip_norm: float = 0.0):
+        if not isinstance(lr, Schedule) and not lr > 0:
             raise ValueError(f"learning rate must be positive, got {lr}")
-        self.lr = float(lr)
+        if not clip_norm >= 0:
+            raise ValueError(f"clip_norm must be >= 0 (0: no clipping), got {clip_norm}")
+        self.schedule = as_schedule(lr)
         self.weight_decay = float(weight_decay)
+        self.clip_norm = float(clip_norm)
         self.state: dict[ParamId, dict[str, np.ndarray]] = {}
-        self.step_count = 0
+        self.step_count = 0  # updates applied so far: the schedule's position
+
+    @property
+    def lr(self) -> float:
+        """The lr of the next update (the schedule at `step_count`)."""
+        return self.schedule(self.step_count)
+
+    @lr.setter
+    def lr(self, value: float | Schedule) -> None:
+        self.schedule = as_schedule(value)
 
     def options(self) -> dict:
-        return {"weight_decay": self.weight_decay}
+        clip = {"clip_norm": self.clip_norm} if self.clip_norm else {}
+        return {"weight_decay": self.weight_decay, **clip}
+
+    def config(self) -> dict:
+        """What recreates this optimizer (without its state): kind, options, schedule."""
+        return {"kind": self.kind, "options": self.options(), "schedule": self.schedule.config()}
 
     def pass_spec(self) -> str:
         """This optimizer as a pipeline entry: `optimizer{kind=adam beta1=0.9 ...}`."""
@@ -35,7 +63,15 @@ class Optimizer:
 
     def slot(self, pid: ParamId, name: str, like: np.ndarray) -> np.ndarray:
         """The state tensor `name` of a param, zeros on first use."""
-        return self.state.setdefault(pid, {}).setdefault(name, np.zeros_like(like))
+        slots = self.state.setdefault(pid, {})
+        value = slots.get(name)
+        if value is None:
+            value = slots[name] = np.zeros_like(like)
+        if value.shape != like.shape:
+            raise ValueError(f"optimizer state {name!r} of param {pid} has shape "
+                             f"{list(value.shape)} but the param now has {list(like.shape)}; "
+                             f"drop it with `del opt.state[param.id]` to start fresh")
+        return value
 
     def step(self, model, grads) -> None:
         """Apply `grads` (em.GradientsParams) to `model`'s params in place."""
@@ -44,16 +80,17 @@ class Optimizer:
         apply_update(self, model, grads)
 
     def __repr__(self) -> str:
-        opts = ", ".join(f"{k}={v}" for k, v in {"lr": self.lr, **self.options()}.items())
+        lr = self.schedule.lr if isinstance(self.schedule, Constant) else self.schedule
+        opts = ", ".join(f"{k}={v}" for k, v in {"lr": lr, **self.options()}.items())
         return f"{type(self).__name__}({opts})"
 
 
 class SGD(Optimizer):
     kind = "sgd"
 
-    def __init__(self, lr: float = 1e-2, momentum: float = 0.0, weight_decay: float = 0.0,
-                 nesterov: bool = False):
-        super().__init__(lr, weight_decay)
+    def __init__(self, lr: float | Schedule = 1e-2, momentum: float = 0.0,
+                 weight_decay: float = 0.0, nesterov: bool = False, clip_norm: float = 0.0):
+        super().__init__(lr, weight_decay, clip_norm)
         if nesterov and momentum <= 0:
             raise ValueError("nesterov momentum needs momentum > 0")
         self.momentum, self.nesterov = float(momentum), bool(nesterov)
@@ -65,9 +102,9 @@ class SGD(Optimizer):
 class Adam(Optimizer):
     kind = "adam"
 
-    def __init__(self, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-8, weight_decay: float = 0.0):
-        super().__init__(lr, weight_decay)
+    def __init__(self, lr: float | Schedule = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8, weight_decay: float = 0.0, clip_norm: float = 0.0):
+        super().__init__(lr, weight_decay, clip_norm)
         self.beta1, self.beta2 = map(float, betas)
         self.eps = float(eps)
 
@@ -78,6 +115,24 @@ class Adam(Optimizer):
 class AdamW(Adam):
     kind = "adamw"
 
-    def __init__(self, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-8, weight_decay: float = 1e-2):
-        super().__init__(lr, betas, eps, weight_decay)
+    def __init__(self, lr: float | Schedule = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8, weight_decay: float = 1e-2, clip_norm: float = 0.0):
+        super().__init__(lr, betas, eps, weight_decay, clip_norm)
+
+
+OPTIMIZERS = {"sgd": SGD, "adam": Adam, "adamw": AdamW}
+
+
+def from_config(config: dict) -> Optimizer:
+    """The optimizer `opt.config()` describes (fresh state, step 0)."""
+    cls = OPTIMIZERS.get(config.get("kind"))
+    if cls is None:
+        raise ValueError(f"unknown optimizer kind {config.get('kind')!r}")
+    opts = dict(config.get("options", {}))
+    if "beta1" in opts:
+        opts["betas"] = (opts.pop("beta1"), opts.pop("beta2"))
+    return cls(lr=Schedule.from_config(config["schedule"]), **opts)
+
+
+__all__ = ["SGD", "Adam", "AdamW", "Constant", "Cosine", "LinearWarmup", "Optimizer", "Schedule",
+           "StepLR", "from_config"]

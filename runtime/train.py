@@ -1,16 +1,26 @@
-"""The training loop behind `ember train`: epochs of compiled steps, then test accuracy."""
+"""The training loop behind `ember train`: epochs of compiled steps, then test accuracy.
+
+`fit` trains with cross-entropy, prints one summary line per epoch (loss, train and test
+accuracy, steps/s; the compile time once) and a final table. With `save`, a checkpoint
+is written after every epoch and when Ctrl-C stops the run (after the current step);
+`resume` continues a run from one, bit-exactly: `epochs` counts from the start of the
+run, so 1 epoch + save + resume with `epochs=2` equals 2 epochs in one go.
+"""
 
 from __future__ import annotations
 
+import signal
 import sys
+import threading
 import time
-from dataclasses import dataclass
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 from tqdm import tqdm
 
 from ..frontend import nn
-from .compiled import CompiledFunction, TrainStep, write_stages
+from .compiled import CompiledFunction, TrainStep
 from .data import DataLoader, Dataset
 
 
@@ -21,44 +31,159 @@ class EpochResult:
     train_accuracy: float
     test_accuracy: float
     steps_per_second: float
+    seconds: float = 0.0
+
+
+@dataclass
+class FitState:
+    """Where a run is: what a checkpoint's `extra` holds besides the step's own state."""
+
+    epoch: int = 0  # epochs completed
+    batch: int = 0  # batches of the current epoch completed
+    history: list[EpochResult] = field(default_factory=list)
+    interrupted: bool = False
+
+    def extra(self) -> dict:
+        return {"epoch": self.epoch, "batch": self.batch,
+                "history": [asdict(r) for r in self.history]}
+
+    @classmethod
+    def from_extra(cls, extra: dict) -> FitState:
+        return cls(int(extra.get("epoch", 0)), int(extra.get("batch", 0)),
+                   [EpochResult(**r) for r in extra.get("history", [])])
 
 
 def accuracy(forward: CompiledFunction, x: np.ndarray, y: np.ndarray) -> float:
     return float((np.argmax(forward(x), axis=-1) == y).mean())
 
 
+@contextmanager
+def evaluating(model: nn.Module):
+    """`model.valid()` for the block, then every flag exactly as it was (frozen ones too)."""
+    flags = [(p, p.val()) for _, p in model.all_params() if p.kind == "flag"]
+    model.valid()
+    try:
+        yield model
+    finally:
+        for p, value in flags:
+            p.set_value(value)
+
+
+@contextmanager
+def stop_on_interrupt():
+    """Ctrl-C sets the returned event instead of raising (a second Ctrl-C raises)."""
+    stop = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+
+    def handler(signum, frame):
+        if stop.is_set():
+            raise KeyboardInterrupt
+        stop.set()
+        print("\nember: stopping after this step (Ctrl-C again to abort)", file=sys.stderr)
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield stop
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def fit(model: nn.Module, data: Dataset, optimizer, epochs: int = 10, batch_size: int = 32,
         backend: str = "cpu", seed: int = 0, dump_ir: str | None = None,
-        progress: bool = True, out=sys.stdout) -> list[EpochResult]:
+        progress: bool = True, out=None, checkpoint: str = "none",
+        memory_budget: int | None = None, save: str | None = None, resume: str | None = None,
+        detect_anomaly: bool = False, step: TrainStep | None = None) -> list[EpochResult]:
     """Train `model` on `data` with cross-entropy; print and return per-epoch results."""
+    from .api import compile_train_step
+
+    out = out or sys.stdout
     loader = DataLoader(data.x_train, data.y_train, batch_size, seed=seed)
-    step = TrainStep(model, nn.functional.cross_entropy, optimizer, backend=backend)
-    results, forward_train, forward_test = [], None, None
-    for epoch in range(1, epochs + 1):
-        model.train()
-        losses, start = [], time.perf_counter()
-        bar = tqdm(loader, desc=f"epoch {epoch}/{epochs}", leave=False, disable=not progress,
-                   file=sys.stderr)
-        for xb, yb in bar:
-            losses.append(step(xb, yb))
-            bar.set_postfix(loss=f"{losses[-1]:.4f}")
-        elapsed = time.perf_counter() - start - (step.compile_seconds if epoch == 1 else 0.0)
-        if epoch == 1:
+    if step is None:
+        step = compile_train_step(model, nn.functional.cross_entropy, optimizer,
+                                  backend=backend, checkpoint=checkpoint,
+                                  memory_budget=memory_budget, detect_anomaly=detect_anomaly)
+    state = FitState()
+    if resume:
+        asked, asked_text = step.optimizer.config(), repr(step.optimizer)
+        state = FitState.from_extra(step.load_checkpoint(resume))
+        if step.optimizer.config() != asked:
+            print(f"note: continuing with the checkpoint's optimizer {step.optimizer}, not "
+                  f"{asked_text}", file=out)
+        print(f"resumed from {resume} at epoch {state.epoch + 1}, batch {state.batch} "
+              f"(step {step.optimizer.step_count})", file=out)
+    forwards: dict[str, CompiledFunction] = {}
+    with stop_on_interrupt() as stop:
+        while state.epoch < epochs and not stop.is_set():
+            r = _epoch(step, loader, state, epochs, progress, stop, out, dump_ir)
+            if r is None:
+                break
+            with evaluating(model):
+                if not forwards:  # params are read at each call: compile once
+                    forwards = {"train": CompiledFunction(model, (data.x_train,), backend=backend),
+                                "test": CompiledFunction(model, (data.x_test,), backend=backend)}
+                r.train_accuracy = accuracy(forwards["train"], data.x_train, data.y_train)
+                r.test_accuracy = accuracy(forwards["test"], data.x_test, data.y_test)
+            state.history.append(r)
+            state.epoch, state.batch = state.epoch + 1, 0
+            print(f"epoch {r.epoch:3d}  loss {r.loss:.4f}  train acc {r.train_accuracy:.2%}  "
+                  f"test acc {r.test_accuracy:.2%}  {r.steps_per_second:,.0f} steps/s", file=out)
+            if save:
+                step.save_checkpoint(save, state.extra())
+        state.interrupted = stop.is_set()
+    if state.interrupted:
+        where = f"epoch {state.epoch + 1}, batch {state.batch}"
+        if save:
+            step.save_checkpoint(save, state.extra())
+            print(f"interrupted at {where}; saved {save} (resume with --resume {save})",
+                  file=out)
+        else:
+            print(f"interrupted at {where}", file=out)
+    if state.history:
+        print(table(state.history), file=out)
+    return state.history
+
+
+def _epoch(step: TrainStep, loader: DataLoader, state: FitState, epochs: int, progress: bool,
+           stop: threading.Event, out, dump_ir: str | None) -> EpochResult | None:
+    """One epoch (or its rest, after a resume); None when stopped before it ended."""
+    loader.set_epoch(state.epoch, state.batch)
+    first_compile = step._last is None
+    losses, start = [], time.perf_counter()
+    bar = tqdm(loader, desc=f"epoch {state.epoch + 1}/{epochs}", leave=False,
+               disable=not progress, file=sys.stderr, initial=state.batch, total=len(loader))
+    for xb, yb in bar:
+        losses.append(step(xb, yb))
+        state.batch += 1
+        if first_compile and len(losses) == 1:
             print(f"compiled the training step in {step.compile_seconds:.2f} s "
-                  f"({backend} backend)", file=out)
+                  f"({step.backend_name} backend)", file=out)
             if dump_ir:
-                paths = write_stages(step._require().stages, dump_ir, prefix="train_step")
+                paths = step.dump_ir(dump_ir)
                 print(f"wrote {len(paths)} IR stages to {dump_ir}", file=out)
-        model.valid()
-        if forward_test is None:  # params are read at each call: compile once
-            forward_train = CompiledFunction(model, (data.x_train,), backend=backend)
-            forward_test = CompiledFunction(model, (data.x_test,), backend=backend)
-        r = EpochResult(epoch, float(np.mean(losses)),
-                        accuracy(forward_train, data.x_train, data.y_train),
-                        accuracy(forward_test, data.x_test, data.y_test),
-                        len(losses) / elapsed)
-        results.append(r)
-        print(f"epoch {epoch:3d}  loss {r.loss:.4f}  train acc {r.train_accuracy:.2%}  "
-              f"test acc {r.test_accuracy:.2%}  {r.steps_per_second:,.0f} steps/s", file=out)
-    model.train()
-    return results
+            start = time.perf_counter()  # steps/s without the compile
+        bar.set_postfix(loss=f"{losses[-1]:.4f}")
+        if stop.is_set():
+            break
+    bar.close()
+    if state.batch < len(loader):
+        return None
+    elapsed = time.perf_counter() - start
+    timed = len(losses) - (1 if first_compile else 0)
+    return EpochResult(state.epoch + 1, float(np.mean(losses)), 0.0, 0.0,
+                       timed / elapsed if elapsed > 0 and timed else 0.0, elapsed)
+
+
+def table(history: list[EpochResult], max_rows: int = 20) -> str:
+    """The final table: a row per epoch (every k-th one, and the last, for long runs) and
+    the epoch with the best test accuracy."""
+    every = -(-len(history) // max_rows)
+    shown = [r for i, r in enumerate(history) if i % every == 0 or i == len(history) - 1]
+    best = max(history, key=lambda r: r.test_accuracy)
+    head = f"{'epoch':>5}  {'loss':>8}  {'train acc':>9}  {'test acc':>8}  {'steps/s':>8}"
+    rows = [f"{r.epoch:5d}  {r.loss:8.4f}  {r.train_accuracy:9.2%}  {r.test_accuracy:8.2%}  "
+            f"{r.steps_per_second:8,.0f}" for r in shown]
+    rule = "-" * len(head)
+    return "\n".join([rule, head, rule, *rows, rule,
+                      f"best test acc {best.test_accuracy:.2%} at epoch {best.epoch}"])

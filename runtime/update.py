@@ -12,6 +12,7 @@ import numpy as np
 from ..backends import interpreter
 from ..ir import Builder, Graph, TensorType, numpy_dtype
 from ..passes.manager import parse_pipeline
+from .backend import to_host
 from .params import param_table, param_values
 
 
@@ -29,12 +30,19 @@ def state_inputs(opt, graph: Graph, table: dict) -> list[np.ndarray]:
     return out
 
 
-def write_back(opt, graph: Graph, table: dict, outs: list[np.ndarray]) -> None:
-    """Store the new params and optimizer state a lowered update returned; count the step."""
+def write_back(opt, graph: Graph, table: dict, outs: list, keep=None) -> None:
+    """Store the new params and optimizer state a lowered update returned; count the step.
+
+    Params are rebound to the returned arrays (brought to the host when they are device
+    arrays; `keep(pid, host, device)` lets the caller keep the device copy); optimizer
+    state stays where the backend put it.
+    """
     updates, state = graph.attributes["ember.updates"], graph.attributes["ember.state"]
     new = outs[len(outs) - len(updates) - len(state):]
     for pid, value in zip(updates, new):
-        table[pid].set_value(value)
+        table[pid].set_value(to_host(value))
+        if keep is not None:
+            keep(pid, table[pid].val(), value)
     for name, value in zip(state, new[len(updates):]):
         pid, slot = name.rsplit(":", 1)
         opt.state[table[pid].id][slot] = value

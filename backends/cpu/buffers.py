@@ -36,12 +36,34 @@ def aligned_copy(a: np.ndarray, t: TensorType) -> np.ndarray:
 def as_input(x, t: TensorType, dtype: np.dtype, what: str) -> np.ndarray:
     """`x` as a C-contiguous, aligned array of `dtype` (a copy only when needed).
 
-    A shape mismatch raises ValueError naming `what` and both shapes: generated code
-    trusts shapes completely, so this check is what keeps it in bounds.
+    Converts what converts without losing meaning (a Python scalar or list, a strided
+    view, float64 to float32, int32 labels to int64); rejects, naming `what`, anything
+    else (floats for integer inputs, strings, objects) and every shape mismatch: the
+    generated code trusts shapes completely, so this check is what keeps it in bounds.
     """
-    if not (type(x) is np.ndarray and x.dtype == dtype and x.flags.c_contiguous
-            and x.flags.aligned):
-        x = np.require(x, dtype, ["C", "A"])
-    if x.shape != t.shape:
-        raise ValueError(f"{what}: expected shape {list(t.shape)} ({t}), got {list(x.shape)}")
-    return x
+    if type(x) is np.ndarray and x.dtype == dtype and x.flags.c_contiguous \
+            and x.flags.aligned and x.shape == t.shape:
+        return x
+    try:
+        a = np.asarray(x)
+    except Exception as e:  # noqa: BLE001  (anything numpy cannot read)
+        raise TypeError(f"{what}: expected an array of {t}, got {type(x).__name__} ({e})") \
+            from None
+    if a.dtype != dtype and not _converts(a.dtype, dtype):
+        raise TypeError(f"{what}: expected {dtype} values for {t}, got an array of {a.dtype}"
+                        " (convert it explicitly if that is meant)")
+    if a.shape != t.shape:
+        raise ValueError(f"{what}: expected shape {list(t.shape)} ({t}), got {list(a.shape)}")
+    return np.require(a, dtype, ["C", "A"])
+
+
+def _converts(src: np.dtype, dst: np.dtype) -> bool:
+    """Whether values of `src` become `dst` without changing kind: numbers to floats,
+    integers to integers, bools to bools."""
+    if dst.kind == "f":
+        return src.kind in "fiub"
+    if dst.kind in "iu":
+        return src.kind in "iub"
+    if dst.kind == "b":
+        return src.kind == "b"
+    return False

@@ -3,8 +3,13 @@
 Each graph value that needs memory gets a slot: graph inputs and params (the caller's
 arrays, set per call), constants (filled once at compile time), and op results
 (preallocated once per compile). A reshape takes its operand's slot, since every buffer
-is contiguous. `ember_entry(ptr %buffers)` receives one pointer per slot and calls the
-op kernels in graph order, so one native call runs the whole graph.
+is contiguous. One more slot, `scratch`, is working memory shared by the kernels (packed
+GEMM panels, products awaiting an epilogue). `ember_entry(ptr %buffers)` receives one
+pointer per slot and calls the kernels in graph order, so one native call runs the whole
+graph.
+
+`plan(graph)` is cheap and deterministic (no LLVM): a compile-cache hit reuses object
+code and only needs the plan. `emit(plan)` builds the module.
 """
 
 from __future__ import annotations
@@ -14,31 +19,65 @@ from dataclasses import dataclass, field
 import numpy as np
 from llvmlite import ir
 
-from ...ir import Graph, TensorType, Value, numpy_dtype
+from ...ir import Graph, Operation, TensorType, Value, numpy_dtype
+from ...ir.printer import print_graph
 from ..interpreter import UnsupportedOpError
+from . import scalar as S
+from .fused import KernelCompileError, emit_fused
+from .gemm import Isa, host_isa
 from .kernels import KERNELS, PTR, emit_kernel
+from .matmul import emit_matmul, scratch_bytes
 from .scalar import REG, i64
+from .spatial import conv_scratch, emit_conv, emit_dropout, emit_gather_scatter, emit_pool
+from .threads import num_threads
 
 ENTRY = "ember_entry"
+PROFILED = "ember_entry_profiled"  # (buffers, i64* ticks): the cycle counter after each kernel
 
 
 @dataclass
 class Slot:
     """Storage of one buffer: kind is "arg" (key: input index), "param" (key: param id),
-    "const" (value: its data) or "temp" (an op result)."""
+    "const" (value: its data), "temp" (an op result) or "scratch" (bytes: key)."""
 
     kind: str
-    type: TensorType
+    type: TensorType | None
     key: int | str | None = None
     path: str = ""
     value: np.ndarray | None = None
 
 
 @dataclass
-class Lowered:
-    module: ir.Module
+class Step:
+    op: Operation
+    outs: list[int]
+    ins: list[int]
+    name: str
+
+
+@dataclass
+class Plan:
     slots: list[Slot] = field(default_factory=list)
     outputs: list[tuple[int, TensorType]] = field(default_factory=list)
+    steps: list[Step] = field(default_factory=list)
+    scratch: int | None = None  # slot index of the scratch buffer
+    checked: bool = False  # some kernel reports bad indices in ember_status
+    threads: int = 1
+    isa: Isa | None = None
+
+
+@dataclass
+class Lowered:
+    module: ir.Module
+    plan: Plan
+
+    @property
+    def slots(self):
+        return self.plan.slots
+
+    @property
+    def outputs(self):
+        return self.plan.outputs
 
 
 def _check_type(op_name: str, t) -> TensorType:
@@ -48,19 +87,28 @@ def _check_type(op_name: str, t) -> TensorType:
     return t
 
 
-def lower(graph: Graph) -> Lowered:
-    """Plan storage and emit the module; UnsupportedOpError names the first op without a
+KERNEL_OPS = ("kernel.fused", "kernel.matmul")
+CONV_OPS = ("ember.conv2d", "ember.conv2d_grad_input", "ember.conv2d_grad_weight")
+POOL_OPS = ("ember.max_pool2d", "ember.max_pool2d_grad", "ember.avg_pool2d",
+            "ember.avg_pool2d_grad")
+INDEXED_OPS = ("ember.gather", "ember.scatter_add")  # check their indices at run time
+OWN_OPS = KERNEL_OPS + CONV_OPS + POOL_OPS + INDEXED_OPS + ("ember.dropout",)
+
+
+def plan(graph: Graph, threads: int | None = None) -> Plan:
+    """Storage and the kernel schedule; UnsupportedOpError names the first op without a
     kernel."""
-    out = Lowered(ir.Module(name=graph.name))
+    out = Plan(threads=threads or num_threads(), isa=host_isa())
     where: dict[Value, int] = {}
 
-    def new_slot(v: Value, kind: str, **kw) -> None:
+    def new_slot(v: Value, kind: str, **kw) -> int:
         where[v] = len(out.slots)
         out.slots.append(Slot(kind, _check_type("graph argument", v.type), **kw))
+        return where[v]
 
     for i, a in enumerate(graph.args):
         new_slot(a, "arg", key=i, path=f"%{a.name}" if a.name else "")
-    calls = []
+    scratch = 0
     for k, op in enumerate(graph.ops):
         for v in op.operands:
             _check_type(op.name, v.type)
@@ -76,23 +124,111 @@ def lower(graph: Graph) -> Lowered:
         elif op.name == "ember.reshape":
             _check_type(op.name, op.result.type)
             where[op.result] = where[op.operands[0]]
-        elif op.name in KERNELS and not op.regions:
-            new_slot(op.result, "temp")
-            fn = emit_kernel(out.module, f"k{k}_{op.name.removeprefix('ember.')}", op)
-            calls.append((fn, [where[op.result]] + [where[v] for v in op.operands]))
+        elif op.name in OWN_OPS or (op.name in KERNELS and not op.regions):
+            outs = [new_slot(r, "temp") for r in op.results]
+            short = op.name.split(".", 1)[1]
+            out.steps.append(Step(op, outs, [where[v] for v in op.operands], f"k{k}_{short}"))
+            if op.name == "kernel.matmul":
+                scratch = max(scratch, scratch_bytes(op, out.isa, out.threads))
+            elif op.name in CONV_OPS:
+                scratch = max(scratch, conv_scratch(op, out.isa, out.threads))
         else:
             raise UnsupportedOpError(
                 f"the cpu backend has no kernel for '{op.name}': it runs core ember.* ops "
-                "only; run the `decompose` pass first (it lowers nn.* ops to them)")
-
-    entry = ir.Function(out.module, ir.FunctionType(ir.VoidType(), [PTR]), ENTRY)
-    entry.args[0].name = "buffers"
-    entry.args[0].add_attribute("noalias")
-    b = ir.IRBuilder(entry.append_basic_block("entry"))
-    # every pointer is loaded before any kernel runs, so no store can be thought to change it
-    ptrs = [b.load(b.gep(entry.args[0], [i64(i)], inbounds=True, source_etype=PTR), typ=PTR,
-                   name=f"buf{i}") for i in range(len(out.slots))]
-    for fn, slots in calls:
-        b.call(fn, [ptrs[s] for s in slots])
-    b.ret_void()
+                "and kernel.* ops only; run the `decompose` pass first (it lowers nn.* ops "
+                "to them)")
+    out.checked = any(st.op.name in INDEXED_OPS for st in out.steps)
+    if scratch:
+        out.scratch = len(out.slots)
+        out.slots.append(Slot("scratch", None, key=scratch))
     return out
+
+
+def _op_text(op: Operation) -> str:
+    """The op as printed IR (for error messages)."""
+    g = Graph("failing_op", [v.type for v in op.operands])
+    clone = Operation(op.name, list(g.args), [r.type for r in op.results],
+                      dict(op.attributes))
+    clone.regions = op.regions
+    g.body.append(clone)
+    try:
+        return print_graph(g).split("\n", 2)[2].rsplit("\n", 3)[0].strip()
+    except Exception:  # noqa: BLE001  (printing is best effort here)
+        return op.name
+
+
+def emit(p: Plan, name: str = "graph") -> ir.Module:
+    """The LLVM module of a plan: one function per kernel and the entry."""
+    mod = ir.Module(name=name)
+    fns = []
+    for st in p.steps:
+        try:
+            fns.append(_kernel_function(mod, st, p))
+        except (UnsupportedOpError, KernelCompileError):
+            raise
+        except Exception as e:  # noqa: BLE001  (name the op whatever went wrong)
+            raise KernelCompileError(f"the cpu backend failed to generate code for "
+                                     f"{st.name}:\n  {_op_text(st.op)}\n{type(e).__name__}: "
+                                     f"{e}") from e
+    for name_, profiled in ((ENTRY, False), (PROFILED, True)):
+        entry = ir.Function(mod, ir.FunctionType(ir.VoidType(), [PTR] * (1 + profiled)), name_)
+        entry.args[0].name = "buffers"
+        entry.args[0].add_attribute("noalias")
+        b = ir.IRBuilder(entry.append_basic_block("entry"))
+        # every pointer is loaded before any kernel runs, so no store can change it
+        ptrs = [b.load(b.gep(entry.args[0], [i64(i)], inbounds=True, source_etype=PTR),
+                       typ=PTR, name=f"buf{i}") for i in range(len(p.slots))]
+        scratch = ptrs[p.scratch] if p.scratch is not None else ir.Constant(PTR, None)
+        if profiled:
+            _stamp(b, entry.args[1], 0)
+        for k, (st, fn) in enumerate(zip(p.steps, fns)):
+            b.call(fn, [ptrs[s] for s in st.outs + st.ins] + [scratch])
+            if profiled:
+                _stamp(b, entry.args[1], k + 1)
+        b.ret_void()
+    return mod
+
+
+def _stamp(b: ir.IRBuilder, ticks: ir.Value, k: int) -> None:
+    """ticks[k] = the CPU's cycle counter."""
+    clock = S.declare(b.module, "llvm.readcyclecounter", S.I64, [])
+    b.store(b.call(clock, []), b.gep(ticks, [i64(k)], inbounds=True, source_etype=S.I64))
+
+
+def _kernel_function(mod: ir.Module, st: Step, p: Plan) -> ir.Function:
+    op = st.op
+    nargs = len(st.outs) + len(st.ins)
+    fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [PTR] * (nargs + 1)), st.name)
+    fn.linkage = "internal"
+    for k, a in enumerate(fn.args):
+        a.name = (f"out{k}" if k < len(st.outs) else f"in{k - len(st.outs)}" if k < nargs
+                  else "scratch")
+        if k < len(st.outs) or k == nargs:
+            a.add_attribute("noalias")
+    outs, ins, scratch = fn.args[:len(st.outs)], fn.args[len(st.outs):nargs], fn.args[nargs]
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    if op.name == "kernel.fused":
+        emit_fused(b, op, list(outs), list(ins), p.threads, st.name)
+    elif op.name == "kernel.matmul":
+        emit_matmul(b, op, list(outs), list(ins), scratch, p.isa, p.threads, st.name)
+    elif op.name in CONV_OPS:
+        emit_conv(b, op, list(outs), list(ins), scratch, p.isa, p.threads, st.name)
+    elif op.name in POOL_OPS:
+        emit_pool(b, op, list(outs), list(ins), st.name)
+    elif op.name in INDEXED_OPS:
+        emit_gather_scatter(b, op, list(outs), list(ins), p.steps.index(st))
+    elif op.name == "ember.dropout":
+        emit_dropout(b, op, list(outs), list(ins))
+    else:
+        body = emit_kernel(mod, st.name + ".op", op)
+        b.call(body, list(outs) + list(ins))
+    b.ret_void()
+    return fn
+
+
+def lower(graph: Graph, threads: int | None = None) -> Lowered:
+    p = plan(graph, threads)
+    return Lowered(emit(p, graph.name), p)
+
+
+__all__ = ["ENTRY", "PROFILED", "Lowered", "Plan", "Slot", "Step", "emit", "lower", "plan", "S"]

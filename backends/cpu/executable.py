@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
+import time
 from collections.abc import Mapping, Sequence
 
 import numpy as np
 
 from ...ir import Graph, numpy_dtype, verify
+from ...ir.printer import print_graph
+from . import cache
 from .buffers import aligned_copy, aligned_empty, as_input
-from .codegen import ENTRY, lower
-from .jit import JitModule
+from .codegen import ENTRY, PROFILED, emit, plan
+from .jit import JitModule, fingerprint
+
+SMALL = 1 << 16  # bytes: results below this get a plain np.empty (alignment matters little)
 
 
 class Executable:
@@ -21,27 +27,109 @@ class Executable:
     serializes concurrent calls). An op result that the graph returns is instead written
     straight into a new array each call, which the caller then owns: that costs the same
     allocation a copy would, without the copy. Returned inputs, params and constants, and
-    a buffer returned twice, are copied.
+    a buffer returned twice, are copied. Each call is exactly one native call
+    (`native_calls` counts them). `timings` holds the compile time per stage and
+    `cached` whether the object code came from the compile cache.
     """
 
-    def __init__(self, graph: Graph):
+    def __init__(self, graph: Graph, threads: int | None = None, use_cache: bool | None = None):
+        t0 = time.perf_counter()
         self.graph = verify(graph)
-        lowered = lower(graph)
-        self.llvm_ir = str(lowered.module)
-        self.slots, self.outputs = lowered.slots, lowered.outputs
-        self._jit = JitModule(lowered.module)
+        self.plan = plan(graph, threads)
+        self.timings: dict[str, float] = {"plan": time.perf_counter() - t0}
+        use_cache = cache.enabled() if use_cache is None else use_cache
+        use_cache = use_cache and not os.environ.get("EMBER_DUMP_LLVM")  # dumps need a build
+        k = cache.key(print_graph(graph), fingerprint(),
+                      f"threads={self.plan.threads}") if use_cache else None
+        obj = cache.load(k) if k else None
+        self.cached = obj is not None
+        self._module = None
+        if obj is not None:
+            self._jit = JitModule.from_object(obj)
+        else:
+            t = time.perf_counter()
+            self._module = emit(self.plan, graph.name)
+            self.timings["emit"] = time.perf_counter() - t
+            self._jit = JitModule(self._module, name=graph.name)
+            if k:
+                cache.store(k, self._jit.object_code)
+        self.timings.update(self._jit.timings)
+        self.slots, self.outputs = self.plan.slots, self.plan.outputs
         self._entry = self._jit.function(ENTRY, None, ctypes.c_void_p)
         fresh = {i for i, _ in self.outputs if self.slots[i].kind == "temp"}
-        self._fresh = sorted(fresh)
-        # fixed buffers: constants and intermediates; None where each call binds its own
-        self._arrays = [aligned_copy(s.value, s.type) if s.kind == "const" else
-                        aligned_empty(s.type)[0] if s.kind == "temp" and i not in fresh
-                        else None for i, s in enumerate(self.slots)]
+        self._fresh = [(i, self.slots[i].type.shape, numpy_dtype(self.slots[i].type.dtype),
+                        self.slots[i].type.nbytes >= SMALL) for i in sorted(fresh)]
+        # fixed buffers: constants, intermediates, scratch; None where each call binds its own
+        self._arrays = [self._fixed(i, s, fresh) for i, s in enumerate(self.slots)]
         self._ptrs = (ctypes.c_void_p * max(len(self.slots), 1))(
             *[a.ctypes.data if a is not None else None for a in self._arrays])
-        self._bound = [(i, s, numpy_dtype(s.type.dtype), self._describe(s))
-                       for i, s in enumerate(self.slots) if s.kind in ("arg", "param")]
+        self._bound = [(i, s.kind, s.key, numpy_dtype(s.type.dtype), s.type,
+                        self._describe(s)) for i, s in enumerate(self.slots)
+                       if s.kind in ("arg", "param")]
+        self._owned = frozenset(i for i, *_ in self._fresh)
+        self._status = None
+        if self.plan.checked:
+            addr = self._jit.engine.get_global_value_address("ember_status")
+            self._status = ctypes.c_int64.from_address(addr)
         self._lock = threading.Lock()
+        self.native_calls = 0
+        self.timings["total"] = time.perf_counter() - t0
+
+    @staticmethod
+    def _fixed(i, s, fresh):
+        if s.kind == "const":
+            return aligned_copy(s.value, s.type)
+        if s.kind == "temp" and i not in fresh:
+            return aligned_empty(s.type)[0]
+        if s.kind == "scratch":
+            raw = np.empty(s.key + 64, np.uint8)
+            return raw[-raw.ctypes.data % 64:]
+        return None
+
+    @property
+    def llvm_ir(self) -> str:
+        """The LLVM IR generated for this graph (before optimization)."""
+        if self._module is None:
+            self._module = emit(self.plan, self.graph.name)
+        return str(self._module)
+
+    def _raise_status(self) -> None:
+        st = self.plan.steps[self._status.value - 1]
+        self._status.value = 0
+        t = st.op.operands[0].type if st.op.name == "ember.gather" else st.op.result.type
+        raise IndexError(f"{st.op.name} (kernel {st.name}): an index is out of range for a "
+                         f"table of {t.shape[0]} rows")
+
+    def profile(self, inputs, params=None, repeat: int = 20) -> list[tuple[str, float]]:
+        """Seconds per kernel (median of `repeat` runs), read from the CPU's cycle counter
+        around each kernel inside one native call: where a step's time goes."""
+        self(inputs, params)  # binds this call's buffers
+        keep = []
+        for i, *_ in self._fresh:  # returned results need buffers of their own here
+            a, self._ptrs[i] = aligned_empty(self.slots[i].type)
+            keep.append(a)
+        n = len(self.plan.steps)
+        ticks = (ctypes.c_int64 * (n + 1))()
+        fn = self._jit.function(PROFILED, None, ctypes.c_void_p, ctypes.c_void_p)
+        runs = []
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            fn(self._ptrs, ticks)
+            wall = time.perf_counter() - t0
+            c = list(ticks)
+            scale = wall / max(c[-1] - c[0], 1)  # seconds per tick, call overhead included
+            runs.append([(c[k + 1] - c[k]) * scale for k in range(n)])
+        return [(st.name, sorted(r[k] for r in runs)[len(runs) // 2])
+                for k, st in enumerate(self.plan.steps)]
+
+    def timing_report(self) -> str:
+        """Compile time per stage, as `--pass-timing` prints it."""
+        total = self.timings.get("total", 0.0) or 1e-12
+        lines = [f"  cpu backend compile{' (cache hit)' if self.cached else ''}: "
+                 f"{total * 1e3:.1f} ms"]
+        lines += [f"  {v * 1e3:9.1f} ms ({100 * v / total:5.1f}%)  {k}"
+                  for k, v in self.timings.items() if k != "total"]
+        return "\n".join(lines)
 
     @staticmethod
     def _describe(s) -> str:
@@ -51,27 +139,49 @@ class Executable:
 
     def __call__(self, inputs: Sequence[np.ndarray],
                  params: Mapping[str, np.ndarray] | None = None) -> list[np.ndarray]:
-        params = params or {}
         if len(inputs) != len(self.graph.args):
             raise ValueError(f"graph @{self.graph.name} takes {len(self.graph.args)} inputs, "
                              f"got {len(inputs)}")
         arrays = list(self._arrays)
-        ptrs = {}
-        for i, s, dtype, what in self._bound:
-            if s.kind == "param" and s.key not in params:
-                raise KeyError(f"no value for param {s.path} (id {s.key})")
-            x = inputs[s.key] if s.kind == "arg" else params[s.key]
-            arrays[i] = as_input(x, s.type, dtype, what)
-            ptrs[i] = arrays[i].ctypes.data
-        for i in self._fresh:
-            arrays[i], ptrs[i] = aligned_empty(self.slots[i].type)
         with self._lock:
-            for i, p in ptrs.items():
-                self._ptrs[i] = p
-            self._entry(self._ptrs)
-        owned, results = set(self._fresh), []
+            table = self._ptrs
+            for i, kind, key, dtype, t, what in self._bound:
+                if kind == "arg":
+                    x = inputs[key]
+                else:
+                    x = params.get(key) if params else None
+                    if x is None:
+                        raise KeyError(f"no value for param {what}")
+                if not (type(x) is np.ndarray and x.dtype is dtype and x.shape == t.shape
+                        and x.flags.c_contiguous):
+                    x = as_input(x, t, dtype, what)
+                arrays[i] = x
+                table[i] = _address(x)
+            for i, shape, dtype, big in self._fresh:
+                if big:
+                    arrays[i], table[i] = aligned_empty(self.slots[i].type)
+                else:
+                    arrays[i] = x = np.empty(shape, dtype)
+                    table[i] = _address(x)
+            self._entry(table)
+            self.native_calls += 1
+            if self._status is not None and self._status.value:
+                self._raise_status()
+        owned, results = self._owned, []
+        seen = set()
         for i, t in self.outputs:
-            view = arrays[i].reshape(t.shape)
-            results.append(view if i in owned else view.copy())
-            owned.discard(i)
+            view = arrays[i]
+            if view.shape != t.shape:
+                view = view.reshape(t.shape)
+            results.append(view if i in owned and i not in seen else view.copy())
+            seen.add(i)
         return results
+
+
+def _address(x: np.ndarray) -> int:
+    """The data pointer of a contiguous array (ctypes' from_buffer is the fast way; it
+    needs a writable, non-empty buffer)."""
+    try:
+        return ctypes.addressof(ctypes.c_char.from_buffer(x))
+    except (TypeError, ValueError, BufferError):
+        return x.ctypes.data

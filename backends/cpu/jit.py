@@ -4,6 +4,11 @@ Facts this relies on (llvmlite 0.50 / LLVM 22): no `llvm.initialize()`; the new 
 manager, with SLP vectorization switched on by hand (it is off even at O3); a target
 machine per engine (reusing one after its engine died crashed); and the engine, module
 and target machine must outlive every function pointer taken from them.
+
+Loop unrolling is off: it roughly doubled compile time for no measured gain, since the
+GEMM micro-kernels are unrolled by hand and vectorized loops are interleaved anyway.
+Object code can be saved (`object_code`) and loaded back (`JitModule.from_object`), which
+is what the compile cache stores. Timings per stage are kept in `timings`.
 """
 
 from __future__ import annotations
@@ -12,10 +17,15 @@ import ctypes
 import ctypes.util
 import functools
 import os
+import time
 from pathlib import Path
 
+import llvmlite
 import llvmlite.binding as llvm
 from llvmlite import ir
+
+from . import blas, vmath
+from .fused import KernelCompileError
 
 
 @functools.cache
@@ -27,6 +37,30 @@ def _init() -> None:
     libm = ctypes.util.find_library("m")
     if libm:
         llvm.load_library_permanently(libm)
+    vmath.load_symbols()
+    blas.load_symbols()
+    if os.environ.get("EMBER_LLVM_REMARKS"):
+        llvm.set_option("", "--pass-remarks=loop-vectorize|slp-vectorizer")
+        llvm.set_option("", "--pass-remarks-missed=loop-vectorize")
+
+
+@functools.cache
+def host_cpu() -> str:
+    _init()
+    return llvm.get_host_cpu_name()
+
+
+@functools.cache
+def host_features() -> str:
+    _init()
+    return llvm.get_host_cpu_features().flatten()
+
+
+def fingerprint() -> str:
+    """What object code depends on besides the IR: CPU, features, llvmlite, BLAS."""
+    b = blas.find()
+    return (f"{llvm.get_process_triple()}|{host_cpu()}|{host_features()}|"
+            f"llvmlite {llvmlite.__version__}|blas {b.path if b else None}")
 
 
 def target_machine() -> llvm.TargetMachine:
@@ -34,43 +68,91 @@ def target_machine() -> llvm.TargetMachine:
     _init()
     target = llvm.Target.from_triple(llvm.get_process_triple())
     return target.create_target_machine(
-        cpu=llvm.get_host_cpu_name(), features=llvm.get_host_cpu_features().flatten(), opt=3,
+        cpu=host_cpu(), features=host_features(), opt=3,
         reloc="static", codemodel="jitdefault", jit=True)
 
 
 def optimize(mod: llvm.ModuleRef, tm: llvm.TargetMachine) -> None:
     pto = llvm.create_pipeline_tuning_options(speed_level=3)
     pto.loop_vectorization = pto.slp_vectorization = True
-    pto.loop_interleaving = pto.loop_unrolling = True
+    pto.loop_interleaving = True
+    pto.loop_unrolling = os.environ.get("EMBER_LLVM_UNROLL", "0") == "1"
     pb = llvm.create_pass_builder(tm, pto)
     pb.getModulePassManager().run(mod, pb)
+
+
+def _dump_dir(dump_dir: str | None) -> Path | None:
+    d = dump_dir if dump_dir is not None else os.environ.get("EMBER_DUMP_LLVM")
+    if not d:
+        return None
+    path = Path(d)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 class JitModule:
     """Native code for one `ir.Module`; holds everything that keeps that code mapped.
 
-    With `EMBER_DUMP_LLVM=DIR` set, writes DIR/graph.ll (as generated),
-    DIR/graph.opt.ll (after O3) and DIR/graph.s (the host assembly).
+    With `EMBER_DUMP_LLVM=DIR` set, writes DIR/<name>.ll (as generated), DIR/<name>.opt.ll
+    (after O3) and DIR/<name>.s (the host assembly, one labelled function per kernel).
     """
 
-    def __init__(self, module: ir.Module, dump_dir: str | None = None):
+    def __init__(self, module: ir.Module | None, dump_dir: str | None = None,
+                 name: str = "graph", obj: bytes | None = None):
+        self.timings: dict[str, float] = {}
         self.tm = target_machine()
+        if obj is not None:
+            self._load(obj)
+            return
+        t = time.perf_counter()
         module.triple = llvm.get_process_triple()
         module.data_layout = str(self.tm.target_data)
-        text = str(module)
-        self.mod = llvm.parse_assembly(text)
-        self.mod.verify()
+        text = vmath.patch_text(module, str(module), _vector_bits())
+        self.timings["llvm-ir"] = time.perf_counter() - t
+        t = time.perf_counter()
+        try:
+            self.mod = llvm.parse_assembly(text)
+            self.mod.verify()
+        except RuntimeError as e:
+            keep = Path(os.environ.get("TMPDIR", "/tmp")) / f"ember-failed-{os.getpid()}.ll"
+            keep.write_text(text)
+            raise KernelCompileError(f"LLVM rejected the generated IR for @{name} (kept in "
+                                     f"{keep}): {e}") from None
+        self.timings["parse"] = time.perf_counter() - t
+        t = time.perf_counter()
         optimize(self.mod, self.tm)
-        dump_dir = dump_dir if dump_dir is not None else os.environ.get("EMBER_DUMP_LLVM")
-        if dump_dir:
-            d = Path(dump_dir)
-            d.mkdir(parents=True, exist_ok=True)
-            (d / "graph.ll").write_text(text)
-            (d / "graph.opt.ll").write_text(str(self.mod))
-            (d / "graph.s").write_text(self.tm.emit_assembly(self.mod))
-        self.engine = llvm.create_mcjit_compiler(self.mod, self.tm)
+        self.timings["optimize"] = time.perf_counter() - t
+        d = _dump_dir(dump_dir)
+        if d:
+            (d / f"{name}.ll").write_text(text)
+            (d / f"{name}.opt.ll").write_text(str(self.mod))
+            (d / f"{name}.s").write_text(self.tm.emit_assembly(self.mod))
+        t = time.perf_counter()
+        self.object_code = self.tm.emit_object(self.mod)
+        self.timings["codegen"] = time.perf_counter() - t
+        self._load(self.object_code)
+
+    def _load(self, obj: bytes) -> None:
+        t = time.perf_counter()
+        self.object_code = obj
+        self.engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), self.tm)
+        self.engine.add_object_file(llvm.ObjectFileRef.from_data(obj))
         self.engine.finalize_object()
+        self.timings["load"] = time.perf_counter() - t
+
+    @classmethod
+    def from_object(cls, obj: bytes) -> JitModule:
+        return cls(None, obj=obj)
 
     def function(self, name: str, restype, *argtypes):
         """A ctypes callable for `name`; valid while this JitModule is alive."""
-        return ctypes.CFUNCTYPE(restype, *argtypes)(self.engine.get_function_address(name))
+        addr = self.engine.get_function_address(name)
+        if not addr:
+            raise KernelCompileError(f"no function {name} in the compiled module")
+        return ctypes.CFUNCTYPE(restype, *argtypes)(addr)
+
+
+def _vector_bits() -> int:
+    from .gemm import host_isa  # noqa: PLC0415
+
+    return host_isa().bits

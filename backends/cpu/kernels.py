@@ -20,8 +20,8 @@ from .loops import collapse, contiguous_strides, loop, nest, offset
 
 PTR = ir.PointerType()
 ELEMENTWISE = frozenset(f"ember.{n}" for n in (
-    "add sub mul div max min pow neg abs exp log sqrt rsqrt tanh sigmoid relu cmp select "
-    "cast").split())
+    "add sub mul div max min pow neg abs exp log sqrt rsqrt tanh sigmoid relu erf cmp "
+    "select cast").split())
 Emitter = Callable[[ir.IRBuilder, ir.Value, list[ir.Value], Operation], None]
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from llvmlite import ir
 
 from ..interpreter import UnsupportedOpError
+from . import vmath
 
 I64 = ir.IntType(64)
 REG = {"f32": ir.FloatType(), "f64": ir.DoubleType(), "i64": I64, "i32": ir.IntType(32),
@@ -28,6 +29,19 @@ def i64(n: int) -> ir.Constant:
 
 def const(dtype: str, value) -> ir.Constant:
     return ir.Constant(REG[dtype], float(value) if dtype in FLOATS else int(value))
+
+
+def size(dtype: str) -> int:
+    """Bytes per element in memory."""
+    return {"f32": 4, "f64": 8, "i64": 8, "i32": 4, "i1": 1}[dtype]
+
+
+def declare(mod: ir.Module, name: str, ret: ir.Type, args: list) -> ir.Function:
+    """The function `name` of `mod`, declared on first use."""
+    fn = mod.globals.get(name)
+    if fn is None:
+        fn = ir.Function(mod, ir.FunctionType(ret, args), name)
+    return fn
 
 
 def intrinsic(b: ir.IRBuilder, name: str, ret: ir.Type, args: list, flags=CONTRACT) -> ir.Value:
@@ -118,15 +132,15 @@ def _ipow(b: ir.IRBuilder, x: ir.Value, e: ir.Value, dtype: str) -> ir.Value:
 
 def combine(b: ir.IRBuilder, kind: str, acc: ir.Value, x: ir.Value, dtype: str,
             flags=CONTRACT) -> ir.Value:
-    """`acc (+|*|max) x`, the step of a reduction or a matmul accumulation."""
+    """`acc (+|*|max|min) x`, the step of a reduction or a matmul accumulation."""
     if dtype == "i1":
         return b.or_(acc, x) if kind in ("add", "max") else b.and_(acc, x)
     if dtype in FLOATS:
-        if kind == "max":
-            return intrinsic(b, f"llvm.maximum.{dtype}", REG[dtype], [acc, x], flags)
+        if kind in ("max", "min"):
+            return intrinsic(b, f"llvm.{kind}imum.{dtype}", REG[dtype], [acc, x], flags)
         return (b.fadd if kind == "add" else b.fmul)(acc, x, flags=flags)
-    if kind == "max":
-        return intrinsic(b, f"llvm.smax.{dtype}", REG[dtype], [acc, x])
+    if kind in ("max", "min"):
+        return intrinsic(b, f"llvm.s{kind}.{dtype}", REG[dtype], [acc, x])
     return (b.add if kind == "add" else b.mul)(acc, x)
 
 
@@ -134,11 +148,15 @@ def identity(kind: str, dtype: str) -> ir.Constant:
     """The start of a reduction; -0.0 for float sums so x + identity == x bit for bit."""
     if kind == "add":
         return const(dtype, -0.0 if dtype in FLOATS else 0)
+    if kind == "mul":
+        return const(dtype, 1)
+    sign = -1 if kind == "max" else 1
     if dtype in FLOATS:
-        return const(dtype, float("-inf"))
+        return const(dtype, sign * float("inf"))
     if dtype == "i1":
-        return const(dtype, 0)
-    return const(dtype, -(1 << (REG[dtype].width - 1)))
+        return const(dtype, int(kind == "min"))
+    w = REG[dtype].width - 1
+    return const(dtype, -(1 << w) if kind == "max" else (1 << w) - 1)
 
 
 def _unsupported(name: str, dtype: str):
@@ -183,7 +201,9 @@ def emit(b: ir.IRBuilder, name: str, attrs: dict, args: list, dtype: str) -> ir.
             case "max" | "min":
                 # NaN-propagating, as np.maximum
                 return intrinsic(b, f"llvm.{op}imum.{dtype}", t, args)
-            case "pow" | "exp" | "log" | "sqrt" | "tanh":
+            case "exp" | "log" | "tanh" | "erf":
+                return vmath.call(b, op, dtype, x)
+            case "pow" | "sqrt":
                 return intrinsic(b, f"llvm.{op}.{dtype}", t, args)
             case "neg":
                 return b.fneg(x, flags=CONTRACT)
@@ -194,7 +214,7 @@ def emit(b: ir.IRBuilder, name: str, attrs: dict, args: list, dtype: str) -> ir.
             case "rsqrt":
                 return b.fdiv(const(dtype, 1.0), intrinsic(b, f"llvm.sqrt.{dtype}", t, [x]))
             case "sigmoid":
-                e = intrinsic(b, f"llvm.exp.{dtype}", t, [b.fneg(x)])
+                e = vmath.call(b, "exp", dtype, b.fneg(x))
                 return b.fdiv(const(dtype, 1.0), b.fadd(const(dtype, 1.0), e))
     else:
         match op:

@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from ...ir import Graph, Operation, numpy_dtype, verify
+from .fused import FUSED
 from .kernels import KERNELS
 
 
@@ -25,8 +26,11 @@ def evaluate(op: Operation, args: list[np.ndarray], params: Mapping[str, np.ndar
         if pid not in params:
             raise KeyError(f"no value for param {op.attributes.get('path', '')} (id {pid})")
         values = [params[pid]]
+    elif op.name in FUSED:
+        values = FUSED[op.name](op, *args)
     elif op.name in KERNELS:
-        values = [KERNELS[op.name](op.attributes, *args)]
+        out = KERNELS[op.name](op.attributes, *args)
+        values = list(out) if len(op.results) != 1 else [out]  # multi-result: a tuple
     else:
         raise UnsupportedOpError(f"the interpreter has no kernel for '{op.name}'")
     return [np.ascontiguousarray(np.asarray(v), dtype=numpy_dtype(r.type.dtype))

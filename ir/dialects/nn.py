@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ..opdef import InferenceError, OpDef, fmt_shape, normalize_axes, register, same_dtype
 from ..types import TensorType
+from .ember import Conv2d as CoreConv2d
 
 
 @register
@@ -66,3 +67,138 @@ class CrossEntropy(OpDef):
         if labels.dtype not in ("i64", "i32"):
             raise InferenceError(f"nn.cross_entropy needs integer labels, got {labels}")
         return [TensorType((), logits.dtype)]
+
+
+@register
+class Conv2d(OpDef):
+    """`conv2d(x, w[, b]) {stride, padding, dilation, groups}`: ember.conv2d plus a bias [c_out]
+    added on the channel axis."""
+
+    name = "nn.conv2d"
+    traits = frozenset({"pure", "compute_bound"})
+    arity = (2, 3)
+    attrs = {"stride": list, "padding": list, "dilation": list, "groups": int}
+
+    @classmethod
+    def infer(cls, operand_types, attrs):
+        x, w, *b = operand_types
+        try:
+            (y,) = CoreConv2d.result_types([x, w], attrs)
+        except InferenceError as e:
+            raise InferenceError(str(e).replace(CoreConv2d.name, cls.name)) from None
+        if b and (b[0].shape != (w.shape[0],) or b[0].dtype != x.dtype):
+            raise InferenceError(f"nn.conv2d: bias {b[0]} does not match weight "
+                                 f"{fmt_shape(w.shape)} (want [{w.shape[0]}] of {x.dtype})")
+        return [y]
+
+
+def _affine(op: str, x: TensorType, params: list[TensorType], shape: tuple, names) -> None:
+    for t, n in zip(params, names):
+        if t.shape != shape or t.dtype != x.dtype:
+            raise InferenceError(f"{op}: {n} {t} does not match input {x} (want "
+                                 f"{TensorType(shape, x.dtype)})")
+
+
+@register
+class LayerNorm(OpDef):
+    """`layer_norm(x[, gamma, beta]) {axes, eps, affine}`: normalized over the trailing `axes`;
+    gamma and beta (both or neither; `affine` says which) have x's shape over those axes."""
+
+    name = "nn.layer_norm"
+    arity = (1, 3)
+    attrs = {"axes": list, "eps": float}
+    optional_attrs = {"affine": bool}
+
+    @classmethod
+    def infer(cls, operand_types, attrs):
+        x, *params = operand_types
+        affine = attrs.get("affine", bool(params))
+        if len(params) != (2 if affine else 0):
+            raise InferenceError(f"nn.layer_norm with affine={affine} takes "
+                                 f"{3 if affine else 1} operands, got {len(operand_types)}")
+        if not x.is_float:
+            raise InferenceError(f"nn.layer_norm needs a float tensor, got {x}")
+        axes = normalize_axes(cls.name, attrs["axes"], x.rank)
+        if not axes or axes != list(range(x.rank - len(axes), x.rank)):
+            raise InferenceError(f"nn.layer_norm: axes {attrs['axes']} must be the trailing "
+                                 f"axes of {fmt_shape(x.shape)}")
+        _affine(cls.name, x, params, x.shape[axes[0]:], ("gamma", "beta"))
+        return [x]
+
+
+@register
+class BatchNorm(OpDef):
+    """`batch_norm(x, gamma, beta, running_mean, running_var) {eps, momentum, training}`.
+
+    Channels on axis 1 of (N, C) or (N, C, H, W). Three results: y, the new running mean and
+    the new running var. training=true normalizes with the batch statistics (biased var)
+    and updates the running ones with momentum (unbiased var), as PyTorch; training=false
+    normalizes with the running statistics and returns them unchanged.
+    """
+
+    name = "nn.batch_norm"
+    arity = (5, 5)
+    attrs = {"eps": float, "momentum": float, "training": bool}
+
+    @classmethod
+    def infer(cls, operand_types, attrs):
+        x, *params = operand_types
+        if x.rank not in (2, 4) or not x.is_float:
+            raise InferenceError(f"nn.batch_norm: input must be a float (N, C) or (N, C, H, W) "
+                                 f"tensor, got {x}")
+        c = x.shape[1]
+        _affine(cls.name, x, params, (c,), ("gamma", "beta", "running_mean", "running_var"))
+        if attrs["training"] and x.size // max(c, 1) < 2:
+            raise InferenceError(f"nn.batch_norm: training needs more than one value per "
+                                 f"channel, got input {fmt_shape(x.shape)}")
+        return [x, params[2], params[3]]
+
+
+GELU_APPROXIMATIONS = ("none", "tanh")
+
+
+@register
+class Gelu(OpDef):
+    """`gelu(x) {approximate = "none" | "tanh"}`: x * Phi(x), exactly (erf) or with tanh."""
+
+    name = "nn.gelu"
+    traits = frozenset({"pure", "elementwise", "memory_bound"})
+    arity = (1, 1)
+    attrs = {"approximate": str}
+
+    @classmethod
+    def infer(cls, operand_types, attrs):
+        (x,) = operand_types
+        if attrs["approximate"] not in GELU_APPROXIMATIONS:
+            raise InferenceError(f"nn.gelu: approximate must be \"none\" or \"tanh\", got "
+                                 f"{attrs['approximate']!r}")
+        if not x.is_float:
+            raise InferenceError(f"nn.gelu needs a float tensor, got {x}")
+        return [x]
+
+
+@register
+class Attention(OpDef):
+    """`attention(q, k, v) {causal, scale}` on [..., T, d]: softmax(q k^T * scale + mask) v.
+
+    q [..., Tq, d], k [..., Tk, d], v [..., Tk, dv] -> [..., Tq, dv]; the causal mask
+    hides key j from query i when j > i (top-left aligned, as PyTorch's is_causal).
+    """
+
+    name = "nn.attention"
+    traits = frozenset({"pure", "compute_bound"})
+    arity = (3, 3)
+    attrs = {"causal": bool, "scale": float}
+
+    @classmethod
+    def infer(cls, operand_types, attrs):
+        q, k, v = operand_types
+        same_dtype(cls.name, operand_types)
+        ok = (q.rank >= 2 and k.rank == q.rank and v.rank == q.rank and q.is_float
+              and q.shape[:-2] == k.shape[:-2] == v.shape[:-2]
+              and q.shape[-1] == k.shape[-1] and k.shape[-2] == v.shape[-2])
+        if not ok:
+            raise InferenceError(f"nn.attention: q {fmt_shape(q.shape)}, k {fmt_shape(k.shape)}"
+                                 f", v {fmt_shape(v.shape)} do not fit (want [..., Tq, d], "
+                                 "[..., Tk, d], [..., Tk, dv] of floats)")
+        return [q.with_shape(q.shape[:-1] + v.shape[-1:])]

@@ -9,13 +9,25 @@ rematerializing pass should do with the op's result: "compute" (expensive: keep 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
-from ...ir import Builder, Operation, TensorType, Value, dtype_of, numpy_dtype
-from ..decompose import softmax
+from ...ir import Builder, Operation, TensorType, Value
+from ..decompose import (
+    CONV_ATTRS,
+    GELU_A,
+    GELU_C,
+    POOL_ATTRS,
+    attention_probs,
+    channel,
+    const,
+    normalize,
+    pick,
+    softmax,
+)
 
 Grads = list[Value | None]
 Backward = Callable[[Builder, Operation, Grads, list[bool]], Grads]
@@ -39,13 +51,6 @@ def rule(*names: str, checkpoint: str = "memory"):
 
 
 # --- helpers ---------------------------------------------------------------------------
-
-def const(b: Builder, value: float, dtype: str) -> Value:
-    """A scalar constant of `dtype`."""
-    arr = np.array(value, numpy_dtype(dtype))
-    return b.op("ember.constant", value=arr,
-                **({} if dtype_of(arr.dtype) == dtype else {"dtype": dtype}))
-
 
 def each(needs: list[bool], *grads: Callable[[], Value | None]) -> Grads:
     """Build only the operand gradients that are needed."""
@@ -185,8 +190,10 @@ def _sigmoid(b, g, x, out):
 
 @unary("ember.relu")
 def _relu(b, g, x, out):
+    """Masked by the output (out > 0 exactly where x > 0), as PyTorch's threshold_backward:
+    the backward then keeps the value the next layer keeps anyway, not the input too."""
     zero = const(b, 0, x.type.dtype)
-    return b.op("ember.select", b.op("ember.cmp", x, zero, predicate="gt"), g, zero)
+    return b.op("ember.select", b.op("ember.cmp", out, zero, predicate="gt"), g, zero)
 
 
 @unary("ember.cast")
@@ -298,6 +305,191 @@ def _cross_entropy(b, op, gs, needs):
     onehot = b.op("ember.one_hot", labels, num_classes=c, dtype=dtype)
     diff = b.op("ember.sub", softmax(b, logits, 1), onehot)
     return [b.op("ember.mul", diff, b.op("ember.div", g, const(b, n, dtype))), None]
+
+
+# --- new core ops -------------------------------------------------------------------
+
+@unary("ember.erf")
+def _erf(b, g, x, out):  # d/dx erf(x) = 2/sqrt(pi) exp(-x^2)
+    dtype = x.type.dtype
+    e = b.op("ember.exp", b.op("ember.neg", b.op("ember.mul", x, x)))
+    return b.op("ember.mul", g, b.op("ember.mul", e, const(b, 2 / math.sqrt(math.pi), dtype)))
+
+
+@rule("ember.dropout")
+def _dropout(b, op, gs, needs):
+    """The same op (same seed, key and rng operand) on the gradient: the mask is drawn again
+    from the counter, never stored."""
+    (g,), rng = gs, op.operands[1]
+    return each(needs, lambda: b.op("ember.dropout", g, rng, **pick(op, ("p", "seed", "key"))),
+                lambda: None)
+
+
+@rule("ember.gather")
+def _gather(b, op, gs, needs):
+    (g,), (table, idx) = gs, op.operands
+    return each(needs, lambda: b.op("ember.scatter_add", idx, g, shape=list(table.type.shape)),
+                lambda: None)
+
+
+@rule("ember.scatter_add")
+def _scatter_add(b, op, gs, needs):
+    (g,), (idx, _) = gs, op.operands
+    return each(needs, lambda: None, lambda: b.op("ember.gather", g, idx, axis=0))
+
+
+def _conv(op: Operation, **extra) -> dict:
+    return {**pick(op, CONV_ATTRS), **extra}
+
+
+@rule("ember.conv2d", checkpoint="compute")
+def _conv2d(b, op, gs, needs):
+    (g,), (x, w) = gs, op.operands[:2]
+    return each(needs,
+                lambda: b.op("ember.conv2d_grad_input", g, w,
+                             **_conv(op, input_shape=list(x.type.shape))),
+                lambda: b.op("ember.conv2d_grad_weight", x, g,
+                             **_conv(op, weight_shape=list(w.type.shape))))
+
+
+@rule("ember.conv2d_grad_input", checkpoint="compute")
+def _conv2d_grad_input(b, op, gs, needs):
+    """y = conv2d's adjoint in its input; linear in g (adjoint: conv2d) and in w."""
+    (dy,), (g, w) = gs, op.operands
+    return each(needs, lambda: b.op("ember.conv2d", dy, w, **_conv(op)),
+                lambda: b.op("ember.conv2d_grad_weight", dy, g,
+                             **_conv(op, weight_shape=list(w.type.shape))))
+
+
+@rule("ember.conv2d_grad_weight", checkpoint="compute")
+def _conv2d_grad_weight(b, op, gs, needs):
+    (dw,), (x, g) = gs, op.operands
+    return each(needs,
+                lambda: b.op("ember.conv2d_grad_input", g, dw,
+                             **_conv(op, input_shape=list(x.type.shape))),
+                lambda: b.op("ember.conv2d", x, dw, **_conv(op)))
+
+
+@unary("ember.max_pool2d")
+def _max_pool2d(b, g, x, out):
+    return b.op("ember.max_pool2d_grad", x, g, **pick(out.op, POOL_ATTRS))
+
+
+@unary("ember.avg_pool2d")
+def _avg_pool2d(b, g, x, out):
+    return b.op("ember.avg_pool2d_grad", g, **pick(out.op, POOL_ATTRS),
+                input_shape=list(x.type.shape))
+
+
+@unary("ember.avg_pool2d_grad")
+def _avg_pool2d_grad(b, g, x, out):  # linear in its operand; the adjoint is the pool itself
+    return b.op("ember.avg_pool2d", g, **pick(out.op, POOL_ATTRS))
+
+
+# --- new nn ops: dedicated rules -----------------------------------------------------
+
+@rule("nn.conv2d", checkpoint="compute")
+def _nn_conv2d(b, op, gs, needs):
+    g = gs[0]
+    dx, dw = _conv2d(b, op, gs, needs[:2])
+    return [dx, dw] + ([b.op("ember.reduce_sum", g, axes=[0, 2, 3], keepdims=False)]
+                       if len(needs) == 3 and needs[2] else [None] * (len(needs) - 2))
+
+
+def _norm_input_grad(b, dxhat: Value, xhat: Value, rstd: Value, axes: list[int]) -> Value:
+    """dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)) over `axes`: the
+    closed form of normalization's backward, with no division by small numbers."""
+    m1 = b.op("ember.reduce_mean", dxhat, axes=axes, keepdims=True)
+    m2 = b.op("ember.reduce_mean", b.op("ember.mul", dxhat, xhat), axes=axes, keepdims=True)
+    centered = b.op("ember.sub", b.op("ember.sub", dxhat, m1), b.op("ember.mul", xhat, m2))
+    return b.op("ember.mul", centered, rstd)
+
+
+def _sum_to(b, v: Value, axes: list[int]) -> Value:
+    return b.op("ember.reduce_sum", v, axes=axes, keepdims=False) if axes else v
+
+
+@rule("nn.layer_norm")
+def _layer_norm(b, op, gs, needs):
+    (g,), (x, *affine) = gs, op.operands
+    rank = x.type.rank
+    axes = sorted(a % rank for a in op.attributes["axes"])
+    lead = list(range(axes[0]))
+    xhat, rstd, _, _ = normalize(b, x, axes, op.attributes["eps"])  # CSE'd with the forward
+    dxhat = b.op("ember.mul", g, affine[0]) if affine else g
+    return each(needs, lambda: _norm_input_grad(b, dxhat, xhat, rstd, axes),
+                lambda: _sum_to(b, b.op("ember.mul", g, xhat), lead),
+                lambda: _sum_to(b, g, lead))
+
+
+@rule("nn.batch_norm")
+def _batch_norm(b, op, gs, needs):
+    """Only y (result 0) is differentiable; the running statistics get no gradient."""
+    (g, *_), (x, gamma, *_), a = gs, op.operands, op.attributes
+    if g is None:
+        return [None] * 5
+    rank = x.type.rank
+    axes = [0, *range(2, rank)]
+    if a["training"]:
+        xhat, rstd, _, _ = normalize(b, x, axes, a["eps"])
+    else:
+        rm, rv = (channel(b, v, rank) for v in op.operands[3:])
+        rstd = b.op("ember.rsqrt", b.op("ember.add", rv, const(b, a["eps"], x.type.dtype)))
+        xhat = b.op("ember.mul", b.op("ember.sub", x, rm), rstd)
+    dxhat = b.op("ember.mul", g, channel(b, gamma, rank))
+
+    def dx():
+        if a["training"]:
+            return _norm_input_grad(b, dxhat, xhat, rstd, axes)
+        return b.op("ember.mul", dxhat, rstd)
+
+    return each(needs, dx, lambda: _sum_to(b, b.op("ember.mul", g, xhat), axes),
+                lambda: _sum_to(b, g, axes), lambda: None, lambda: None)
+
+
+@unary("nn.gelu")
+def _gelu(b, g, x, out):
+    dtype = x.type.dtype
+
+    def c(v: float) -> Value:
+        return const(b, v, dtype)
+
+    if out.op.attributes["approximate"] == "tanh":
+        # y = x/2 (1 + t), t = tanh(u), u = C (x + A x^3): y' = (1 + t)/2 + x/2 (1 - t^2) u'
+        x2 = b.op("ember.mul", x, x)
+        u = b.op("ember.mul", b.op("ember.add", x, b.op("ember.mul", b.op("ember.mul", x2, x),
+                                                          c(GELU_A))), c(GELU_C))
+        t = b.op("ember.tanh", u)
+        du = b.op("ember.mul", b.op("ember.add", b.op("ember.mul", x2, c(3 * GELU_A * GELU_C)),
+                                    c(GELU_C)), b.op("ember.sub", c(1), b.op("ember.mul", t, t)))
+        d = b.op("ember.mul", b.op("ember.add", b.op("ember.add", t, c(1)),
+                                   b.op("ember.mul", x, du)), c(0.5))
+    else:
+        # y = x Phi(x): y' = Phi(x) + x phi(x), phi(x) = exp(-x^2/2) / sqrt(2 pi)
+        cdf = b.op("ember.mul", b.op("ember.add", b.op("ember.erf", b.op(
+            "ember.mul", x, c(1 / math.sqrt(2)))), c(1)), c(0.5))
+        pdf = b.op("ember.mul", b.op("ember.exp", b.op("ember.mul", b.op("ember.mul", x, x),
+                                                       c(-0.5))), c(1 / math.sqrt(2 * math.pi)))
+        d = b.op("ember.add", cdf, b.op("ember.mul", x, pdf))
+    return b.op("ember.mul", g, d)
+
+
+@rule("nn.attention", checkpoint="compute")
+def _attention(b, op, gs, needs):
+    """p = softmax(q k^T s + mask) is recomputed (as the decomposition spells it, so CSE
+    shares it with a decomposed forward); masked entries have p = 0 and get no gradient."""
+    (g,), (q, k, v), a = gs, op.operands, op.attributes
+    p = attention_probs(b, q, k, a["causal"], a["scale"])
+    if not (needs[0] or needs[1]):
+        return [None, None, b.op("ember.matmul", mT(b, p), g)]
+    dp = b.op("ember.matmul", g, mT(b, v))
+    dot = b.op("ember.reduce_sum", b.op("ember.mul", dp, p), axes=[p.type.rank - 1],
+               keepdims=True)
+    ds = b.op("ember.mul", b.op("ember.mul", p, b.op("ember.sub", dp, dot)),
+              const(b, a["scale"], q.type.dtype))
+    return each(needs, lambda: b.op("ember.matmul", ds, k),
+                lambda: b.op("ember.matmul", mT(b, ds), q),
+                lambda: b.op("ember.matmul", mT(b, p), g))
 
 
 def checkpoint_class(op_name: str) -> str | None:

@@ -336,6 +336,6 @@ def test_unsupported_ops():
 def test_dump_llvm(tmp_path, monkeypatch):
     monkeypatch.setenv("EMBER_DUMP_LLVM", str(tmp_path))
     cpu.compile(graph([((1000,), "f32")] * 2, lambda b, x, y: [b.op("ember.add", x, y)]))
-    assert "ember_entry" in (tmp_path / "graph.ll").read_text()
-    assert " x float>" in (tmp_path / "graph.opt.ll").read_text()  # the add loop vectorized
-    assert (tmp_path / "graph.s").read_text()
+    assert "ember_entry" in (tmp_path / "f.ll").read_text()  # files named after the graph
+    assert " x float>" in (tmp_path / "f.opt.ll").read_text()  # the add loop vectorized
+    assert (tmp_path / "f.s").read_text()

@@ -187,3 +187,23 @@ def test_decompose_cross_entropy():
     assert "nn.cross_entropy" not in names and "ember.one_hot" in names
     np.testing.assert_allclose(interpreter.run(g, inputs)[0], want)
     assert g.outputs[0].type == T((), "f64")
+
+
+def test_folders_agree_with_the_interpreter():
+    """passes/fold.py restates numpy semantics (a pass never imports a backend): every
+    folder computes what the interpreter's kernel computes."""
+    from ember.backends.interpreter.kernels import KERNELS
+    from ember.passes.fold import FOLDERS, fold
+
+    rng = np.random.default_rng(0)
+    x, y = rng.uniform(0.5, 2, (2, 3)).astype(np.float32), rng.normal(size=(3,)).astype(
+        np.float32)
+    attrs = {"ember.cmp": {"predicate": "le"}, "ember.cast": {"dtype": "f64"},
+             "ember.broadcast": {"shape": [4, 2, 3]}, "ember.reshape": {"shape": [3, 2]},
+             "ember.transpose": {"perm": [1, 0]}}
+    for name in FOLDERS:
+        a = attrs.get(name, {"axes": [0], "keepdims": False})
+        arity = len(KERNELS[name].__code__.co_varnames[:KERNELS[name].__code__.co_argcount]) - 1
+        args = {1: [x], 2: [x, y], 3: [x > 1, x, y]}[arity]
+        np.testing.assert_array_equal(fold(name, a, *args), KERNELS[name](a, *args), name)
+    assert fold("ember.matmul", {}, x, x.T) is None  # not folded: stays for a backend

@@ -122,3 +122,81 @@ def test_ember_train_reaches_90_percent_on_digits(tmp_path, capsys):
 
     for path in dumps:
         verify(parse(path.read_text()))
+
+
+def _fit(model, data, opt, backend, epochs=10):
+    """10 epochs of 44 steps, the lr annealed to 0 (so the last epoch is a stable one)."""
+    import io
+
+    from ember.runtime.train import fit
+
+    return fit(model, data, opt, epochs=epochs, backend=backend, progress=False,
+               out=io.StringIO())
+
+
+def test_digits_mlp_with_adam_reaches_97_percent(data):
+    em.seed(0)
+    results = _fit(Mlp(), data, optim.Adam(lr=optim.Cosine(1e-2, total_steps=440)), backend="cpu")
+    assert results[-1].test_accuracy >= 0.97, results[-1]
+
+
+def test_digits_cnn_reaches_97_percent():
+    from ember.runtime.models import Cnn
+
+    em.seed(0)
+    results = _fit(Cnn(), digits(seed=0, image=True),
+                   optim.Adam(lr=optim.Cosine(1e-2, total_steps=440)), backend="cpu")
+    assert results[-1].test_accuracy >= 0.97, results[-1]
+
+
+class DropMlp(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2, self.head = nn.Linear(64, 48), nn.Linear(48, 48), nn.Linear(48, 10)
+        self.drop = nn.Dropout(0.3)
+
+    def forward(self, x):
+        x = self.drop(nn.functional.relu(self.fc1(x)))
+        return self.head(nn.functional.relu(self.fc2(x)))
+
+
+def test_every_offered_checkpoint_strategy_trains_exactly_like_none(data):
+    from ember.runtime.api import checkpoint_strategies
+
+    strategies = checkpoint_strategies()
+    assert strategies[0] == "none"
+    results, saved = {}, {}
+    for strategy in strategies:
+        em.seed(0)
+        model = DropMlp()
+        step = em.compile_train_step(model, nn.functional.cross_entropy, optim.Adam(lr=1e-2),
+                                     backend="interpreter", checkpoint=strategy)
+        for x, y in batches(data, 4):
+            step(x, y)
+        results[strategy] = {k: p.val() for k, p in model.named_parameters()}
+        report = step.memory_report()
+        assert report["peak_bytes"] >= report["params"] + report["optimizer_state"] > 0
+        saved[strategy] = report["saved"]
+        assert ("checkpoint" in step.stages) == (strategy != "none")
+    for strategy, params in results.items():  # recomputed dropout draws the same mask
+        for k, v in params.items():
+            np.testing.assert_array_equal(v, results["none"][k], err_msg=f"{strategy} {k}")
+    if "all" in saved:
+        assert saved["all"] < saved["none"]
+
+
+def test_memory_budget_implies_min_cut_and_a_hopeless_one_fails_clearly(data):
+    from ember.runtime.api import checkpoint_strategies
+
+    if "min-cut" not in checkpoint_strategies():
+        pytest.skip("no min-cut checkpointing in this build")
+    em.seed(0)
+    step = em.compile_train_step(Mlp(), nn.functional.cross_entropy, optim.SGD(lr=0.1),
+                                 backend="interpreter", memory_budget=10**9)
+    step(data.x_train[:32], data.y_train[:32])
+    assert step.graph.attributes["ember.checkpoint"] == "min-cut"
+    em.seed(0)
+    step = em.compile_train_step(Mlp(), nn.functional.cross_entropy, optim.SGD(lr=0.1),
+                                 backend="interpreter", memory_budget=1000)
+    with pytest.raises(ValueError, match="budget"):
+        step(data.x_train[:32], data.y_train[:32])

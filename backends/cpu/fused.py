@@ -1,0 +1,361 @@
+"""`kernel.fused` (and a matmul's epilogue) to loops.
+
+The space is first normalized: size-1 dims dropped, and neighbours merged where every
+map walks them as one (so an elementwise kernel over contiguous buffers is one flat,
+vectorized loop). Dims split into the reduced set R, the outer parallel dims before the
+first reduced dim (P), and the parallel dims after it (Q). For each point of P:
+- each reduction level runs one loop nest over R and Q (in space order) accumulating in
+  registers (`reassoc`, so the loop vectorizes) when Q is empty (row kernels: softmax,
+  layer norm) or in an array indexed by Q otherwise (column sums: the contiguous dim
+  stays innermost and the accumulation vectorizes across it);
+- a last nest over R and Q stores what varies along R, one over Q what varies only
+  along Q, and the rest is stored once.
+Every value is computed in the loop of the innermost dim it varies along, so what a
+row shares is computed once per row. The outermost P loop is split across threads when
+the kernel is large.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from llvmlite import ir
+
+from ...ir import Value
+from . import scalar as S
+from .gemm import _for
+from .loops import loop
+from .scalar import i64
+from .threads import elem, parallel_chunks, parallel_for, stack_array
+
+
+def dropout(*args):
+    from .spatial import dropout as d  # noqa: PLC0415  (spatial imports matmul -> fused)
+
+    return d(*args)
+
+PTR = ir.PointerType()
+ACC_STACK_LIMIT = 1 << 18  # bytes of column accumulators kept on the stack
+
+
+class KernelCompileError(RuntimeError):
+    """Code generation failed for one kernel op (the message names it)."""
+
+
+@dataclass
+class Shape:
+    """A kernel's iteration space and maps after normalization."""
+
+    space: list[int]
+    ins: list[list[int]]
+    outs: list[list[int]]
+    index: dict[int, int | None]  # original dim -> normalized dim (None: size 1)
+    reduce: frozenset[int]
+
+
+def normalize(space: Sequence[int], ins, outs, reduce_dims: set[int],
+              index_dims: set[int]) -> Shape:
+    keep = [d for d, n in enumerate(space) if n != 1]
+    groups: list[list[int]] = []
+    maps = list(ins) + list(outs)
+    for d in keep:
+        if groups:
+            p = groups[-1][-1]
+            same_class = (p in reduce_dims) == (d in reduce_dims)
+            if (same_class and p not in index_dims and d not in index_dims
+                    and all(m[p] == m[d] * space[d] for m in maps)):
+                groups[-1].append(d)
+                continue
+        groups.append([d])
+    new_space = [1] * len(groups)
+    where: dict[int, int | None] = {d: None for d in range(len(space))}
+    for k, g in enumerate(groups):
+        for d in g:
+            new_space[k] *= space[d]
+            where[d] = k
+
+    def remap(m):
+        return [m[g[-1]] for g in groups]
+
+    red = frozenset(where[d] for d in reduce_dims if where[d] is not None)
+    return Shape(new_space, [remap(m) for m in ins], [remap(m) for m in outs], where, red)
+
+
+class FusedEmitter:
+    """Emits one kernel body over its (normalized) space.
+
+    `args`: block arguments, each read from an input pointer through a map; the body's
+    ops are evaluated lazily with a scope stack of memoized values.
+    """
+
+    def __init__(self, block, space, in_maps, out_maps, in_dtypes, out_dtypes, name: str):
+        self.block, self.name = block, name
+        self.body = [op for op in block.ops if op.name != "kernel.yield"]
+        self.yields = block.ops[-1].operands
+        self.in_dtypes, self.out_dtypes = in_dtypes, out_dtypes
+        reds = [op for op in self.body if op.name == "kernel.reduce"]
+        dims = {tuple(sorted(op.attributes["dims"])) for op in reds}
+        if len(dims) > 1:
+            raise KernelCompileError(f"{name}: reduces over different dims {sorted(dims)}")
+        rdims = set(dims.pop()) if dims else set()
+        idims = {op.attributes["dim"] for op in self.body if op.name == "kernel.index"}
+        self.shape = normalize(space, in_maps, out_maps, rdims, idims)
+        sp = self.shape.space
+        self.R = self.shape.reduce
+        first_r = min(self.R) if self.R else len(sp)
+        self.P = [d for d in range(first_r)]
+        self.Q = [d for d in range(first_r, len(sp)) if d not in self.R]
+        self.column = bool(self.R) and bool(self.Q)
+        self.var = self._varying()
+        self.level = self._reduce_levels(reds)
+
+    # -- analysis ---------------------------------------------------------------------------
+
+    def _varying(self) -> dict[Value, frozenset]:
+        """Space dims each value depends on (for scheduling: a column accumulator counts
+        as varying along all of Q, where it is read from)."""
+        var: dict[Value, frozenset] = {}
+        for a, m in zip(self.block.args, self.shape.ins):
+            var[a] = frozenset(d for d, s in enumerate(m) if s)
+        for op in self.body:
+            if op.name == "kernel.index":
+                d = self.shape.index[op.attributes["dim"]]
+                v = frozenset() if d is None else frozenset({d})
+            elif op.name == "kernel.reduce":
+                v = var[op.operands[0]] - self.R
+                if self.column:
+                    v = v | frozenset(self.Q)
+            else:
+                v = frozenset().union(*(var[x] for x in op.operands))
+            var[op.result] = v
+        return var
+
+    def _reduce_levels(self, reds) -> dict:
+        level: dict = {}
+        dep: dict[Value, int] = {a: 0 for a in self.block.args}
+        for op in self.body:
+            d = max((dep[x] for x in op.operands), default=0)
+            if op.name == "kernel.reduce":
+                level[op] = d + 1
+                d += 1
+            for r in op.results:
+                dep[r] = d
+        return level
+
+    def deps(self, values) -> list[Value]:
+        """Values needed to compute `values` (transitively, stopping at reduces, whose
+        results come from their own phase): block arguments first, then body order."""
+        need, stack = set(), list(values)
+        while stack:
+            v = stack.pop()
+            if v in need:
+                continue
+            need.add(v)
+            op = v.op if v.owner is not self.block else None
+            if op is not None and op.name != "kernel.reduce":
+                stack.extend(op.operands)
+        order = [a for a in self.block.args if a in need]
+        for op in self.body:
+            if op.result in need and op.name != "kernel.reduce":
+                order.append(op.result)
+        return order
+
+    # -- emission ---------------------------------------------------------------------------
+
+    def emit(self, b: ir.IRBuilder, ins: list, outs: list, threads: int = 1) -> None:
+        """The whole kernel at b's position (ins/outs: element pointers)."""
+        sp = self.shape.space
+        if any(n == 0 for n in sp):
+            return
+        self.ins, self.outs = ins, outs
+        work = max(1, len(self.body)) * _prod(sp)
+        first = self.P[0] if self.P else None
+        t = parallel_chunks(work, sp[first], threads) if first is not None else 1
+        if self.column and self._acc_bytes() > ACC_STACK_LIMIT:
+            t = 1
+        if t == 1:
+            self.run(b, None)
+            return
+        mod = b.module
+        body = ir.Function(mod, ir.FunctionType(ir.VoidType(), [PTR, S.I64, S.I64]),
+                           f"{self.name}.body")
+        body.linkage = "internal"
+        ctx, lo, hi = body.args
+        bb = ir.IRBuilder(body.append_basic_block("entry"))
+        ptrs = [bb.load(elem(bb, ctx, PTR, i), typ=PTR) for i in range(len(ins) + len(outs))]
+        self.b, self.ins, self.outs = bb, ptrs[:len(ins)], ptrs[len(ins):]
+        self.run(bb, (lo, hi))
+        bb.ret_void()
+        arr = stack_array(b, PTR, max(1, len(ins) + len(outs)), "ctx")
+        for i, p in enumerate(list(ins) + list(outs)):
+            b.store(p, elem(b, arr, PTR, i))
+        parallel_for(b, body, arr, sp[first], t, self.name)
+
+    def _acc_bytes(self) -> int:
+        qsize = _prod([self.shape.space[d] for d in self.Q])
+        nred = sum(1 for op in self.body if op.name == "kernel.reduce")
+        return qsize * nred * 8
+
+    def run(self, b: ir.IRBuilder, split) -> None:
+        self.b = b
+        self.idx: dict[int, ir.Value] = {}
+        self.scopes: list[dict] = [{}]
+        self.acc: dict = {}
+        n = len(self.yields)
+        var_store = [self.var[y] | frozenset(d for d, s in enumerate(self.shape.outs[k]) if s)
+                     for k, y in enumerate(self.yields)]
+        self.stores_r = [k for k in range(n) if var_store[k] & self.R]
+        self.stores_q = [k for k in range(n) if k not in self.stores_r and
+                         var_store[k] & frozenset(self.Q)]
+        self.stores_p = [k for k in range(n) if k not in self.stores_r + self.stores_q]
+        if not self.R:
+            self.phase(self.P, lambda: [self.store(k) for k in range(n)], self.yields, split)
+        else:
+            self.phase(self.P, self.after_p, [], split)
+
+    def after_p(self) -> None:
+        reds = sorted(self.level, key=self.level.get)
+        for lvl in sorted(set(self.level.values())):
+            self.reduce_phase([op for op in reds if self.level[op] == lvl])
+        loop_rq = [d for d in range(len(self.shape.space)) if d in self.R or d in self.Q]
+        if self.stores_r:
+            self.phase(loop_rq, lambda: [self.store(k) for k in self.stores_r],
+                       [self.yields[k] for k in self.stores_r])
+        if self.stores_q:
+            self.phase(self.Q, lambda: [self.store(k) for k in self.stores_q],
+                       [self.yields[k] for k in self.stores_q])
+        for k in self.stores_p:
+            self.store(k)
+
+    def phase(self, dims: list[int], innermost, values, split=None) -> None:
+        """A loop nest over dims that computes `values`' dependencies at the level of the
+        innermost dim each varies along, then runs `innermost` at the innermost level.
+        `split` = (lo, hi): the first dim runs over [lo, hi) only (a thread's chunk)."""
+        pos = {d: i for i, d in enumerate(dims)}
+        levels: dict[int, list] = {}
+        for v in self.deps(values):
+            lv = max((pos[d] for d in self.var[v] if d in pos), default=-1)
+            levels.setdefault(lv, []).append(v)
+        for v in levels.get(-1, []):
+            self.value(v)
+
+        def go(j):
+            if j == len(dims):
+                innermost()
+                return
+            d = dims[j]
+
+            def body(i):
+                self.idx[d] = i
+                self.scopes.append({})
+                for v in levels.get(j, []):
+                    self.value(v)
+                go(j + 1)
+                self.scopes.pop()
+                del self.idx[d]
+
+            if j == 0 and split is not None:
+                _for(self.b, split[0], split[1], body, name=f"p{d}")
+            else:
+                loop(self.b, self.shape.space[d], body, name=f"d{d}")
+
+        go(0)
+
+    def reduce_phase(self, reds) -> None:
+        b = self.b
+        dt = {op: op.result.type.dtype for op in reds}
+        loop_rq = [d for d in range(len(self.shape.space)) if d in self.R or d in self.Q]
+        qsize = _prod([self.shape.space[d] for d in self.Q])
+        for op in reds:
+            t = S.REG[dt[op]]
+            if self.column:
+                arr = stack_array(b, t, qsize, "acc")
+                init = S.identity(op.attributes["kind"], dt[op])
+                loop(b, qsize, lambda i, arr=arr, init=init, t=t: b.store(
+                    init, elem(b, arr, t, i)), name="ai")
+            else:
+                arr = stack_array(b, t, 1, "acc")
+                b.store(S.identity(op.attributes["kind"], dt[op]), arr)
+            self.acc[op] = arr
+
+        def accumulate():
+            off = self.q_offset() if self.column else i64(0)
+            for op in reds:
+                t = S.REG[dt[op]]
+                p = elem(b, self.acc[op], t, off)
+                x = self.value(op.operands[0])
+                b.store(S.combine(b, op.attributes["kind"], b.load(p, typ=t), x, dt[op],
+                                  flags=S.REASSOC), p)
+
+        self.phase(loop_rq, accumulate, [op.operands[0] for op in reds])
+        if not self.column:
+            for op in reds:
+                self.scopes[-1][op.result] = b.load(self.acc[op], typ=S.REG[dt[op]])
+
+    def q_offset(self) -> ir.Value:
+        off, stride = i64(0), 1
+        for d in reversed(self.Q):
+            off = self.b.add(off, self.b.mul(self.idx[d], i64(stride)))
+            stride *= self.shape.space[d]
+        return off
+
+    def offset(self, m: list[int]) -> ir.Value:
+        b, off = self.b, None
+        for d, s in enumerate(m):
+            if s and self.shape.space[d] > 1:
+                t = self.idx[d] if s == 1 else b.mul(self.idx[d], i64(s))
+                off = t if off is None else b.add(off, t)
+        return off if off is not None else i64(0)
+
+    def store(self, k: int) -> None:
+        v = self.value(self.yields[k])
+        S.store(self.b, self.outs[k], self.out_dtypes[k], self.offset(self.shape.outs[k]), v)
+
+    def value(self, v: Value) -> ir.Value:
+        for scope in reversed(self.scopes):
+            if v in scope:
+                return scope[v]
+        b = self.b
+        if v.owner is self.block:
+            k = v.index
+            r = S.load(b, self.ins[k], self.in_dtypes[k], self.offset(self.shape.ins[k]))
+        else:
+            op = v.op
+            a = op.attributes
+            name = op.name
+            if name == "kernel.constant":
+                r = S.const(v.type.dtype, a["value"])
+            elif name == "kernel.index":
+                d = self.shape.index[a["dim"]]
+                r = i64(0) if d is None else self.idx[d]
+            elif name == "kernel.dropout":
+                x, step, index = (self.value(u) for u in op.operands)
+                r = dropout(b, x, step, index, a, v.type.dtype)
+            elif name == "kernel.reduce":  # a column accumulator, read at this q
+                t = S.REG[v.type.dtype]
+                r = b.load(elem(b, self.acc[op], t, self.q_offset()), typ=t)
+            else:
+                args = [self.value(x) for x in op.operands]
+                src = op.operands[1 if name == "kernel.select" else 0].type.dtype
+                r = S.emit(b, "ember." + name.removeprefix("kernel."), a, args, src)
+        self.scopes[-1][v] = r
+        return r
+
+
+def _prod(xs) -> int:
+    out = 1
+    for x in xs:
+        out *= x
+    return out
+
+
+def emit_fused(b: ir.IRBuilder, op, outs: list, ins: list, threads: int, name: str) -> None:
+    """A `kernel.fused` op at b's position (outs/ins: buffer pointers)."""
+    a = op.attributes
+    block = op.regions[0].blocks[0]
+    em = FusedEmitter(block, a["space"], a["maps"], a["out_maps"],
+                      [v.type.dtype for v in op.operands], [t.dtype for t in a["out_types"]],
+                      name)
+    em.emit(b, ins, outs, threads)
+

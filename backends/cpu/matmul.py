@@ -1,0 +1,143 @@
+"""`kernel.matmul`: per batch element a GEMM (OpenBLAS or ember's own, chosen by the
+measured cost table), then the epilogue as one fused loop over the output.
+
+The GEMM accumulates straight into the first result when that result is the plain
+product layout (row-major, unit column stride); otherwise into scratch memory that the
+epilogue reads. Operand strides come from the op's maps, so transposes are free: BLAS
+gets them as transpose flags, the own GEMM reads A through strides and packs B.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llvmlite import ir
+
+from . import blas as B
+from . import scalar as S
+from .cost import choose
+from .fused import FusedEmitter
+from .gemm import GemmProblem, Isa, emit_own, plan_own
+from .loops import contiguous_strides, loop
+from .scalar import i64
+
+
+@dataclass
+class MatmulPlan:
+    nb: int
+    batch: list[int]
+    problem: GemmProblem
+    a_batch: list[int]
+    b_batch: list[int]
+    c_batch: list[int]
+    in_place: bool  # accumulate into result 0
+    engine: str  # "blas" | "own"
+    gemm_scratch: int
+    c_scratch: int  # bytes of a scratch product buffer (0 when in place)
+    trivial: bool  # the epilogue only stores the product
+
+
+def plan_matmul(op, isa: Isa, threads: int) -> MatmulPlan:
+    a = op.attributes
+    space, maps = a["space"], a["maps"]
+    nb = len(space) - 3
+    batch, (m, n, k) = space[:nb], space[nb:]
+    ma, mb = maps[0], maps[1]
+    dt = op.operands[0].type.dtype
+    o = a["out_maps"][0][:-1]
+    t0 = a["out_types"][0]
+    in_place = (t0.dtype == dt and (o[nb + 1] == 1 or n == 1)
+                and (m == 1 or o[nb] >= n) and all(s or d == 1 for s, d in zip(o, space)))
+    ldc = (o[nb] if m > 1 else n) if in_place else n
+    c_batch = o[:nb] if in_place else [s * m * n for s in contiguous_strides(batch)]
+    p = GemmProblem(m, n, k, ma[nb], ma[nb + 2], mb[nb + 2], mb[nb + 1], ldc, dt)
+    engine = engine_for(p, isa, threads)
+    gs = gemm_scratch(p, engine, isa, threads)
+    block = op.regions[0].blocks[0]
+    body = block.ops
+    trivial = (in_place and len(body) == 1 and len(body[0].operands) == 1
+               and body[0].operands[0] is block.args[0])
+    size = S.size(dt)
+    c_scratch = 0 if in_place else _prod(batch) * m * n * size
+    return MatmulPlan(nb, batch, p, ma[:nb], mb[:nb], c_batch, in_place, engine, gs,
+                      c_scratch, trivial)
+
+
+def engine_for(p: GemmProblem, isa: Isa, threads: int) -> str:
+    """"blas" when the cost table prefers it and BLAS can take these strides, else "own"."""
+    engine = choose(p, isa, threads)
+    if engine == "blas" and (B.find() is None or B.layout(p.m, p.k, p.sa_m, p.sa_k) is None
+                             or B.layout(p.k, p.n, p.sb_k, p.sb_n) is None):
+        return "own"
+    return engine
+
+
+def gemm_scratch(p: GemmProblem, engine: str, isa: Isa, threads: int) -> int:
+    return plan_own(p, isa, threads)["scratch"] if engine == "own" else 0
+
+
+def gemm_call(b: ir.IRBuilder, p: GemmProblem, engine: str, pa, pb, pc, scratch, isa: Isa,
+              threads: int, name: str, accumulate: bool = False) -> None:
+    """C (+)= A B for element pointers pa, pb, pc with `engine`."""
+    if engine == "blas":
+        ta, lda = B.layout(p.m, p.k, p.sa_m, p.sa_k)
+        tb, ldb = B.layout(p.k, p.n, p.sb_k, p.sb_n)
+        B.call_gemm(b, p.dtype, ta, tb, p.m, p.n, p.k, pa, lda, pb, ldb, pc, p.ldc,
+                    1.0 if accumulate else 0.0)
+    else:
+        emit_own(b, p, pa, pb, pc, scratch, isa, threads, name, accumulate)
+
+
+def scratch_bytes(op, isa: Isa, threads: int) -> int:
+    pl = plan_matmul(op, isa, threads)
+    return pl.gemm_scratch + pl.c_scratch + 64
+
+
+def _prod(xs) -> int:
+    out = 1
+    for x in xs:
+        out *= x
+    return out
+
+
+def emit_matmul(b: ir.IRBuilder, op, outs: list, ins: list, scratch, isa: Isa, threads: int,
+                name: str) -> None:
+    pl = plan_matmul(op, isa, threads)
+    p, dt = pl.problem, pl.problem.dtype
+    el = S.REG[dt]
+    if pl.in_place:
+        c = outs[0]
+        gscr = scratch
+    else:
+        c = scratch
+        gscr = b.gep(scratch, [i64(pl.c_scratch // S.size(dt) + 16)], inbounds=True,
+                     source_etype=el)
+    nbatch = _prod(pl.batch)
+    bstr = contiguous_strides(pl.batch)
+
+    def one(bi):
+        offs = [i64(0), i64(0), i64(0)]
+        if pl.nb:
+            for d, (n_d, st) in enumerate(zip(pl.batch, bstr)):
+                coord = b.urem(b.udiv(bi, i64(st)), i64(n_d)) if n_d > 1 else None
+                if coord is None:
+                    continue
+                for j, strides in enumerate((pl.a_batch, pl.b_batch, pl.c_batch)):
+                    if strides[d]:
+                        offs[j] = b.add(offs[j], b.mul(coord, i64(strides[d])))
+        pa, pb, pc = (b.gep(ptr, [o], inbounds=True, source_etype=el)
+                      for ptr, o in zip((ins[0], ins[1], c), offs))
+        gemm_call(b, p, pl.engine, pa, pb, pc, gscr, isa, threads, name)
+
+    loop(b, nbatch, one, name="batch")
+    if pl.trivial:
+        return
+    a = op.attributes
+    space = a["space"][:-1]
+    c_map = list(pl.c_batch) + [p.ldc if p.m > 1 else 0, 1 if p.n > 1 else 0]
+    block = op.regions[0].blocks[0]
+    em = FusedEmitter(block, space, [c_map] + [m[:-1] for m in a["maps"][2:]],
+                      [m[:-1] for m in a["out_maps"]],
+                      [dt] + [v.type.dtype for v in op.operands[2:]],
+                      [t.dtype for t in a["out_types"]], f"{name}.epilogue")
+    em.emit(b, [c] + list(ins[2:]), outs, threads)

@@ -1,0 +1,390 @@
+"""Convolutions, pooling, gather/scatter and dropout on the cpu.
+
+Convolutions are im2col into scratch memory, then the GEMM (ember's own or OpenBLAS,
+chosen as for matmuls), per image and group:
+- conv2d:              Y[n, g]  = W[g] (Og x K)          @ cols(x[n, g]) (K x P)
+- conv2d_grad_weight:  dW[g]   += G[n, g] (Og x P)       @ cols(x[n, g])^T (P x K)
+- conv2d_grad_input:   dcols    = W[g]^T (K x Og)        @ G[n, g] (Og x P), then col2im
+with K = c_in/groups * kh * kw and P = oh * ow. Images are split across threads when the
+work is large (each thread has its own columns buffer). Pools walk their windows
+directly; out-of-range taps are padding (never a max, zero in an average).
+
+Gather and scatter_add check every index: an index outside the table writes nothing
+and records the kernel in the module's `ember_status` word, which the executable turns
+into an IndexError naming the op — generated code never reads or writes out of bounds.
+"""
+
+from __future__ import annotations
+
+import math
+
+from llvmlite import ir
+
+from . import scalar as S
+from .gemm import GemmProblem, Isa, _for
+from .loops import loop
+from .matmul import engine_for, gemm_call, gemm_scratch
+from .scalar import I64, i64
+from .threads import elem, parallel_chunks, parallel_for, stack_array
+
+PTR = ir.PointerType()
+STATUS = "ember_status"
+
+
+def _i(b, v, n):
+    return b.add(v, i64(n)) if n else v
+
+
+def _gep(b, ptr, off, dtype):
+    return b.gep(ptr, [off], inbounds=True, source_etype=S.MEM[dtype])
+
+
+# -- convolution geometry ---------------------------------------------------------------------
+
+class Conv:
+    """Sizes of one conv op: x [n, c, h, w], w [o, c/g, kh, kw], y [n, o, oh, ow]."""
+
+    def __init__(self, op):
+        a = op.attributes
+        self.name = op.name
+        self.g = a["groups"]
+        (self.sh, self.sw), (self.ph, self.pw) = a["stride"], a["padding"]
+        self.dh, self.dw = a["dilation"]
+        if op.name == "ember.conv2d":
+            x, w, y = op.operands[0].type, op.operands[1].type, op.result.type
+        elif op.name == "ember.conv2d_grad_input":
+            y, w, x = op.operands[0].type, op.operands[1].type, op.result.type
+        else:
+            x, y, w = op.operands[0].type, op.operands[1].type, op.result.type
+        self.dtype = x.dtype
+        self.n, self.c, self.h, self.w = x.shape
+        self.o, self.cg, self.kh, self.kw = w.shape
+        self.oh, self.ow = y.shape[2:]
+        self.og = self.o // self.g
+        self.k = self.cg * self.kh * self.kw
+        self.p = self.oh * self.ow
+
+    def problem(self) -> GemmProblem:
+        """The per-(image, group) GEMM."""
+        k, p, og = self.k, self.p, self.og
+        if self.name == "ember.conv2d":
+            return GemmProblem(og, p, k, k, 1, p, 1, p, self.dtype)
+        if self.name == "ember.conv2d_grad_weight":
+            return GemmProblem(og, k, p, p, 1, 1, p, k, self.dtype)
+        return GemmProblem(k, p, og, 1, k, p, 1, p, self.dtype)
+
+    def threads(self, threads: int) -> int:
+        if self.name == "ember.conv2d_grad_weight":
+            return 1  # images accumulate into one dW
+        work = 2 * self.n * self.o * self.p * self.k
+        return parallel_chunks(work / 8, self.n, threads)
+
+    def cols_bytes(self) -> int:
+        return self.k * self.p * S.size(self.dtype)
+
+
+def conv_scratch(op, isa: Isa, threads: int) -> int:
+    cv = Conv(op)
+    p = cv.problem()
+    engine = engine_for(p, isa, 1)
+    t = cv.threads(threads)
+    per = cv.cols_bytes() + gemm_scratch(p, engine, isa, 1) + 128
+    return t * per
+
+
+def _taps(b, cv: Conv, oh, ow, i, j):
+    """(input row, input col, inside?) of tap (i, j) of output position (oh, ow)."""
+    h = b.sub(b.add(b.mul(oh, i64(cv.sh)), b.mul(i, i64(cv.dh))), i64(cv.ph))
+    w = b.sub(b.add(b.mul(ow, i64(cv.sw)), b.mul(j, i64(cv.dw))), i64(cv.pw))
+    inside = b.and_(b.and_(b.icmp_signed(">=", h, i64(0)), b.icmp_signed("<", h, i64(cv.h))),
+                    b.and_(b.icmp_signed(">=", w, i64(0)), b.icmp_signed("<", w, i64(cv.w))))
+    return h, w, inside
+
+
+def _im2col(b, cv: Conv, x, n, g, cols):
+    """cols[(c, i, j), (oh, ow)] = x[n, g*cg + c, tap] (0 outside)."""
+    dt = cv.dtype
+    el = S.REG[dt]
+
+    def tap(c, i, j):
+        row = b.add(b.mul(b.add(b.mul(c, i64(cv.kh)), i), i64(cv.kw)), j)
+        chan = b.add(b.mul(n, i64(cv.c)), b.add(b.mul(g, i64(cv.cg)), c))
+
+        def pos(oh, ow):
+            h, w, inside = _taps(b, cv, oh, ow, i, j)
+            off = b.add(b.mul(b.add(b.mul(chan, i64(cv.h)), b.select(inside, h, i64(0))),
+                              i64(cv.w)), b.select(inside, w, i64(0)))
+            v = b.select(inside, S.load(b, x, dt, off), ir.Constant(el, 0.0))
+            S.store(b, cols, dt, b.add(b.mul(row, i64(cv.p)), b.add(b.mul(oh, i64(cv.ow)), ow)),
+                    v)
+
+        loop(b, cv.oh, lambda oh: loop(b, cv.ow, lambda ow: pos(oh, ow), "ow"), "oh")
+
+    loop(b, cv.cg, lambda c: loop(b, cv.kh, lambda i: loop(b, cv.kw, lambda j: tap(c, i, j),
+                                                            "kj"), "ki"), "c")
+
+
+def _col2im(b, cv: Conv, cols, dx, n, g):
+    """dx[n, g*cg + c, tap] += cols[(c, i, j), (oh, ow)] for taps inside."""
+    dt = cv.dtype
+
+    def tap(c, i, j):
+        row = b.add(b.mul(b.add(b.mul(c, i64(cv.kh)), i), i64(cv.kw)), j)
+        chan = b.add(b.mul(n, i64(cv.c)), b.add(b.mul(g, i64(cv.cg)), c))
+
+        def pos(oh, ow):
+            h, w, inside = _taps(b, cv, oh, ow, i, j)
+            with b.if_then(inside):
+                off = b.add(b.mul(b.add(b.mul(chan, i64(cv.h)), h), i64(cv.w)), w)
+                v = S.load(b, cols, dt, b.add(b.mul(row, i64(cv.p)),
+                                              b.add(b.mul(oh, i64(cv.ow)), ow)))
+                S.store(b, dx, dt, off, b.fadd(S.load(b, dx, dt, off), v))
+
+        loop(b, cv.oh, lambda oh: loop(b, cv.ow, lambda ow: pos(oh, ow), "ow"), "oh")
+
+    loop(b, cv.cg, lambda c: loop(b, cv.kh, lambda i: loop(b, cv.kw, lambda j: tap(c, i, j),
+                                                            "kj"), "ki"), "c")
+
+
+def emit_conv(b: ir.IRBuilder, op, outs, ins, scratch, isa: Isa, threads: int,
+              name: str) -> None:
+    cv = Conv(op)
+    if 0 in (cv.n, cv.o, cv.p, cv.c):
+        return
+    dt = cv.dtype
+    el = S.REG[dt]
+    p = cv.problem()
+    engine = engine_for(p, isa, 1)
+    out = outs[0]
+    a_in, b_in = ins
+    size = S.size(dt)
+    per = (cv.cols_bytes() + gemm_scratch(p, engine, isa, 1) + 128) // size
+    if op.name != "ember.conv2d":  # both gradients accumulate: start from zero
+        total = math.prod(op.result.type.shape)
+        loop(b, total, lambda i: S.store(b, out, dt, i, S.const(dt, 0)), "z")
+
+    def image(bb, ptrs, n, chunk):
+        x_or_g, w_or_g, y, scr = ptrs
+        cols = bb.gep(scr, [bb.mul(chunk, i64(per))], inbounds=True, source_etype=el)
+        gscr = bb.gep(cols, [i64(cv.k * cv.p + 16)], inbounds=True, source_etype=el)
+
+        def group(g):
+            if op.name == "ember.conv2d":
+                _im2col(bb, cv, x_or_g, n, g, cols)
+                pa = bb.gep(w_or_g, [bb.mul(g, i64(cv.og * cv.k))], inbounds=True,
+                            source_etype=el)
+                pc = bb.gep(y, [bb.mul(b_off(bb, n, g), i64(cv.p))], inbounds=True,
+                            source_etype=el)
+                gemm_call(bb, p, engine, pa, cols, pc, gscr, isa, 1, f"{name}.g")
+            elif op.name == "ember.conv2d_grad_weight":
+                _im2col(bb, cv, x_or_g, n, g, cols)
+                pa = bb.gep(w_or_g, [bb.mul(b_off(bb, n, g), i64(cv.p))], inbounds=True,
+                            source_etype=el)
+                pc = bb.gep(y, [bb.mul(g, i64(cv.og * cv.k))], inbounds=True, source_etype=el)
+                gemm_call(bb, p, engine, pa, cols, pc, gscr, isa, 1, f"{name}.g",
+                          accumulate=True)
+            else:  # grad input: x_or_g is G, w_or_g is W
+                pa = bb.gep(w_or_g, [bb.mul(g, i64(cv.og * cv.k))], inbounds=True,
+                            source_etype=el)
+                pb = bb.gep(x_or_g, [bb.mul(b_off(bb, n, g), i64(cv.p))], inbounds=True,
+                            source_etype=el)
+                gemm_call(bb, p, engine, pa, pb, cols, gscr, isa, 1, f"{name}.g")
+                _col2im(bb, cv, cols, y, n, g)
+
+        loop(bb, cv.g, group, "grp")
+
+    def b_off(bb, n, g):
+        """Row (n, g*og) of a [n, o, ...] tensor, in units of rows."""
+        return bb.add(bb.mul(n, i64(cv.o)), bb.mul(g, i64(cv.og)))
+
+    t = cv.threads(threads)
+    args = [a_in, b_in, out, scratch]
+    if t == 1:
+        loop(b, cv.n, lambda n: image(b, args, n, i64(0)), "img")
+        return
+    body = ir.Function(b.module, ir.FunctionType(ir.VoidType(), [PTR, I64, I64]),
+                       f"{name}.images")
+    body.linkage = "internal"
+    ctx, lo, hi = body.args
+    bb = ir.IRBuilder(body.append_basic_block("entry"))
+    ptrs = [bb.load(elem(bb, ctx, PTR, i), typ=PTR) for i in range(4)]
+    chunk = bb.sdiv(bb.add(bb.mul(lo, i64(t)), i64(cv.n - 1)), i64(cv.n))
+    _for(bb, lo, hi, lambda n: image(bb, ptrs, n, chunk), "img")
+    bb.ret_void()
+    arr = stack_array(b, PTR, 4, "ctx")
+    for i, v in enumerate(args):
+        b.store(v, elem(b, arr, PTR, i))
+    parallel_for(b, body, arr, cv.n, t, name)
+
+
+# -- pooling ------------------------------------------------------------------------------------
+
+class Pool(Conv):
+    def __init__(self, op):
+        a = op.attributes
+        self.name = op.name
+        (self.kh, self.kw), (self.sh, self.sw), (self.ph, self.pw) = (
+            a["kernel"], a["stride"], a["padding"])
+        self.dh = self.dw = 1
+        x = op.result.type if op.name in ("ember.max_pool2d_grad", "ember.avg_pool2d_grad") \
+            else op.operands[0].type
+        y = op.operands[-1].type if op.name.endswith("_grad") else op.result.type
+        self.dtype = x.dtype
+        self.n, self.c, self.h, self.w = x.shape
+        self.oh, self.ow = y.shape[2:]
+
+
+def emit_pool(b: ir.IRBuilder, op, outs, ins, name: str) -> None:
+    pl = Pool(op)
+    dt = pl.dtype
+    el = S.REG[dt]
+    out = outs[0]
+    grad = op.name.endswith("_grad")
+    if grad:
+        loop(b, pl.n * pl.c * pl.h * pl.w, lambda i: S.store(b, out, dt, i, S.const(dt, 0)),
+             "z")
+    if pl.n * pl.c * pl.oh * pl.ow == 0:
+        return
+    is_max = op.name.startswith("ember.max_pool2d")
+    inv = S.const(dt, 1.0 / (pl.kh * pl.kw))
+
+    def window(nc, oh, ow):
+        o_off = b.add(b.mul(b.add(b.mul(nc, i64(pl.oh)), oh), i64(pl.ow)), ow)
+
+        def x_off(h, w):
+            return b.add(b.mul(b.add(b.mul(nc, i64(pl.h)), h), i64(pl.w)), w)
+
+        taps = [(i, j) for i in range(pl.kh) for j in range(pl.kw)]
+        if op.name == "ember.avg_pool2d_grad":
+            gv = b.fmul(S.load(b, ins[0], dt, o_off), inv)
+            for i, j in taps:
+                h, w, inside = _taps(b, pl, oh, ow, i64(i), i64(j))
+                with b.if_then(inside):
+                    off = x_off(h, w)
+                    S.store(b, out, dt, off, b.fadd(S.load(b, out, dt, off), gv))
+            return
+        best, where = ir.Constant(el, float("-inf")) if is_max else S.const(dt, 0), i64(-1)
+        for i, j in taps:
+            h, w, inside = _taps(b, pl, oh, ow, i64(i), i64(j))
+            off = x_off(b.select(inside, h, i64(0)), b.select(inside, w, i64(0)))
+            pad = ir.Constant(el, float("-inf")) if is_max else S.const(dt, 0)
+            v = b.select(inside, S.load(b, ins[0], dt, off), pad)
+            if not is_max:
+                best = b.fadd(best, v)
+                continue
+            # numpy argmax: the first maximum, or the first NaN
+            best_nan = b.fcmp_unordered("uno", best, best)
+            take = b.and_(b.not_(best_nan), b.or_(b.fcmp_ordered(">", v, best),
+                                                  b.fcmp_unordered("uno", v, v)))
+            if (i, j) == taps[0]:
+                take = ir.Constant(ir.IntType(1), 1)
+            best = b.select(take, v, best)
+            where = b.select(take, b.select(inside, off, i64(-1)), where)
+        if op.name == "ember.max_pool2d":
+            S.store(b, out, dt, o_off, best)
+        elif op.name == "ember.avg_pool2d":
+            S.store(b, out, dt, o_off, b.fmul(best, inv))
+        else:  # max_pool2d_grad: the gradient goes to the first maximum (if not padding)
+            with b.if_then(b.icmp_signed(">=", where, i64(0))):
+                old = S.load(b, out, dt, where)
+                S.store(b, out, dt, where, b.fadd(old, S.load(b, ins[1], dt, o_off)))
+
+    loop(b, pl.n * pl.c, lambda nc: loop(b, pl.oh, lambda oh: loop(
+        b, pl.ow, lambda ow: window(nc, oh, ow), "ow"), "oh"), "nc")
+
+
+# -- gather / scatter_add --------------------------------------------------------------------
+
+def status(mod: ir.Module) -> ir.GlobalVariable:
+    g = mod.globals.get(STATUS)
+    if g is None:
+        g = ir.GlobalVariable(mod, I64, STATUS)
+        g.initializer = i64(0)
+    return g
+
+
+def emit_gather_scatter(b: ir.IRBuilder, op, outs, ins, step: int) -> None:
+    """gather(table, idx): out[r] = table[idx[r]]; scatter_add(idx, upd): out = 0, then
+    out[idx[r]] += upd[r]. A bad index sets ember_status to step + 1 and is skipped."""
+    out = outs[0]
+    t = op.result.type
+    dt = t.dtype
+    if op.name == "ember.gather":
+        table, idx = ins
+        rows_t = op.operands[0].type.shape[0]
+        it = op.operands[1].type
+        row = math.prod(op.operands[0].type.shape[1:])
+    else:
+        idx, upd = ins
+        it = op.operands[0].type
+        rows_t = t.shape[0]
+        row = math.prod(t.shape[1:])
+        loop(b, t.size, lambda i: S.store(b, out, dt, i, S.const(dt, 0)), "z")
+    flag = status(b.module)
+
+    def one(r):
+        j = S.load(b, idx, it.dtype, r)
+        j = b.sext(j, I64) if it.dtype != "i64" else j
+        ok = b.and_(b.icmp_signed(">=", j, i64(0)), b.icmp_signed("<", j, i64(rows_t)))
+        with b.if_else(ok) as (good, bad):
+            with good:
+                def copy(c):
+                    if op.name == "ember.gather":
+                        v = S.load(b, table, dt, b.add(b.mul(j, i64(row)), c))
+                        S.store(b, out, dt, b.add(b.mul(r, i64(row)), c), v)
+                    else:
+                        dst = b.add(b.mul(j, i64(row)), c)
+                        v = S.load(b, upd, dt, b.add(b.mul(r, i64(row)), c))
+                        old = S.load(b, out, dt, dst)
+                        S.store(b, out, dt, dst, S.combine(b, "add", old, v, dt))
+                loop(b, row, copy, "c")
+            with bad:
+                cur = b.load(flag, typ=I64)  # the first failing kernel is reported
+                b.store(b.select(b.icmp_signed("==", cur, i64(0)), i64(step + 1), cur), flag)
+                if op.name == "ember.gather":
+                    loop(b, row, lambda c: S.store(b, out, dt, b.add(b.mul(r, i64(row)), c),
+                                                   S.const(dt, 0)), "c")
+
+    loop(b, it.size, one, "r")
+
+
+# -- dropout ---------------------------------------------------------------------------------
+
+I32 = ir.IntType(32)
+
+
+def _mix(b, x):
+    x = b.xor(x, b.lshr(x, ir.Constant(I32, 16)))
+    x = b.mul(x, ir.Constant(I32, 0x7FEB352D))
+    x = b.xor(x, b.lshr(x, ir.Constant(I32, 15)))
+    x = b.mul(x, ir.Constant(I32, 0x846CA68B))
+    return b.xor(x, b.lshr(x, ir.Constant(I32, 16)))
+
+
+def dropout(b: ir.IRBuilder, x, step, index, attrs: dict, dtype: str):
+    """One element of `ember.dropout` (reference: backends/interpreter/rng.py)."""
+    p = float(attrs["p"])
+    if p == 0:
+        return x
+    seed = ir.Constant(I32, int(attrs["seed"]) & 0xFFFFFFFF)
+    key = ir.Constant(I32, int(attrs["key"]) & 0xFFFFFFFF)
+    h = _mix(b, b.xor(seed, _mix(b, b.xor(key, _mix(b, b.xor(b.trunc(step, I32), _mix(
+        b, b.trunc(index, I32))))))))
+    threshold = math.ceil(p * 2.0 ** 24)
+    keep = b.icmp_unsigned(">=", b.lshr(h, ir.Constant(I32, 8)), ir.Constant(I32, threshold))
+    scale = S.const(dtype, _round(1.0 - p, dtype))
+    return b.select(keep, b.fdiv(x, scale), S.const(dtype, 0.0))
+
+
+def _round(v: float, dtype: str) -> float:
+    import numpy as np  # noqa: PLC0415
+
+    return float(np.float32(v)) if dtype == "f32" else float(v)
+
+
+def emit_dropout(b: ir.IRBuilder, op, outs, ins) -> None:
+    t = op.result.type
+    x, rng = ins
+    step = S.load(b, rng, "i64", i64(0))
+    loop(b, t.size, lambda i: S.store(b, outs[0], t.dtype, i, dropout(
+        b, S.load(b, x, t.dtype, i), step, i, op.attributes, t.dtype)), "i")

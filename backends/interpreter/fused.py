@@ -1,0 +1,106 @@
+"""numpy reference of the `kernel` dialect: the definition fused graphs are tested against.
+
+A body is evaluated once over the whole iteration space, each scalar value as an array
+broadcastable to the space: a block argument is its operand viewed through its map
+(`as_strided`, so stride 0 broadcasts and permuted strides transpose), `kernel.index` an
+arange along its dim, `kernel.reduce` a numpy reduction with keepdims. Scalar ops reuse
+the `ember.*` references, so fused and unfused graphs share one definition of each op.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+from ...ir import Operation, numpy_dtype
+from . import rng
+from .kernels import KERNELS
+
+_REDUCE = {"add": np.sum, "max": np.max, "min": np.min, "mul": np.prod}
+
+
+def view(a: np.ndarray, shape, strides) -> np.ndarray:
+    """`a`'s elements read through element `strides` over `shape` (read-only)."""
+    a = np.ascontiguousarray(a).reshape(-1)
+    if a.size == 0:
+        return np.zeros(shape, a.dtype)
+    return as_strided(a, tuple(shape), tuple(s * a.itemsize for s in strides), writeable=False)
+
+
+def run_body(op: Operation, args: list[np.ndarray], shape) -> list[np.ndarray]:
+    """The yielded values of `op`'s body, given one array per block argument."""
+    block = op.regions[0].blocks[0]
+    env = dict(zip(block.args, args))
+    rank = len(shape)
+    for s in block.ops:
+        a = s.attributes
+        vals = [env[v] for v in s.operands]
+        if s.name == "kernel.yield":
+            return [np.broadcast_to(v, shape) for v in vals]
+        if s.name == "kernel.constant":
+            v = np.array(a["value"], numpy_dtype(s.result.type.dtype))
+        elif s.name == "kernel.index":
+            d = a["dim"]
+            v = np.arange(shape[d], dtype=np.int64).reshape(
+                [-1 if i == d else 1 for i in range(rank)])
+        elif s.name == "kernel.dropout":
+            v = _dropout(a, *vals)
+        elif s.name == "kernel.reduce":
+            x = np.broadcast_to(vals[0], shape)
+            v = _REDUCE[a["kind"]](x, axis=tuple(a["dims"]), keepdims=True)
+        else:
+            with np.errstate(all="ignore"):
+                v = KERNELS["ember." + s.name.removeprefix("kernel.")](a, *vals)
+        env[s.result] = np.asarray(v, numpy_dtype(s.result.type.dtype))
+    raise ValueError(f"{op.name} body has no kernel.yield")
+
+
+def _dropout(a, x, step, index):
+    """`ember.dropout` elementwise, given each element's flat index (see rng.py)."""
+    x = np.asarray(x)
+    if a["p"] == 0:
+        return x
+    idx = np.asarray(index).astype(np.uint64).astype(np.uint32)
+    s, k = (np.uint32(int(a[n]) & 0xFFFFFFFF) for n in ("seed", "key"))
+    t = np.asarray(step).astype(np.uint64).astype(np.uint32)
+    h = rng.mix32(s ^ rng.mix32(k ^ rng.mix32(t ^ rng.mix32(idx))))
+    keep = (h >> np.uint32(8)).astype(np.float64) * 2.0 ** -24 >= a["p"]
+    return np.where(keep, x / x.dtype.type(1.0 - a["p"]), x.dtype.type(0))
+
+
+def store(values: list[np.ndarray], op: Operation, shape, out_maps) -> list[np.ndarray]:
+    """Each result's elements from its value over the space, through its out map."""
+    outs = []
+    for v, m, t in zip(values, out_maps, op.attributes["out_types"]):
+        out = np.zeros(t.size, numpy_dtype(t.dtype))
+        if out.size and all(shape):
+            keep = tuple(slice(None) if s else slice(0, 1) for s in m)
+            dst = as_strided(out, tuple(d if s else 1 for d, s in zip(shape, m)),
+                             tuple(s * out.itemsize for s in m))
+            dst[...] = v[keep]
+        outs.append(out.reshape(t.shape))
+    return outs
+
+
+def fused(op: Operation, *args: np.ndarray) -> list[np.ndarray]:
+    at = op.attributes
+    space = at["space"]
+    return store(run_body(op, [view(x, space, m) for x, m in zip(args, at["maps"])], space),
+                 op, space, at["out_maps"])
+
+
+def matmul(op: Operation, *args: np.ndarray) -> list[np.ndarray]:
+    at = op.attributes
+    space, maps = at["space"], at["maps"]
+    nb = len(space) - 3
+    batch, (M, N, K) = space[:nb], space[nb:]
+    a = view(args[0], [*batch, M, K], maps[0][:nb] + [maps[0][nb], maps[0][nb + 2]])
+    b = view(args[1], [*batch, K, N], maps[1][:nb] + [maps[1][nb + 2], maps[1][nb + 1]])
+    acc = np.matmul(a, b)
+    out_space = space[:-1]
+    extras = [view(x, out_space, m[:-1]) for x, m in zip(args[2:], maps[2:])]
+    return store(run_body(op, [acc, *extras], out_space), op, out_space,
+                 [m[:-1] for m in at["out_maps"]])
+
+
+FUSED = {"kernel.fused": fused, "kernel.matmul": matmul}

@@ -1,0 +1,39 @@
+"""MultiHeadAttention: q/k/v/output Linear projections around `nn.attention`."""
+
+from __future__ import annotations
+
+from . import functional as F
+from .config import positive
+from .linear import Linear
+from .module import Module
+
+
+class MultiHeadAttention(Module):
+    """Attention over [B, T, d_model] with `num_heads` heads of d_model/num_heads each.
+
+    Fields `query`, `key`, `value`, `output` (Linear(d_model, d_model), burn's names);
+    `causal` masks future keys (overridable per call). `forward(x)` is self-attention;
+    `forward(q, k, v)` cross-attention.
+    """
+
+    def __init__(self, d_model: int, num_heads: int, bias: bool = True, causal: bool = False):
+        super().__init__()
+        self.d_model = positive("MultiHeadAttention d_model", d_model)
+        self.num_heads = positive("MultiHeadAttention num_heads", num_heads)
+        if d_model % num_heads:
+            raise ValueError(f"MultiHeadAttention num_heads={num_heads} must divide "
+                             f"d_model={d_model}")
+        self.causal = bool(causal)
+        self.query, self.key, self.value, self.output = (Linear(d_model, d_model, bias)
+                                                         for _ in range(4))
+
+    def forward(self, query, key=None, value=None, causal: bool | None = None):
+        key = query if key is None else key
+        value = key if value is None else value
+        p = (self.query, self.key, self.value, self.output)
+        return F.multi_head_attention(query, key, value, self.num_heads,
+                                      *(m.weight for m in p), *(m.bias for m in p),
+                                      causal=self.causal if causal is None else causal)
+
+    def extra_repr(self) -> str:
+        return f"d_model={self.d_model}, num_heads={self.num_heads}, causal={self.causal}"

@@ -1,0 +1,129 @@
+"""Normalization layers: LayerNorm, GroupNorm, RMSNorm, BatchNorm1d/2d.
+
+BatchNorm keeps its running statistics as buffers (`visit_buffer`, never trained) and its
+mode as the flag `training`: batch statistics are used, and the running ones updated,
+only when the flag is on and the trace is a training trace.
+"""
+
+from __future__ import annotations
+
+import math
+
+from . import context
+from . import functional as F
+from .config import number, positive
+from .init import Ones, Zeros
+from .module import Module
+from .param import Param
+
+
+def _shape(layer: str, d) -> tuple[int, ...]:
+    shape = (d,) if isinstance(d, int) and not isinstance(d, bool) else tuple(d)
+    if not shape:
+        raise ValueError(f"{layer} needs a normalized shape, got {d!r}")
+    for n in shape:
+        positive(f"{layer} size", n)
+    return shape
+
+
+def _eps(layer: str, eps) -> float:
+    eps = number(f"{layer} eps", eps, 0.0, math.inf)
+    if eps <= 0:
+        raise ValueError(f"{layer} eps must be positive, got {eps!r}")
+    return eps
+
+
+class LayerNorm(Module):
+    """Normalize over the trailing `d` (int or shape), then * gamma + beta."""
+
+    def __init__(self, d, eps: float = 1e-5):
+        super().__init__()
+        self.shape, self.eps = _shape("LayerNorm", d), _eps("LayerNorm", eps)
+        self.gamma = Param(self.shape, Ones())
+        self.beta = Param(self.shape, Zeros())
+
+    def forward(self, x):
+        return F.layer_norm(x, self.shape, self.gamma, self.beta, self.eps)
+
+    def extra_repr(self) -> str:
+        return f"shape={list(self.shape)}, eps={self.eps}"
+
+
+class RMSNorm(Module):
+    """x / sqrt(mean(x^2) + eps) over the trailing `d`, then * gamma."""
+
+    def __init__(self, d, eps: float = 1e-5):
+        super().__init__()
+        self.shape, self.eps = _shape("RMSNorm", d), _eps("RMSNorm", eps)
+        self.gamma = Param(self.shape, Ones())
+
+    def forward(self, x):
+        return F.rms_norm(x, self.shape, self.gamma, self.eps)
+
+    def extra_repr(self) -> str:
+        return f"shape={list(self.shape)}, eps={self.eps}"
+
+
+class GroupNorm(Module):
+    """Normalize [N, C, ...] within groups of channels, then per-channel gamma, beta."""
+
+    def __init__(self, num_groups: int, num_channels: int, eps: float = 1e-5,
+                 affine: bool = True):
+        super().__init__()
+        self.num_groups = positive("GroupNorm num_groups", num_groups)
+        self.num_channels = positive("GroupNorm num_channels", num_channels)
+        if num_channels % num_groups:
+            raise ValueError(f"GroupNorm num_groups={num_groups} must divide "
+                             f"num_channels={num_channels}")
+        self.eps = _eps("GroupNorm", eps)
+        self.gamma = Param((num_channels,), Ones()) if affine else None
+        self.beta = Param((num_channels,), Zeros()) if affine else None
+
+    def forward(self, x):
+        return F.group_norm(x, self.num_groups, self.gamma, self.beta, self.eps)
+
+    def extra_repr(self) -> str:
+        return (f"num_groups={self.num_groups}, num_channels={self.num_channels}, "
+                f"eps={self.eps}, affine={self.gamma is not None}")
+
+
+class BatchNorm(Module):
+    """The shared body of BatchNorm1d and BatchNorm2d (which input ranks they take)."""
+
+    ranks: tuple[int, ...] = ()
+
+    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float = 0.1):
+        super().__init__()
+        name = type(self).__name__
+        self.num_features = positive(f"{name} num_features", num_features)
+        self.eps, self.momentum = _eps(name, eps), number(f"{name} momentum", momentum, 0, 1)
+        c = (num_features,)
+        self.gamma = Param(c, Ones())
+        self.beta = Param(c, Zeros())
+        self.running_mean = Param(c, Zeros(), kind="buffer")
+        self.running_var = Param(c, Ones(), kind="buffer")
+        self.training = Param.flag(True)
+
+    def forward(self, x):
+        t = context.current()
+        x = t.lift(x)
+        if x.ndim not in self.ranks:
+            want = " or ".join(("(N, C)", "(N, C, L)", "(N, C, H, W)")[r - 2] for r in self.ranks)
+            raise t.error(f"{type(self).__name__} input must be {want}, got {list(x.shape)}")
+        return F.batch_norm(x, self.running_mean, self.running_var, self.gamma, self.beta,
+                            bool(self.training), self.momentum, self.eps)
+
+    def extra_repr(self) -> str:
+        return f"num_features={self.num_features}, eps={self.eps}, momentum={self.momentum}"
+
+
+class BatchNorm1d(BatchNorm):
+    """Batch normalization of (N, C) or (N, C, L) over all but the channel axis."""
+
+    ranks = (2, 3)
+
+
+class BatchNorm2d(BatchNorm):
+    """Batch normalization of (N, C, H, W) over all but the channel axis."""
+
+    ranks = (4,)

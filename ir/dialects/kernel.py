@@ -1,0 +1,379 @@
+"""The `kernel` dialect: fused loop kernels with scalar bodies, what `fuse` produces and
+every backend (interpreter, cpu, cuda) lowers.
+
+A kernel iterates over a static `space` (a list of dimension sizes). Each tensor operand
+is read through an index map: `maps[k]` holds one element stride per space dimension, so
+the element of operand k read at point p is `flat(operand)[sum(p[i] * maps[k][i])]`.
+Stride 0 broadcasts, permuted strides transpose, and a reshape of a contiguous buffer is
+just other strides: no view op is ever copied. Results are written the same way through
+`out_maps` (stride 0 where the result does not vary), with types `out_types`.
+
+`kernel.fused` (operands: tensors; results: `out_types`)::
+
+    %r:2 = "kernel.fused"(%x, %b) ({
+    ^bb0(%xe: f32, %be: f32):                    // one scalar per operand, at point p
+      %s = "kernel.add"(%xe, %be) : (f32, f32) -> f32
+      %m = "kernel.reduce"(%s) {dims = [1], kind = "max"} : (f32) -> f32
+      "kernel.yield"(%s, %m) : (f32, f32) -> ()  // one value per result
+    }) {maps = [[10, 1], [0, 1]], out_maps = [[10, 1], [1, 0]],
+        out_types = [tensor<64x10xf32>, tensor<64x1xf32>], space = [64, 10]}
+
+The body is evaluated at every point of the space. `kernel.reduce {kind, dims}` is the
+reduction of its operand over space dimensions `dims` with the other coordinates fixed
+(so it is uniform along `dims`); every reduce of one kernel reduces the same dims, and a
+reduce may consume another (layer norm: mean, then variance, then the output). A result
+whose out map has stride 0 along a dimension must be uniform along it.
+`kernel.index {dim}` is the coordinate along a space dimension (i64).
+
+`kernel.matmul` (operands: a, b, epilogue inputs...; same attributes): the space is
+`[batch..., M, N, K]`, maps[0] reads a (stride 0 on N), maps[1] reads b (stride 0 on M),
+the other operands and every result have stride 0 on K. Its body is the epilogue: block
+arguments are the accumulated `sum_k a*b` (first) and one scalar per epilogue operand.
+Transposed operands are transposed strides, so backward matmuls need no copies.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..opdef import InferenceError, OpDef, register, same_dtype
+from ..types import DTYPES, ScalarType, TensorType
+
+SCALAR = frozenset({"pure", "scalar_operands"})
+REDUCE_KINDS = ("add", "max", "min", "mul")
+CMP_PREDICATES = ("eq", "ne", "lt", "le", "gt", "ge")
+
+
+def _scalars(op: str, types) -> None:
+    for t in types:
+        if not isinstance(t, ScalarType):
+            raise InferenceError(f"{op} takes scalars (f32, i64, ...), got {t}")
+
+
+class ScalarUnary(OpDef):
+    traits = SCALAR
+    arity = (1, 1)
+    float_only = True
+
+    @classmethod
+    def infer(cls, operand_types, attrs):
+        _scalars(cls.name, operand_types)
+        (t,) = operand_types
+        if cls.float_only and not t.is_float:
+            raise InferenceError(f"{cls.name} needs a float, got {t}")
+        return [t]
+
+
+class ScalarBinary(OpDef):
+    traits = SCALAR
+    arity = (2, 2)
+
+    @classmethod
+    def infer(cls, operand_types, attrs):
+        _scalars(cls.name, operand_types)
+        return [ScalarType(same_dtype(cls.name, operand_types))]
+
+
+def _declare(base: type[OpDef], names: str, **extra) -> None:
+    for n in names.split():
+        register(type("K" + n.title(), (base,), {"name": f"kernel.{n}", **extra}))
+
+
+_declare(ScalarBinary, "add sub mul div max min pow")
+_declare(ScalarUnary, "exp log sqrt rsqrt tanh sigmoid erf")
+_declare(ScalarUnary, "neg relu abs", float_only=False)
+
+
+@register
+class KCmp(OpDef):
+    name = "kernel.cmp"
+    traits = SCALAR
+    arity = (2, 2)
+    attrs = {"predicate": str}
+
+    @classmethod
+    def infer(cls, operand_types, attrs):
+        _scalars(cls.name, operand_types)
+        if attrs["predicate"] not in CMP_PREDICATES:
+            raise InferenceError(f"kernel.cmp predicate {attrs['predicate']!r} is not one of "
+                                 f"{', '.join(CMP_PREDICATES)}")
+        same_dtype(cls.name, operand_types)
+        return [ScalarType("i1")]
+
+
+@register
+class KSelect(OpDef):
+    name = "kernel.select"
+    traits = SCALAR
+    arity = (3, 3)
+
+    @classmethod
+    def infer(cls, operand_types, attrs):
+        _scalars(cls.name, operand_types)
+        c, a, b = operand_types
+        if c.dtype != "i1":
+            raise InferenceError(f"kernel.select condition must be i1, got {c}")
+        return [ScalarType(same_dtype(cls.name, [a, b]))]
+
+
+@register
+class KCast(OpDef):
+    name = "kernel.cast"
+    traits = SCALAR
+    arity = (1, 1)
+    attrs = {"dtype": str}
+
+    @classmethod
+    def infer(cls, operand_types, attrs):
+        _scalars(cls.name, operand_types)
+        if attrs["dtype"] not in DTYPES:
+            raise InferenceError(f"kernel.cast to unknown dtype {attrs['dtype']!r}")
+        return [ScalarType(attrs["dtype"])]
+
+
+@register
+class KConstant(OpDef):
+    """`kernel.constant {value = 0.5 : f64} : () -> f32`: the result type says the dtype."""
+
+    name = "kernel.constant"
+    traits = SCALAR
+    attrs = {"value": (int, float, bool)}
+
+
+@register
+class KIndex(OpDef):
+    """`kernel.index {dim} : () -> i64`: the coordinate along space dimension `dim`."""
+
+    name = "kernel.index"
+    traits = SCALAR
+    attrs = {"dim": int}
+
+
+@register
+class KDropout(OpDef):
+    """`kernel.dropout(x, step, index) {p, seed, key}`: `ember.dropout` of one element,
+    `index` being its row-major flat index in the dropout's result (i64), `step` the rng."""
+
+    name = "kernel.dropout"
+    traits = frozenset({"pure", "random", "scalar_operands"})
+    arity = (3, 3)
+    attrs = {"p": float, "seed": int, "key": int}
+
+    @classmethod
+    def infer(cls, operand_types, attrs):
+        _scalars(cls.name, operand_types)
+        x, step, index = operand_types
+        if not x.is_float or step.dtype != "i64" or index.dtype != "i64":
+            raise InferenceError(f"kernel.dropout takes (float, i64, i64), got ({x}, {step}, "
+                                 f"{index})")
+        return [x]
+
+
+@register
+class KReduce(OpDef):
+    """`kernel.reduce {kind, dims}`: the reduction of the operand over space dims `dims`."""
+
+    name = "kernel.reduce"
+    traits = SCALAR
+    arity = (1, 1)
+    attrs = {"kind": str, "dims": list}
+
+    @classmethod
+    def infer(cls, operand_types, attrs):
+        _scalars(cls.name, operand_types)
+        if attrs["kind"] not in REDUCE_KINDS:
+            raise InferenceError(f"kernel.reduce kind {attrs['kind']!r} is not one of "
+                                 f"{', '.join(REDUCE_KINDS)}")
+        if not attrs["dims"]:
+            raise InferenceError("kernel.reduce needs at least one dim")
+        return list(operand_types)
+
+
+@register
+class KYield(OpDef):
+    name = "kernel.yield"
+    traits = frozenset({"terminator", "scalar_operands"})
+    arity = (0, None)
+
+    @classmethod
+    def infer(cls, operand_types, attrs):
+        _scalars(cls.name, operand_types)
+        return []
+
+
+def reach(space, strides) -> int:
+    """The largest flat offset a map touches (-1 for an empty space)."""
+    if any(d == 0 for d in space):
+        return -1
+    return sum((d - 1) * s for d, s in zip(space, strides))
+
+
+def check_map(op: str, what: str, space: list[int], strides, t: TensorType) -> None:
+    if not isinstance(strides, list) or len(strides) != len(space) or not all(
+            isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in strides):
+        raise InferenceError(f"{op}: the map of {what} must be {len(space)} strides >= 0 "
+                             f"(one per space dim), got {strides!r}")
+    if reach(space, strides) >= t.size:
+        raise InferenceError(f"{op}: the map {strides} of {what} ({t}) reads past its "
+                             f"{t.size} elements over space {space}")
+
+
+def check_cover(op: str, k: int, space: list[int], strides: list[int], t: TensorType) -> None:
+    """Result k's map writes each of its elements (exactly once up to stride-0 dims)."""
+    if t.size == 0 or any(d == 0 for d in space):
+        return
+    step = 1
+    for s, d in sorted((s, d) for s, d in zip(strides, space) if s and d > 1):
+        if s != step:
+            raise InferenceError(f"{op}: out map {strides} over space {space} does not write "
+                                 f"every element of result {k} ({t})")
+        step *= d
+    if step != t.size:
+        raise InferenceError(f"{op}: out map {strides} over space {space} writes {step} "
+                             f"elements of result {k} ({t}), which has {t.size}")
+
+
+class KernelOp(OpDef):
+    traits = frozenset({"pure", "memory_bound", "kernel"})
+    arity = (0, None)
+    attrs = {"space": list, "maps": (list,), "out_maps": (list,), "out_types": (list,)}
+
+    @classmethod
+    def infer(cls, operand_types, attrs):
+        space, maps, outs = attrs["space"], attrs["maps"], attrs["out_types"]
+        if any(d < 0 for d in space):
+            raise InferenceError(f"{cls.name}: negative space dim in {space}")
+        if len(maps) != len(operand_types):
+            raise InferenceError(f"{cls.name}: {len(operand_types)} operands but {len(maps)} "
+                                 "maps")
+        if not outs or len(attrs["out_maps"]) != len(outs) or not all(
+                isinstance(t, TensorType) for t in outs):
+            raise InferenceError(f"{cls.name}: out_types must list one tensor type per "
+                                 f"out map, got {outs!r}")
+        for k, (m, t) in enumerate(zip(maps, operand_types)):
+            check_map(cls.name, f"operand {k}", space, m, t)
+        for k, (m, t) in enumerate(zip(attrs["out_maps"], outs)):
+            check_map(cls.name, f"result {k}", space, m, t)
+            check_cover(cls.name, k, space, m, t)
+        return list(outs)
+
+
+@register
+class Fused(KernelOp):
+    name = "kernel.fused"
+
+
+@register
+class Matmul(KernelOp):
+    name = "kernel.matmul"
+    traits = frozenset({"pure", "compute_bound", "kernel"})
+    arity = (2, None)
+
+    @classmethod
+    def infer(cls, operand_types, attrs):
+        space = attrs["space"]
+        if len(space) < 3:
+            raise InferenceError(f"kernel.matmul: space must be [batch..., M, N, K], got "
+                                 f"{space}")
+        out = super().infer(operand_types, attrs)
+        maps = attrs["maps"]
+        n, m = len(space) - 2, len(space) - 3
+        bad = ("a" if maps[0][n] else "b" if maps[1][m] else None)
+        if bad:
+            raise InferenceError(f"kernel.matmul: operand {bad} must not vary along "
+                                 f"{'N' if bad == 'a' else 'M'} (its stride there must be 0)")
+        if any(s[-1] for s in maps[2:] + attrs["out_maps"]):
+            raise InferenceError("kernel.matmul: epilogue operands and results must have "
+                                 "stride 0 along K")
+        same_dtype(cls.name, operand_types[:2])
+        if not operand_types[0].is_float:
+            raise InferenceError(f"kernel.matmul needs float operands, got {operand_types[0]}")
+        return out
+
+
+# -- helpers shared by the pass and the backends ----------------------------------------
+
+def body(op) -> list:
+    """The scalar ops of a kernel's body, terminator included."""
+    return op.regions[0].blocks[0].ops
+
+
+def varying(op) -> dict:
+    """For each scalar value of a kernel body: the set of space dims it varies along."""
+    block = op.regions[0].blocks[0]
+    maps = op.attributes["maps"]
+    out: dict = {}
+    if op.name == "kernel.matmul":
+        rank = len(op.attributes["space"]) - 1
+        mn = {rank - 2, rank - 1}
+        out[block.args[0]] = frozenset(d for d in mn) | frozenset(
+            d for d in range(rank - 2) if maps[0][d] or maps[1][d])
+        args = zip(block.args[1:], maps[2:])
+    else:
+        args = zip(block.args, maps)
+    for a, m in args:
+        out[a] = frozenset(d for d, s in enumerate(m) if s)
+    for s in block.ops:
+        if s.name == "kernel.index":
+            v = frozenset({s.attributes["dim"]})
+        elif s.name == "kernel.reduce":
+            v = out[s.operands[0]] - frozenset(s.attributes["dims"])
+        else:
+            v = frozenset().union(*(out[x] for x in s.operands))
+        for r in s.results:
+            out[r] = v
+    return out
+
+
+def check_kernel(op) -> None:
+    """The body rules `infer` cannot see: block arguments match the operands, the yield
+    matches the results, reduces share their dims, and what is stored with stride 0 along
+    a dim does not vary along it. Raises InferenceError naming the rule."""
+    name, attrs = op.name, op.attributes
+    if len(op.regions) != 1 or len(op.regions[0].blocks) != 1:
+        raise InferenceError(f"{name} needs one region with one block")
+    block = op.regions[0].blocks[0]
+    space = attrs["space"]
+    if name == "kernel.matmul":
+        want = [ScalarType(op.operands[0].type.dtype)] + [
+            ScalarType(v.type.dtype) for v in op.operands[2:]]
+    else:
+        want = [ScalarType(v.type.dtype) for v in op.operands]
+    got = [a.type for a in block.args]
+    if got != want:
+        raise InferenceError(f"{name}: block arguments ({', '.join(map(str, got))}) must be "
+                             f"({', '.join(map(str, want))})")
+    term = block.terminator
+    if term is None or term.name != "kernel.yield":
+        raise InferenceError(f"{name}: body must end with kernel.yield")
+    types = [ScalarType(t.dtype) for t in attrs["out_types"]]
+    if [v.type for v in term.operands] != types:
+        gave = ", ".join(str(v.type) for v in term.operands)
+        raise InferenceError(f"{name}: kernel.yield gives ({gave}), results are "
+                             f"({', '.join(map(str, types))})")
+    rank = len(space) - (name == "kernel.matmul")
+    dims = {tuple(sorted(s.attributes["dims"])) for s in block.ops if s.name == "kernel.reduce"}
+    if name == "kernel.matmul" and dims:
+        raise InferenceError("kernel.matmul: an epilogue cannot reduce")
+    if len(dims) > 1:
+        raise InferenceError(f"{name}: every kernel.reduce must reduce the same dims, got "
+                             f"{sorted(dims)}")
+    for s in block.ops:
+        d = s.attributes.get("dims", []) + ([s.attributes["dim"]] if "dim" in s.attributes
+                                            else [])
+        if s.name in ("kernel.reduce", "kernel.index") and any(
+                not 0 <= x < rank for x in d):
+            raise InferenceError(f"{name}: {s.name} dim out of range for a space of rank "
+                                 f"{rank}")
+        if s.name == "kernel.index" and s.result.type != ScalarType("i64"):
+            raise InferenceError(f"{name}: kernel.index gives i64, not {s.result.type}")
+    var = varying(op)
+    for k, (v, m) in enumerate(zip(term.operands, attrs["out_maps"])):
+        bad = [d for d in var[v] if not m[d] and space[d] > 1]
+        if bad:
+            raise InferenceError(f"{name}: result {k} varies along space dim {bad[0]} but its "
+                                 "out map has stride 0 there")
+
+
+def space_size(space) -> int:
+    return math.prod(space)

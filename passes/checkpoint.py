@@ -1,0 +1,358 @@
+"""`checkpoint{strategy=none|all|balanced|min-cut budget=BYTES}`: what the backward keeps
+and what it recomputes.
+
+Runs on the joint graph that autodiff returns (before the optimizer pass). The forward
+part is every op the forward results (loss, outputs, buffer updates) depend on; the
+backward part is the rest. The pass reorders the graph into the forward part, then the
+backward part, and chooses the *saved set*: the forward values that stay alive into the
+backward. Every other forward value the backward reads is recomputed there: its op (and,
+recursively, whatever it needs that is not saved) is duplicated just before the first
+backward op that reads it, marked `ember.recompute = true` (CSE never merges such a copy
+back). A random op is copied with its attributes and its rng operand, so a recomputed
+dropout draws exactly the mask the forward drew. Graph arguments, params, constants and
+the forward results are always available and never recomputed.
+
+- `none`: save every forward value the backward reads.
+- `all`: save nothing recomputable: the backward recomputes chains from the inputs
+  (the least memory; a deep chain is recomputed more than once, see `_Scheduler`).
+- `balanced`: save results of compute-bound ops (matmul, conv, linear, attention: the
+  rule table's "compute" class) and recompute memory-bound chains from them.
+- `min-cut`: the saved set is a minimum s-t cut (networkx max-flow) of a graph in which
+  saving a value costs its bytes and recomputing an op costs its work: bytes first,
+  recompute as the tie-break, compute-bound ops never recomputed. With `budget` (bytes,
+  the planned peak of the joint graph, params and inputs included), it sweeps the
+  bytes/recompute trade-off (then allows recomputing compute-bound ops, then recomputes
+  everything) and takes the cheapest schedule whose planned peak fits; if none does,
+  it fails naming the best achievable peak.
+
+The graph gets `ember.checkpoint = "<strategy>"`, `ember.saved = ["%N", ...]` (the saved
+values as numbered in the dump right after this pass) and `ember.saved_bytes`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from ..ir import Graph, Operation, Value, has_trait
+from .autodiff.rules import checkpoint_class
+from .canonicalize import Canonicalize
+from .cse import Cse
+from .dce import Dce
+from .manager import Pass, PipelineError, register_pass
+from .memory import RESIDENT_OPS, MemoryPlan, Step, argument_classes, forward_ops, nbytes, plan
+
+STRATEGIES = ("none", "all", "balanced", "min-cut")
+RECOMPUTE = "ember.recompute"
+WINDOW = 2  # backward ops within which a copy made to recompute another is shared
+
+
+class Clone:
+    """A recomputed copy of a forward value, before the schedule is materialized."""
+
+    __slots__ = ("of", "type")
+
+    def __init__(self, of: Value):
+        self.of, self.type = of, of.type
+
+
+@dataclass
+class Entry:
+    op: Operation  # for a clone: the forward op it copies
+    operands: list
+    results: list
+    clone: bool = False
+    forward: bool = False
+
+
+@dataclass
+class Schedule:
+    entries: list[Entry]
+    saved: dict[Value, None] = field(default_factory=dict)
+    cost: int = 0  # work recomputed (see `work`)
+    clones: int = 0
+
+    def steps(self) -> list[Step]:
+        return [Step(e.op.name, e.operands, e.results, e.forward) for e in self.entries]
+
+
+def recomputable(op: Operation) -> bool:
+    return has_trait(op.name, "pure") and not op.regions and op.name not in RESIDENT_OPS
+
+
+def compute_bound(op: Operation) -> bool:
+    return checkpoint_class(op.name) == "compute" or has_trait(op.name, "compute_bound")
+
+
+def work(op: Operation) -> int:
+    """A rough cost of recomputing `op`: result elements, times the contraction length of
+    compute-bound ops."""
+    n = max(1, sum(r.type.size for r in op.results))
+    if not compute_bound(op) or len(op.operands) < 2:
+        return n
+    w = op.operands[1].type
+    if op.name in ("ember.conv2d", "nn.conv2d"):
+        return n * max(1, w.size // max(1, w.shape[0]))
+    return n * max(1, op.operands[0].type.shape[-1])
+
+
+class Joint:
+    """The joint graph split into its forward and backward parts."""
+
+    def __init__(self, graph: Graph):
+        self.graph = graph
+        fwd = forward_ops(graph)
+        ops = [op for op in graph.ops if op.name != "func.return"]
+        self.forward = [op for op in ops if op in fwd]
+        self.backward = [op for op in ops if op not in fwd]
+        self.fwd = fwd
+        outs = graph.outputs
+        self.results = set(outs[:len(outs) - len(graph.attributes["ember.grads"])])
+
+    def free(self, v: Value) -> bool:
+        """Available in the backward at no memory cost beyond what it costs anyway."""
+        op = v.op
+        return op is None or op not in self.fwd or op.name in RESIDENT_OPS or v in self.results
+
+    def needed(self) -> list[Value]:
+        """Forward values the backward reads that are not free."""
+        seen: dict[Value, None] = {}
+        for op in self.backward:
+            seen.update((v, None) for v in op.operands if not self.free(v))
+        return list(seen)
+
+    def schedule(self, keep: Callable[[Operation], bool], window: int = WINDOW) -> Schedule:
+        """Forward ops, then backward ops with the copies they need just before them; a
+        forward op is saved when `keep(op)` or when it cannot be recomputed (see
+        `_Scheduler` for `window`)."""
+        return _Scheduler(self, keep, window).run()
+
+    def plan(self, s: Schedule) -> MemoryPlan:
+        resident = dict(argument_classes(self.graph))
+        for e in s.entries:
+            if e.op.name in RESIDENT_OPS:
+                resident.update({r: RESIDENT_OPS[e.op.name] for r in e.results})
+        return plan(s.steps(), resident, self.graph.outputs)
+
+    def min_cut(self, alpha: int, allow_compute: bool) -> set[Operation]:
+        """Forward ops to save: a minimum cut where saving op costs alpha * bytes and
+        recomputing it costs `work(op)` (compute-bound ops: not at all, unless allowed)."""
+        import networkx as nx  # only min-cut needs it (and it is slow to import)
+
+        needed = self.needed()
+        g = nx.DiGraph()
+        relevant: set[Operation] = set()
+        todo = [v.op for v in needed]
+        while todo:
+            op = todo.pop()
+            if op in relevant:
+                continue
+            relevant.add(op)
+            todo.extend(u.op for u in op.operands if not self.free(u))
+        for op in relevant:
+            g.add_edge(("in", op), ("out", op), capacity=alpha * sum(map(nbytes, op.results)))
+            banned = not recomputable(op) or (compute_bound(op) and not allow_compute)
+            if banned:
+                g.add_edge("source", ("in", op))  # no capacity: infinite
+            else:
+                g.add_edge("source", ("in", op), capacity=work(op))
+            for u in op.operands:
+                if not self.free(u):
+                    g.add_edge(("out", u.op), ("in", op))
+        for v in needed:
+            g.add_edge(("out", v.op), "sink")
+        if not needed:
+            return set()
+        _, (reach, _) = nx.minimum_cut(g, "source", "sink")
+        return {op for op in relevant if ("in", op) in reach}
+
+    def total_work(self) -> int:
+        return sum(work(op) for op in self.forward) + 1
+
+
+class _Scheduler:
+    """Copies are shared, but only while sharing keeps them short-lived. A value the
+    backward reads directly is copied once and reused by every later backward op (it
+    lives from its first backward use to its last: never longer than `none` would keep
+    the original). A value copied only to recompute another one is reused by a later
+    backward op only within `window` backward ops of its last use; after that it is
+    recomputed again, so a long chain recomputed early in the backward (to rebuild a value
+    near the loss) does not stay alive until the backward reaches its own layers."""
+
+    def __init__(self, joint: Joint, keep: Callable[[Operation], bool], window: int):
+        self.joint, self.keep, self.window = joint, keep, window
+        self.s = Schedule([Entry(op, list(op.operands), list(op.results), forward=True)
+                           for op in joint.forward])
+        self.memo: dict[Value, Clone] = {}
+        self.scratch: dict[Value, tuple[Clone, int]] = {}  # value -> (copy, last use)
+        self.now = 0
+
+    def run(self) -> Schedule:
+        for now, bop in enumerate(self.joint.backward):
+            self.now = now
+            operands = [self.get(v) for v in bop.operands]
+            self.s.entries.append(Entry(bop, operands, list(bop.results)))
+        return self.s
+
+    def lookup(self, v: Value):
+        """What to read for `v` now (saving it if it is kept), or None: to be recomputed."""
+        op, j = v.op, self.joint
+        if op is None or op not in j.fwd or op.name in RESIDENT_OPS:
+            return v
+        if v in j.results or self.keep(op) or not recomputable(op):
+            self.s.saved[v] = None
+            return v
+        if v in self.memo:
+            return self.memo[v]
+        copy, last = self.scratch.get(v, (None, -1))
+        if copy is None or self.now - last > self.window:
+            return None
+        self.scratch[v] = (copy, self.now)
+        return copy
+
+    def get(self, v: Value):
+        found = self.lookup(v)
+        if found is not None:
+            if isinstance(found, Clone):
+                self.memo[v] = found
+            return found
+        stack = [v.op]
+        while stack:  # post-order over what is missing, without recursion
+            op = stack[-1]
+            if all(self.lookup(r) is not None for r in op.results):
+                stack.pop()
+                continue
+            missing = [u.op for u in op.operands if self.lookup(u) is None]
+            if missing:
+                stack.extend(missing)
+                continue
+            stack.pop()
+            clones = [Clone(r) for r in op.results]
+            self.s.entries.append(Entry(op, [self.lookup(u) for u in op.operands], clones,
+                                        clone=True))
+            self.s.cost += work(op)
+            self.s.clones += 1
+            self.scratch.update((r, (c, self.now)) for r, c in zip(op.results, clones))
+        self.memo[v] = self.scratch[v][0]
+        return self.memo[v]
+
+
+def materialize(graph: Graph, s: Schedule) -> None:
+    """Rebuild the graph's op list as the schedule says."""
+    made: dict[Clone, Value] = {}
+    ops = []
+    for e in s.entries:
+        operands = [made[k] if isinstance(k, Clone) else k for k in e.operands]
+        if e.clone:
+            op = Operation(e.op.name, operands, [r.type for r in e.op.results],
+                           {**e.op.attributes, RECOMPUTE: True}, loc=e.op.loc)
+            made.update(zip(e.results, op.results))
+        else:
+            op = e.op
+            for i, v in enumerate(operands):
+                if op.operands[i] is not v:
+                    op.set_operand(i, v)
+        op.parent = graph.body
+        ops.append(op)
+    graph.body.ops[:] = ops + [graph.return_op]
+
+
+def value_names(graph: Graph) -> dict[Value, str]:
+    """`%N` as the printer numbers results (args by name)."""
+    names = {v: f"%{v.name or i}" for i, v in enumerate(graph.args)}
+    n = 0
+    for op in graph.walk():
+        for r in op.results:
+            names[r] = f"%{n}"
+            n += 1
+    return names
+
+
+@register_pass
+@dataclass(frozen=True)
+class Checkpoint(Pass):
+    name: ClassVar[str] = "checkpoint"
+    STRATEGIES: ClassVar[tuple[str, ...]] = STRATEGIES
+    strategy: str = "none"
+    budget: int = 0
+
+    def __post_init__(self):
+        if self.strategy not in STRATEGIES:
+            raise PipelineError(f"checkpoint: strategy={self.strategy!r} is not one of "
+                                f"{', '.join(STRATEGIES)}")
+        if self.budget < 0:
+            raise PipelineError(f"checkpoint: budget must be a number of bytes >= 0, "
+                                f"got {self.budget}")
+
+    def check(self, graph: Graph) -> None:
+        a = graph.attributes
+        if "ember.updates" in a:
+            raise PipelineError("checkpoint must run before optimizer: it splits the joint "
+                                "forward+backward graph that autodiff returns, and the "
+                                "update is neither")
+        if "ember.grads" not in a:
+            raise PipelineError("checkpoint needs the joint forward+backward graph: run "
+                                "autodiff first (e.g. -p 'decompose,autodiff,checkpoint')")
+        if "ember.checkpoint" in a:
+            raise PipelineError(f"checkpoint: @{graph.name} is already checkpointed "
+                                f"(strategy {a['ember.checkpoint']!r})")
+        if any(op.regions for op in graph.ops):
+            raise PipelineError("checkpoint must run before fuse: it recomputes single ops, "
+                                "not fused kernels")
+
+    def apply(self, graph: Graph) -> Graph:
+        self.check(graph)
+        for p in (Canonicalize(), Cse(), Dce()):  # decide on the ops that will really run
+            graph = p.apply(graph)
+        joint = Joint(graph)
+        if self.strategy == "min-cut":
+            s = self._min_cut(joint)
+        else:
+            keep = {"none": lambda op: True, "all": lambda op: False,
+                    "balanced": compute_bound}[self.strategy]
+            s = joint.schedule(keep)
+            if self.budget:
+                peak = joint.plan(s).peak_bytes
+                if peak > self.budget:
+                    raise PipelineError(f"checkpoint: strategy {self.strategy} needs a planned "
+                                        f"peak of {peak} bytes, over the budget of "
+                                        f"{self.budget}; try strategy=min-cut")
+        materialize(graph, s)
+        names = value_names(graph)
+        graph.attributes["ember.checkpoint"] = self.strategy
+        graph.attributes["ember.saved"] = [names[v] for v in s.saved]
+        graph.attributes["ember.saved_bytes"] = sum(map(nbytes, s.saved))
+        return graph
+
+    def _min_cut(self, joint: Joint) -> Schedule:
+        top = joint.total_work()  # one byte outweighs all recomputation
+        if not self.budget:
+            keep = joint.min_cut(top, allow_compute=False)
+            return joint.schedule(lambda op: op in keep)
+        seen: set[frozenset] = set()
+        best: tuple | None = None  # (cost, peak, schedule) of the cheapest that fits
+        lowest: tuple | None = None  # (peak, how) of the lowest peak found
+        for allow in (False, True):
+            for alpha in [top >> k for k in range(top.bit_length() + 1)]:
+                keep = frozenset(joint.min_cut(alpha, allow))
+                if keep in seen:
+                    continue
+                seen.add(keep)
+                best, lowest = self._consider(joint, joint.schedule(lambda op, k=keep: op in k),
+                                              best, lowest)
+        best, lowest = self._consider(joint, joint.schedule(lambda op: False), best, lowest)
+        if best is None:
+            raise PipelineError(f"checkpoint: the memory budget of {self.budget} bytes cannot "
+                                f"be met: the best achievable planned peak is {lowest[0]} "
+                                f"bytes ({lowest[1]})")
+        return best[2]
+
+    def _consider(self, joint: Joint, s: Schedule, best, lowest):
+        peak = joint.plan(s).peak_bytes
+        if lowest is None or peak < lowest[0]:
+            lowest = (peak, f"saving {len(s.saved)} values of {sum(map(nbytes, s.saved))} bytes"
+                            f" and recomputing {s.clones} ops")
+        if peak <= self.budget and (best is None or (s.cost, peak) < best[:2]):
+            best = (s.cost, peak, s)
+        return best, lowest

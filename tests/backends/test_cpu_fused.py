@@ -1,0 +1,280 @@
+"""Fused kernels: the `fuse` pass and the cpu backend's kernel.* codegen, differentially.
+
+Random graphs (odd sizes, size-1 and broadcast dims, transposes, reductions over every
+axis, matmuls with transposed operands) run four ways — interpreter unfused (the
+reference), interpreter fused, cpu unfused, cpu fused — and must agree to 1e-5
+relative. Every codegen variant is hit on purpose: vector tails, thread splits, column
+and row reductions, packed and direct GEMMs, transposed operands, OpenBLAS.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ember.backends import cpu, interpreter
+from ember.backends.cpu import fused as cpu_fused
+from ember.backends.cpu import threads as cpu_threads
+from ember.ir import Builder, Graph, TensorType, Value, verify
+from ember.passes import PassManager, parse_pipeline
+
+RTOL = 1e-5
+UNARY = ("tanh", "neg", "abs", "relu", "sigmoid")
+
+
+def fuse(g: Graph) -> Graph:
+    from ember.ir.parser import parse
+
+    return PassManager(parse_pipeline("fuse"), verify_each=True).run(parse(str(g)))
+
+
+def kernels(g: Graph) -> list[str]:
+    return [op.name for op in g.ops if op.name.startswith(("kernel.", "ember."))
+            and op.name not in ("ember.param", "ember.constant")]
+
+
+def close(got, want, what=""):
+    assert len(got) == len(want)
+    for k, (x, y) in enumerate(zip(got, want)):
+        assert x.shape == y.shape and x.dtype == y.dtype, (what, k, x.shape, y.shape)
+        scale = float(np.max(np.abs(y))) if y.size else 1.0
+        np.testing.assert_allclose(x, y, rtol=RTOL, atol=RTOL * max(scale, 1.0),
+                                   err_msg=f"{what} output {k}")
+
+
+def four_ways(g: Graph, inputs, threads=None):
+    """All four runs agree; returns the fused graph."""
+    want = interpreter.run(g, inputs)
+    f = fuse(g)
+    close(interpreter.run(f, inputs), want, "interpreter fused")
+    close(cpu.Executable(g, threads, use_cache=False)(inputs), want, "cpu unfused")
+    close(cpu.Executable(f, threads, use_cache=False)(inputs), want, "cpu fused")
+    return f
+
+
+# -- random graphs ---------------------------------------------------------------------------
+
+SIZES = st.sampled_from([1, 2, 3, 5, 7, 17])
+
+
+@st.composite
+def random_graph(draw):
+    rank = draw(st.integers(1, 3))
+    base = [draw(SIZES) for _ in range(rank)]
+    n_in = draw(st.integers(1, 3))
+    shapes = []
+    for _ in range(n_in):  # each input: the base shape with some dims 1 or dropped
+        s = [d if draw(st.booleans()) or d == 1 else 1 for d in base]
+        s = s[draw(st.integers(0, rank - 1)):] if draw(st.booleans()) else s
+        shapes.append(tuple(s))
+    shapes[0] = tuple(base)
+    g = Graph("random", [TensorType(s, "f32") for s in shapes])
+    b = Builder(g.body)
+    vals: list[Value] = list(g.args)
+    for _ in range(draw(st.integers(1, 8))):
+        x = draw(st.sampled_from(vals))
+        kind = draw(st.sampled_from(["unary", "binary", "binary", "reduce", "transpose",
+                                     "matmul", "softmax"]))
+        t = x.type
+        if kind == "unary":
+            v = b.op("ember." + draw(st.sampled_from(UNARY)), x)
+        elif kind == "binary":
+            y = draw(st.sampled_from(vals))
+            try:
+                v = b.op("ember." + draw(st.sampled_from(["add", "sub", "mul", "max"])), x, y)
+            except ValueError:
+                continue
+        elif kind == "reduce" and t.rank:
+            axes = sorted(draw(st.sets(st.integers(0, t.rank - 1), min_size=1)))
+            v = b.op("ember." + draw(st.sampled_from(["reduce_sum", "reduce_max",
+                                                      "reduce_mean"])),
+                     x, axes=axes, keepdims=draw(st.booleans()))
+        elif kind == "transpose" and t.rank >= 2:
+            perm = draw(st.permutations(list(range(t.rank))))
+            v = b.op("ember.transpose", x, perm=list(perm))
+        elif kind == "matmul" and t.rank >= 2:
+            other = draw(st.sampled_from([u for u in vals if u.type.rank == 2] or [x]))
+            k = t.shape[-1]
+            if other.type.rank == 2 and other.type.shape[1] == k:
+                y = b.op("ember.transpose", other, perm=[1, 0])  # x @ other^T
+            elif other.type.rank == 2 and other.type.shape[0] == k:
+                y = other
+            else:
+                continue
+            v = b.op("ember.matmul", x, y)
+        elif kind == "softmax" and t.rank:
+            ax = draw(st.integers(0, t.rank - 1))
+            m = b.op("ember.reduce_max", x, axes=[ax], keepdims=True)
+            e = b.op("ember.exp", b.op("ember.sub", x, m))
+            v = b.op("ember.div", e, b.op("ember.reduce_sum", e, axes=[ax], keepdims=True))
+        else:
+            continue
+        vals.append(v)
+    outs = vals[len(g.args):][-draw(st.integers(1, 3)):] or [b.op("ember.neg", vals[0])]
+    b.create("func.return", outs)
+    return verify(g), [np.random.default_rng(draw(st.integers(0, 99))).uniform(
+        -2, 2, s).astype(np.float32) for s in shapes]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(random_graph())
+def test_random_graphs_fused_unfused_interpreter(case):
+    g, inputs = case
+    four_ways(g, inputs)
+
+
+# -- what fuses ------------------------------------------------------------------------------
+
+def graph(arg_shapes, fn, dtype="f32") -> Graph:
+    g = Graph("f", [TensorType(tuple(s), dtype) for s in arg_shapes])
+    b = Builder(g.body)
+    b.create("func.return", list(fn(b, *g.args)))
+    return verify(g)
+
+
+def rand(*shapes, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.uniform(-1, 1, s).astype(np.float32) for s in shapes]
+
+
+def test_elementwise_chain_is_one_kernel_with_vector_tail():
+    # 1000 = 62 vectors of 16 + a tail of 8
+    g = graph([(1000,), (1000,)], lambda b, x, y: [
+        b.op("ember.tanh", b.op("ember.mul", b.op("ember.add", x, y), y))])
+    f = four_ways(g, rand((1000,), (1000,)))
+    assert kernels(f) == ["kernel.fused"]
+
+
+def test_bias_relu_epilogue_and_transposed_operands():
+    def fn(b, x, w, bias):
+        h = b.op("ember.relu", b.op("ember.add", b.op("ember.matmul", x, w), bias))
+        gw = b.op("ember.matmul", b.op("ember.transpose", x, perm=[1, 0]), h)  # A^T
+        gx = b.op("ember.matmul", h, b.op("ember.transpose", w, perm=[1, 0]))  # B^T
+        return [h, gw, gx]
+
+    g = graph([(33, 20), (20, 19), (19,)], fn)
+    f = four_ways(g, rand((33, 20), (20, 19), (19,)))
+    assert kernels(f) == ["kernel.matmul"] * 3
+    mm = f.ops[0] if f.ops[0].name == "kernel.matmul" else f.ops[1]
+    assert [op.name for op in mm.regions[0].blocks[0].ops] == [
+        "kernel.add", "kernel.relu", "kernel.yield"]
+
+
+@pytest.mark.parametrize("axis", [0, 1])
+def test_softmax_rows_and_columns_one_kernel(axis):
+    def fn(b, x):
+        m = b.op("ember.reduce_max", x, axes=[axis], keepdims=True)
+        e = b.op("ember.exp", b.op("ember.sub", x, m))
+        return [b.op("ember.div", e, b.op("ember.reduce_sum", e, axes=[axis], keepdims=True))]
+
+    g = graph([(37, 23)], fn)
+    f = four_ways(g, rand((37, 23)))
+    assert kernels(f) == ["kernel.fused"]
+
+
+def test_reductions_over_different_axes_are_cut():
+    def fn(b, x):
+        y = b.op("ember.tanh", x)
+        return [b.op("ember.reduce_sum", y, axes=[0], keepdims=False),
+                b.op("ember.reduce_sum", y, axes=[1], keepdims=False)]
+
+    g = graph([(9, 13)], fn)
+    f = four_ways(g, rand((9, 13)))
+    assert kernels(f) == ["kernel.fused", "kernel.fused"]
+
+
+def test_3d_column_reduction_with_inner_parallel_dims():
+    def fn(b, x, y):
+        s = b.op("ember.reduce_sum", b.op("ember.mul", x, y), axes=[1], keepdims=True)
+        return [b.op("ember.sub", x, s), b.op("ember.reduce_max", x, axes=[0, 2],
+                                               keepdims=False)]
+
+    four_ways(graph([(3, 5, 19), (5, 1)], fn), rand((3, 5, 19), (5, 1)))
+
+
+def test_thread_split_elementwise_and_reduction(monkeypatch):
+    monkeypatch.setattr(cpu_threads, "MIN_WORK", 64)
+    g = graph([(64, 50), (50,)], lambda b, x, y: [
+        b.op("ember.exp", b.op("ember.add", x, y)),
+        b.op("ember.reduce_sum", b.op("ember.mul", x, x), axes=[1], keepdims=False)])
+    f = fuse(g)
+    exe = cpu.Executable(f, threads=3, use_cache=False)
+    assert "pthread_create" in exe.llvm_ir and ".worker" in exe.llvm_ir
+    close(exe(rand((64, 50), (50,))), interpreter.run(g, rand((64, 50), (50,))))
+
+
+@pytest.mark.parametrize("ta,tb", [(False, False), (True, False), (False, True), (True, True)])
+def test_packed_threaded_gemm_with_edges(ta, tb, monkeypatch):
+    """Large enough to pack A and B (odd sizes: row and column edges, a K tail), split
+    across threads, transposed operands read through strides."""
+    from ember.backends.cpu import gemm
+
+    m, n, k = 157, 83, 301
+    monkeypatch.setenv("EMBER_GEMM", "own")
+    for name in ("PACK_A_BYTES", "PACK_B_BYTES", "THREAD_FLOPS"):
+        monkeypatch.setattr(gemm, name, 1024)
+
+    def fn(b, x, w, bias):
+        a = b.op("ember.transpose", x, perm=[1, 0]) if ta else x
+        bb = b.op("ember.transpose", w, perm=[1, 0]) if tb else w
+        return [b.op("ember.tanh", b.op("ember.add", b.op("ember.matmul", a, bb), bias))]
+
+    xs = (k, m) if ta else (m, k)
+    ws = (n, k) if tb else (k, n)
+    g = graph([xs, ws, (n,)], fn)
+    f = fuse(g)
+    mm = next(op for op in f.ops if op.name == "kernel.matmul")
+    from ember.backends.cpu.matmul import plan_matmul
+
+    pl = plan_matmul(mm, gemm.host_isa(), 2)
+    plan = gemm.plan_own(pl.problem, gemm.host_isa(), 2)
+    assert plan["pack_a"] and plan["pack_b"] and plan["threads"] == 2
+    inputs = rand(xs, ws, (n,))
+    close(cpu.Executable(f, 2, use_cache=False)(inputs), interpreter.run(g, inputs))
+
+
+def test_blas_gemm_with_transposes(monkeypatch):
+    from ember.backends.cpu import blas
+
+    if blas.find() is None:
+        pytest.skip("no OpenBLAS found next to numpy")
+    monkeypatch.setenv("EMBER_GEMM", "blas")
+
+    def fn(b, x, w):
+        return [b.op("ember.matmul", b.op("ember.transpose", x, perm=[1, 0]), w),
+                b.op("ember.matmul", w, b.op("ember.transpose", w, perm=[1, 0]))]
+
+    g = graph([(40, 30), (40, 20)], fn)
+    f = fuse(g)
+    exe = cpu.Executable(f, use_cache=False)
+    assert blas.find().sgemm in exe.llvm_ir
+    inputs = rand((40, 30), (40, 20))
+    close(exe(inputs), interpreter.run(g, inputs))
+
+
+def test_batched_matmul_with_broadcast_batch():
+    g = graph([(3, 1, 5, 7), (2, 7, 4)], lambda b, x, y: [
+        b.op("ember.sigmoid", b.op("ember.matmul", x, y))])
+    four_ways(g, rand((3, 1, 5, 7), (2, 7, 4)))
+
+
+def test_one_hot_and_integer_inputs_fuse():
+    g = Graph("f", [TensorType((6, 4), "f32"), TensorType((6,), "i64")])
+    b = Builder(g.body)
+    x, lab = g.args
+    hot = b.op("ember.one_hot", lab, num_classes=4, dtype="f32")
+    b.create("func.return", [b.op("ember.reduce_sum", b.op("ember.mul", x, hot), axes=[1],
+                                  keepdims=False)])
+    four_ways(verify(g), [rand((6, 4))[0], np.array([0, 3, 1, 2, 3, 0])])
+
+
+def test_kernel_that_fails_to_compile_names_the_op(monkeypatch):
+    def boom(*a, **k):
+        raise RuntimeError("no luck")
+
+    monkeypatch.setattr(cpu_fused.FusedEmitter, "emit", boom)
+    f = fuse(graph([(4,)], lambda b, x: [b.op("ember.exp", x)]))
+    with pytest.raises(cpu.KernelCompileError, match=r"(?s)k0_fused.*kernel\.fused.*no luck"):
+        cpu.Executable(f, use_cache=False)

@@ -1,0 +1,125 @@
+"""The cpu backend under the runtime: one native call per training step, fused training
+matching the interpreter, the compile cache across processes, and bad inputs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import ember as em
+import ember.runtime.compiled as compiled
+from ember import nn, optim
+from ember.backends import cpu
+from ember.ir import Builder, Graph, TensorType, verify
+
+
+class Mlp(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(12, 20), nn.Linear(20, 5)
+
+    def forward(self, x):
+        return self.fc2(nn.functional.relu(self.fc1(x)))
+
+
+@pytest.fixture
+def fused_pipeline(monkeypatch):
+    """Training steps compiled with `fuse` at the end of the pipeline."""
+    plain = compiled.training_pipeline
+    monkeypatch.setattr(compiled, "training_pipeline", lambda *a, **k: plain(*a, **k) + ["fuse"])
+
+
+def batch(seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((16, 12)).astype(np.float32), rng.integers(0, 5, 16)
+
+
+def test_training_step_is_one_native_call(fused_pipeline):
+    em.seed(0)
+    step = em.compile_train_step(Mlp(), nn.functional.cross_entropy,
+                                 optim.SGD(lr=0.1, momentum=0.9), backend="cpu")
+    x, y = batch()
+    step(x, y)
+    exe = step._last.run
+    assert isinstance(exe, cpu.Executable) and len(exe.plan.steps) > 3  # many kernels...
+    calls = []
+    inner = exe._entry
+    exe._entry = lambda table: calls.append(1) or inner(table)  # ...one call into them
+    for _ in range(5):
+        step(x, y)
+    assert len(calls) == 5 and exe.native_calls == 6
+
+
+def test_fused_training_matches_the_interpreter(fused_pipeline):
+    results = {}
+    for backend in ("interpreter", "cpu"):
+        em.seed(1)
+        model = Mlp()
+        step = em.compile_train_step(model, nn.functional.cross_entropy,
+                                     optim.Adam(lr=1e-2), backend=backend)
+        losses = [step(*batch(s)) for s in range(4)]
+        assert any(op.name == "kernel.matmul" for op in step._last.graph.ops)
+        results[backend] = losses, {k: v.copy() for k, v in model.state_dict().items()}
+    np.testing.assert_allclose(results["cpu"][0], results["interpreter"][0], rtol=1e-5)
+    for k, v in results["interpreter"][1].items():
+        np.testing.assert_allclose(results["cpu"][1][k], v, rtol=1e-4, atol=1e-6, err_msg=k)
+
+
+def test_compile_cache_second_process_loads_object_code(tmp_path):
+    script = textwrap.dedent("""
+        import json, sys, time
+        import numpy as np
+        import ember as em
+        import ember.runtime.compiled as compiled
+        from ember import nn, optim
+        plain = compiled.training_pipeline
+        compiled.training_pipeline = lambda *a, **k: plain(*a, **k) + ["fuse"]
+        em.seed(0)
+        model = nn.Linear(12, 5)
+        step = em.compile_train_step(model, nn.functional.cross_entropy, optim.SGD(lr=0.1),
+                                     backend="cpu")
+        x = np.ones((8, 12), np.float32); y = np.zeros(8, np.int64)
+        loss = step(x, y)
+        exe = step._last.run
+        print(json.dumps({"cached": exe.cached, "loss": loss,
+                          "backend_s": exe.timings["total"]}))
+    """)
+    env = {**os.environ, "EMBER_CACHE_DIR": str(tmp_path), "EMBER_CACHE": "1"}
+    runs = [json.loads(subprocess.run([sys.executable, "-c", script], env=env, check=True,
+                                      capture_output=True, text=True).stdout.splitlines()[-1])
+            for _ in range(2)]
+    assert [r["cached"] for r in runs] == [False, True]
+    assert runs[0]["loss"] == runs[1]["loss"]
+    assert list((tmp_path / "cpu").glob("*.o"))
+
+
+def _graph():
+    g = Graph("f", [TensorType((4, 3), "f32"), TensorType((4,), "i64")], ["x", "labels"])
+    b = Builder(g.body)
+    x, lab = g.args
+    hot = b.op("ember.one_hot", lab, num_classes=3, dtype="f32")
+    b.create("func.return", [b.op("ember.add", x, hot)])
+    return verify(g)
+
+
+def test_inputs_are_converted_or_rejected_by_name():
+    exe = cpu.Executable(_graph(), use_cache=False)
+    x = np.arange(24, dtype=np.float64).reshape(4, 6)[:, ::2]  # strided, float64
+    labels = np.array([0, 2, 1, 1], np.int32)  # i32 labels widen to i64
+    want = x.astype(np.float32) + np.eye(3, dtype=np.float32)[labels]
+    np.testing.assert_array_equal(exe([x, labels])[0], want)
+    np.testing.assert_array_equal(exe([x.tolist(), labels.tolist()])[0], want)
+    with pytest.raises(TypeError, match=r"input 1 \(%labels\).*int64.*float64"):
+        exe([x, labels.astype(np.float64)])  # floats are not silently truncated to labels
+    with pytest.raises(ValueError, match=r"input 0 \(%x\): expected shape \[4, 3\].*\[3, 4\]"):
+        exe([x.T, labels])
+    with pytest.raises(TypeError, match=r"input 0 \(%x\)"):
+        exe([np.array([["a"] * 3] * 4), labels])
+    with pytest.raises(ValueError, match="takes 2 inputs, got 1"):
+        exe([x])

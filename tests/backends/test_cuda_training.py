@@ -1,0 +1,126 @@
+"""Training through the CUDA backend: on the CPU emulator (a few steps against the
+interpreter, through the runtime exactly as `backend="cuda"` runs), and on a GPU when there
+is one (the digits MLP and CNN reach 97%)."""
+
+from __future__ import annotations
+
+import io
+import types
+
+import numpy as np
+import pytest
+
+import ember as em
+from ember import nn, optim
+from ember.backends import cuda
+from ember.backends.cuda import emulate
+from ember.runtime.data import digits
+from ember.runtime.models import Cnn, Mlp
+
+try:
+    cuda.check_available()
+    GPU_REASON = None
+except cuda.CudaUnavailableError as e:
+    GPU_REASON = f"no usable GPU here: {e}"
+needs_gpu = pytest.mark.skipif(GPU_REASON is not None, reason=GPU_REASON or "")
+needs_emulator = pytest.mark.skipif(not emulate.available(), reason="the emulator needs g++")
+
+
+@pytest.fixture
+def emulated_cuda(monkeypatch):
+    """backend="cuda" runs on the CPU emulator (the runtime still treats it as a device)."""
+    from ember.runtime import compiled
+
+    real = compiled.get_backend
+    fake = types.SimpleNamespace(compile=lambda graph: emulate.EmulatedExecutable(graph))
+    monkeypatch.setattr(compiled, "get_backend",
+                        lambda name: fake if name == "cuda" else real(name))
+
+
+def _steps(make_model, backend, data, n, opt):
+    em.seed(0)
+    model = make_model()
+    step = em.compile_train_step(model, nn.functional.cross_entropy, opt, backend=backend)
+    losses = [step(data[0][i * 16:(i + 1) * 16], data[1][i * 16:(i + 1) * 16])
+              for i in range(n)]
+    return losses, {k: np.asarray(p.val()) for k, p in model.named_parameters()}
+
+
+@needs_emulator
+@pytest.mark.parametrize("make_model,image,opt", [
+    (Mlp, False, lambda: optim.Adam(lr=1e-2)),
+    (Cnn, True, lambda: optim.SGD(lr=0.05, momentum=0.9))], ids=["mlp", "cnn"])
+def test_emulated_cuda_steps_equal_the_interpreter(emulated_cuda, make_model, image, opt):
+    d = digits(seed=0, image=image)
+    data = (d.x_train[:64], d.y_train[:64])
+    got_losses, got = _steps(make_model, "cuda", data, 4, opt())
+    want_losses, want = _steps(make_model, "interpreter", data, 4, opt())
+    np.testing.assert_allclose(got_losses, want_losses, rtol=1e-4)
+    for k in want:
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=1e-5, err_msg=k)
+
+
+def _fit(model, data, backend):
+    from ember.runtime.train import fit
+
+    return fit(model, data, optim.Adam(lr=optim.Cosine(1e-2, total_steps=440)), epochs=10,
+               backend=backend, progress=False, out=io.StringIO())
+
+
+@needs_gpu
+def test_digits_mlp_reaches_97_percent_on_the_gpu():
+    em.seed(0)
+    results = _fit(Mlp(), digits(seed=0), "cuda")
+    assert results[-1].test_accuracy >= 0.97, results[-1]
+
+
+@needs_gpu
+def test_digits_cnn_reaches_97_percent_on_the_gpu():
+    em.seed(0)
+    results = _fit(Cnn(), digits(seed=0, image=True), "cuda")
+    assert results[-1].test_accuracy >= 0.97, results[-1]
+
+
+@needs_gpu
+def test_gpu_executable_takes_numpy_or_cupy_and_returns_device_arrays():
+    import cupy
+
+    from ember.ir import Builder, Graph, TensorType
+
+    g = Graph("f", [TensorType((3, 4), "f32"), TensorType((4,), "f32")])
+    b = Builder(g.body)
+    s = b.op("ember.add", *g.args)
+    b.create("func.return", [s, g.args[0], s])
+    exe = cuda.compile(g)
+    x, y = np.arange(12, dtype=np.float32).reshape(3, 4), np.ones(4, np.float32)
+    for args in ([x, y], [cupy.asarray(x), cupy.asarray(y)], [cupy.asarray(x.T).T, y]):
+        outs = exe(args, {})
+        assert all(isinstance(o, cupy.ndarray) for o in outs)
+        np.testing.assert_array_equal(outs[0].get(), x + y)
+        np.testing.assert_array_equal(outs[1].get(), x)
+        assert outs[0].data.ptr != outs[2].data.ptr  # each result is the caller's own
+    with pytest.raises(ValueError, match=r"input 1.*expected shape \[4\]"):
+        exe([x, np.ones(5, np.float32)], {})
+
+
+@needs_gpu
+def test_gpu_memory_is_the_planned_arena():
+    """Compiling allocates the planned arena and the constants from cupy's pool, no more
+    (within 10%), and a step allocates only its inputs, params and results."""
+    import cupy
+
+    from ember.frontend.trace import TensorSpec, trace_function
+    from ember.runtime.pipeline import Stages, training_pipeline
+
+    em.seed(0)
+    model = Mlp()
+    g = trace_function(lambda x, y: nn.functional.cross_entropy(model(x), y), model,
+                       (TensorSpec((64, 64), "f32"), TensorSpec((64,), "i64")), training=True)
+    graph = Stages(g, training_pipeline(optim.Adam(lr=1e-3).pass_spec())).graph
+    pool = cupy.get_default_memory_pool()
+    before = pool.used_bytes()
+    exe = cuda.compile(graph)
+    report = exe.memory_report()
+    planned = report["arena_bytes"] + report["constants"]
+    assert abs(pool.used_bytes() - before - planned) <= 0.1 * planned + 512 * (
+        1 + sum(s.kind == "const" for s in exe.program.slots))

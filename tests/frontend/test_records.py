@@ -1,0 +1,151 @@
+"""Records: safetensors save/load (bit-exact, ids restored, atomic, errors change nothing)
+and PyTorch imports."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+from safetensors import safe_open
+
+from ember import nn
+from ember.frontend.records import RecordError, load, load_torch, save
+
+
+class Net(nn.Module):
+    def __init__(self, width=8):
+        super().__init__()
+        self.layers = [nn.Linear(4, width), nn.Linear(width, 3)]
+        self.norm = nn.BatchNorm1d(3)
+        self.drop = nn.Dropout(0.2)
+
+    def forward(self, x):
+        return self.drop(self.norm(self.layers[1](self.layers[0](x))))
+
+
+def values(model):
+    return {path: p.val().copy() for path, p in model.all_params() if p.kind != "flag"}
+
+
+def test_save_load_round_trips_bit_exactly_with_ids(tmp_path):
+    a = Net()
+    a.norm.running_var.set_value(np.array([0.5, np.pi, 1e-30], np.float32))
+    path = tmp_path / "net.safetensors"
+    save(a, path)
+    assert not [f for f in os.listdir(tmp_path) if f != "net.safetensors"]  # no temp left
+    with safe_open(str(path), framework="np") as f:
+        assert sorted(f.keys()) == sorted(values(a))
+        ids = json.loads(f.metadata()["ember.param_ids"])
+    assert ids["layers.0.weight"] == str(a.layers[0].weight.id)
+    b = Net()
+    assert load(b, path) is b
+    va, vb = values(a), values(b)
+    assert all(va[k].tobytes() == vb[k].tobytes() and va[k].dtype == vb[k].dtype for k in va)
+    assert [p.id for _, p in a.all_params() if p.kind != "flag"] == [
+        p.id for _, p in b.all_params() if p.kind != "flag"]
+
+
+def test_save_replaces_the_old_file_atomically(tmp_path, monkeypatch):
+    path = tmp_path / "net.safetensors"
+    save(Net(), path)
+    before = path.read_bytes()
+
+    def crash(src, dst):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", crash)
+    with pytest.raises(OSError, match="disk full"):
+        save(Net(), path)
+    assert path.read_bytes() == before and os.listdir(tmp_path) == ["net.safetensors"]
+
+
+def test_truncated_file_is_a_clear_error_and_changes_nothing(tmp_path):
+    path = tmp_path / "net.safetensors"
+    save(Net(), path)
+    data = path.read_bytes()
+    model = Net()
+    before = values(model)
+    for cut in (len(data) - 7, 20, 3):
+        path.write_bytes(data[:cut])
+        with pytest.raises(RecordError, match=r"cannot read the record .*net.safetensors.*"
+                                              r"model is unchanged"):
+            load(model, path)
+    after = values(model)
+    assert all(np.array_equal(before[k], after[k]) for k in before)
+
+
+def test_wrong_shapes_and_keys_are_all_listed_and_change_nothing(tmp_path):
+    path = tmp_path / "wide.safetensors"
+    save(Net(width=5), path)
+    model = Net()
+    before = values(model)
+    with pytest.raises(RecordError) as e:
+        load(model, path)
+    msg = str(e.value)
+    assert "mismatch at layers.0.weight: the file has [4, 5] float32, the model has [4, 8]" in msg
+    assert "mismatch at layers.0.bias" in msg and "mismatch at layers.1.weight" in msg
+    after = values(model)
+    assert all(np.array_equal(before[k], after[k]) for k in before)
+
+    class Other(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = [nn.Linear(4, 8)]
+            self.extra = nn.Linear(2, 2)
+
+    with pytest.raises(RecordError) as e:
+        load(Other(), tmp_path / "wide.safetensors")
+    msg = str(e.value)
+    assert "missing: extra.weight, extra.bias" in msg
+    assert ("unexpected: layers.1.bias, layers.1.weight, norm.beta, norm.gamma, "  # file order
+            "norm.running_mean, norm.running_var") in msg
+    save(Net(), path)
+    other = Other()
+    load(other, path, strict=False)  # only the matching keys
+    assert np.array_equal(other.layers[0].weight.val(), load(Net(), path).layers[0].weight.val())
+
+
+def test_load_torch_transposes_linear_and_renames_norms(tmp_path):
+    torch = pytest.importorskip("torch")
+    tn = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3),
+                             torch.nn.BatchNorm1d(3))
+    tn.train()
+    tn(torch.randn(5, 4))  # running stats and num_batches_tracked change
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3), nn.BatchNorm1d(3))
+    report = load_torch(model, tn.state_dict())
+    assert "3.num_batches_tracked" in report.ignored and "num_batches_tracked" in str(report)
+    np.testing.assert_array_equal(model.layers[0].weight.val(), tn[0].weight.detach().numpy().T)
+    np.testing.assert_array_equal(model.layers[3].gamma.val(), tn[3].weight.detach().numpy())
+    np.testing.assert_array_equal(model.layers[3].running_var.val(), tn[3].running_var.numpy())
+    path = tmp_path / "t.pt"
+    torch.save(tn.state_dict(), path)
+    again = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3), nn.BatchNorm1d(3))
+    load_torch(again, path)
+    assert np.array_equal(again.layers[2].bias.val(), model.layers[2].bias.val())
+
+    net = Net()
+    key_map = {"0.": "layers.0.", "2.": "layers.1.", "3.": "norm."}
+    load_torch(net, tn.state_dict(), key_map=key_map)
+    np.testing.assert_array_equal(net.layers[1].weight.val(), tn[2].weight.detach().numpy().T)
+    before = values(net)
+    bad = dict(tn.state_dict())
+    bad["2.weight"] = torch.zeros(3, 9)
+    bad["zzz"] = torch.zeros(1)
+    with pytest.raises(RecordError) as e:
+        load_torch(net, bad, key_map=key_map)
+    assert "mismatch at layers.1.weight: PyTorch has [9, 3]" in str(e.value)
+    assert "unexpected: zzz" in str(e.value)
+    assert all(np.array_equal(before[k], v) for k, v in values(net).items())
+
+
+def test_load_torch_reads_files_only_with_weights_only(tmp_path):
+    torch = pytest.importorskip("torch")
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, ("echo pwned",))
+
+    path = tmp_path / "evil.pt"
+    torch.save({"x": Evil()}, path)
+    with pytest.raises(Exception, match="(?i)weights_only|unsupported|global"):
+        load_torch(nn.Linear(2, 2), path)

@@ -1,0 +1,147 @@
+"""`ember train` and `ember bench` as a user runs them: dumps, user models, save/resume,
+bad input (exit status 1, a one-line reason, the last good checkpoint intact)."""
+
+import shutil
+import subprocess
+import textwrap
+
+import numpy as np
+import pytest
+
+from ember.__main__ import main
+from ember.runtime.checkpoint import read
+
+USER_MODEL = '''
+from ember import nn
+
+class Tiny(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(64, 24)
+        self.fc2 = nn.Linear(24, {d_out})
+
+    def forward(self, x):
+        x = {pre}x
+        return self.fc2(nn.functional.relu(self.fc1(x)))
+'''
+
+
+def user_model(tmp_path, d_out=10, pre="", name="model.py"):
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(USER_MODEL.format(d_out=d_out, pre=pre)))
+    return f"{path}:Tiny"
+
+
+def train(*args):
+    return main(["train", "--no-progress", *map(str, args)])
+
+
+def test_dump_ir_files_parse_with_ember_opt_and_mlir_opt(tmp_path, capsys):
+    assert train("--epochs", 1, "--dump-ir", tmp_path / "ir") == 0
+    out = capsys.readouterr().out
+    assert "compiled the training step in" in out and "wrote" in out
+    dumps = sorted((tmp_path / "ir").glob("*.mlir"))
+    names = [p.name for p in dumps]
+    assert names[0] == "train_step.00-traced.mlir" and any("autodiff" in n for n in names)
+    assert [int(n.split(".")[1].split("-")[0]) for n in names] == list(range(len(names)))
+    for path in dumps:
+        assert main(["opt", str(path)]) == 0, path
+        assert capsys.readouterr().out.startswith("module")
+    mlir_opt = shutil.which("mlir-opt") or shutil.which("/usr/lib/llvm-19/bin/mlir-opt")
+    if mlir_opt:
+        for path in dumps:
+            proc = subprocess.run([mlir_opt, "--allow-unregistered-dialect", str(path)],
+                                  capture_output=True, text=True, timeout=60)
+            assert proc.returncode == 0, (path, proc.stderr[-2000:])
+
+
+def test_user_model_file_with_adamw_schedule_and_clipping(tmp_path, capsys):
+    spec = user_model(tmp_path)
+    assert train("--model", spec, "--optimizer", "adamw", "--lr", 1e-2, "--schedule", "cosine",
+                 "--warmup", 5, "--clip-norm", 1.0, "--epochs", 3) == 0
+    out = capsys.readouterr().out
+    assert "training" in out and "Tiny" not in out.splitlines()[0] or "model.py" in out
+    assert "epoch   3" in out and "test acc" in out
+    table = out[out.index("-----"):]
+    assert "train acc" in table and len([ln for ln in table.splitlines() if ln[:5].strip()
+                                         .isdigit()]) == 3
+    assert float(out.strip().splitlines()[-1].split()[-1].rstrip("%")) > 85
+
+
+def test_save_then_resume_equals_one_longer_run(tmp_path, capsys):
+    one, two = tmp_path / "one.ckpt", tmp_path / "two.ckpt"
+    assert train("--optimizer", "adam", "--epochs", 2, "--save", two) == 0
+    assert train("--optimizer", "adam", "--epochs", 1, "--save", one) == 0
+    assert train("--optimizer", "adam", "--epochs", 2, "--resume", one, "--save", one) == 0
+    assert "resumed from" in capsys.readouterr().out
+    (a, meta_a), (b, meta_b) = read(str(one)), read(str(two))
+    assert a.keys() == b.keys()
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+    assert meta_a["optimizer_step"] == meta_b["optimizer_step"]
+    assert [r["epoch"] for r in meta_a["extra"]["history"]] == [1, 2]
+
+
+def test_bad_input_fails_with_one_clear_line_and_keeps_the_checkpoint(tmp_path, capsys):
+    ckpt = tmp_path / "good.ckpt"
+    assert train("--epochs", 1, "--save", ckpt) == 0
+    good = ckpt.read_bytes()
+    capsys.readouterr()
+
+    def fails(*args, match):
+        assert train(*args) == 1
+        err = capsys.readouterr().err
+        assert err.startswith("ember train: error:") and match in err, err
+        assert ckpt.read_bytes() == good
+        return err
+
+    err = fails("--model", user_model(tmp_path), "--resume", ckpt, "--save", ckpt,
+                match="does not fit")
+    assert "fc1.weight" in err and "layers.0.weight" in err
+    fails("--model", user_model(tmp_path, d_out=5, name="m5.py"), "--save", ckpt,
+          match="labels out of range")
+    fails("--lr", 1e30, "--save", ckpt, match="detect_anomaly")
+    err = fails("--model", user_model(tmp_path, pre="(x - 0.5).log() + 0 * ", name="log.py"),
+                "--detect-anomaly", "--save", ckpt, match="'ember.log'")
+    assert "log.py:11" in err  # the `x = ...` line of forward
+    x = np.random.default_rng(0).random((50, 64)).astype(np.float32)
+    x[4, 2] = np.nan
+    np.savez(tmp_path / "nan.npz", x=x, y=np.arange(50) % 10)
+    fails("--data", tmp_path / "nan.npz", "--save", ckpt, match="NaN or Inf (rows [4])")
+    np.savez(tmp_path / "rows.npz", x=x[:40], y=np.arange(50) % 10)
+    fails("--data", tmp_path / "rows.npz", match="x has 40 rows but y has 50")
+    cut = tmp_path / "cut.ckpt"
+    cut.write_bytes(good[:1000])
+    fails("--resume", cut, "--save", ckpt, match="truncated or damaged")
+
+
+def test_bench_prints_a_table_with_ratios(capsys):
+    assert main(["bench", "--models", "mlp", "--steps", "3", "--no-torch"]) == 0
+    out = capsys.readouterr().out
+    assert "ember (cpu)" in out and "numpy (by hand)" in out and "x1.00" in out
+
+
+def test_unknown_model_or_strategy_is_an_error(capsys):
+    assert train("--epochs", 1, "--model", "nope") == 1
+    assert "ember train: error: unknown model 'nope'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        train("--checkpoint", "bogus")
+    assert "invalid choice: 'bogus'" in capsys.readouterr().err
+
+
+def test_ember_dump_ir_env_and_step_ir(tmp_path, monkeypatch):
+    import ember as em
+    from ember import nn, optim
+    from ember.runtime.models import Mlp
+
+    monkeypatch.setenv("EMBER_DUMP_IR", str(tmp_path))
+    em.seed(0)
+    step = em.compile_train_step(Mlp(), nn.functional.cross_entropy, optim.SGD(lr=0.1),
+                                 backend="interpreter")
+    step(np.zeros((4, 64), np.float32), np.zeros(4, np.int64))
+    files = sorted(p.name for p in tmp_path.glob("train_step.*.mlir"))
+    assert len(files) == len(step.stages) and files[0] == "train_step.00-traced.mlir"
+    assert step.ir("autodiff") == (tmp_path / files[2]).read_text()
+    assert "ember.updates" in step.ir()
+    with pytest.raises(KeyError, match="stages are traced, decompose"):
+        step.ir("nope")
