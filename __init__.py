@@ -8,10 +8,19 @@ from .frontend.records import RecordError, load, load_torch, save
 from .frontend.tensor import Tensor
 from .frontend.trace import ShapeError, TensorSpec, trace
 from .runtime import optim
-from .runtime.api import compile, compile_grad, compile_train_step  # noqa: A004
+from .runtime.api import (  # noqa: A004
+    checkpoint_strategies,
+    compile,
+    compile_grad,
+    compile_train_step,
+)
+from .runtime.checkpoint import CheckpointError
+from .runtime.data import DataLoader
+from .runtime.debug import AnomalyError, ExecutionError
 from .runtime.params import GradientsParams
 
-__all__ = ["GradientsParams", "ModuleMapper", "ModuleVisitor", "Param", "ParamGroup", "ParamId",
-           "ShapeError", "Tensor", "TensorSpec", "compile", "compile_grad", "compile_train_step",
-           "init", "ir", "load", "load_torch", "nn", "optim", "RecordError", "save", "seed",
-           "trace"]
+__all__ = ["AnomalyError", "CheckpointError", "DataLoader", "ExecutionError", "GradientsParams",
+           "ModuleMapper", "ModuleVisitor", "Param", "ParamGroup", "ParamId", "RecordError",
+           "ShapeError", "Tensor", "TensorSpec", "checkpoint_strategies", "compile",
+           "compile_grad", "compile_train_step", "init", "ir", "load", "load_torch", "nn",
+           "optim", "save", "seed", "trace"]
