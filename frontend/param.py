@@ -12,6 +12,7 @@ to the `ember.param` value of the active trace.
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import random
 import secrets
@@ -71,6 +72,10 @@ class ParamId:
         return self.value
 
     def __str__(self) -> str:
+        return self._text
+
+    @functools.cached_property
+    def _text(self) -> str:  # cached: the runtime keys params by this string on every step
         v, out = self.value, []
         for _ in range(13):
             v, d = divmod(v, 32)
