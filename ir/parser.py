@@ -46,6 +46,13 @@ _INT_TYPES = frozenset({"i64", "i32", "i1", "index"})
 _HEX_FLOAT = {"f64": ("<Q", "<d"), "f32": ("<I", "<f"), "f16": ("<H", "<e")}
 
 
+def _show(text: str) -> str:
+    """A token for an error message: quoted, with line ends and tabs named."""
+    if text.isspace():
+        return {"\n": "end of line", "\t": "a tab"}.get(text, repr(text))
+    return f"'{text}'"
+
+
 class ParseError(ValueError):
     """Malformed text: `str(e)` is `"<line>:<col>: error: <what was expected>"`."""
 
@@ -110,7 +117,7 @@ class _Parser:
 
     def expected(self, what: str, tok: _Tok | None = None) -> ParseError:
         tok = tok or self.tok
-        got = "end of input" if tok.kind == "eof" else f"'{tok.text}'"
+        got = "end of input" if tok.kind == "eof" else _show(tok.text)
         return self.error(f"expected {what}, got {got}", tok.pos)
 
     def lex(self, pos: int) -> None:
@@ -500,11 +507,11 @@ class _Parser:
         word = m.group() if m else self.text[pos:pos + 1]
         if word not in DTYPES:
             what = "a static dimension or dtype" if word in ("?", "*") else "a dtype"
-            got = f"'{word}'" if word else "end of input"
+            got = _show(word) if word else "end of input"
             raise self.error(f"expected {what} ({', '.join(DTYPES)}), got {got}", pos)
         pos += len(word)
         if not self.text.startswith(">", pos):
-            got = f"'{self.text[pos]}'" if pos < len(self.text) else "end of input"
+            got = _show(self.text[pos]) if pos < len(self.text) else "end of input"
             raise self.error(f"expected '>' to close tensor type, got {got}", pos)
         self.lex(pos + 1)
         return TensorType(tuple(dims), word)
