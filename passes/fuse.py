@@ -305,6 +305,10 @@ class _Grouper:
             return False
         pairs = []
         for op in cons.ops:
+            if op.name == "ember.matmul":
+                if any(v in prod.vdims for v in op.operands):
+                    return False  # a GEMM reads materialized operands
+                continue
             for i, v in enumerate(op.operands):
                 if v in prod.vdims:
                     for a, b in zip(cons.odims[op][i], prod.vdims[v]):

@@ -14,7 +14,7 @@ SIMPLIFY = ["canonicalize", "cse", "dce"]
 
 
 def inference_pipeline(linear: str = "split") -> list[str]:
-    return [f"decompose{{linear={linear}}}", *SIMPLIFY]
+    return [f"decompose{{linear={linear}}}", *SIMPLIFY, "fuse"]
 
 
 def grad_pipeline(linear: str = "split") -> list[str]:

@@ -4,7 +4,19 @@
 `exe(inputs, params) -> list of arrays`, params keyed by the `ember.param` op's `id`.
 nn.* ops must be decomposed first (UnsupportedOpError at compile time otherwise). Core
 `ember.*` ops each get a loop nest; `kernel.*` ops (the `fuse` pass) get fused loops and
-GEMMs (see fused.py, matmul.py, gemm.py).
+GEMMs (fused.py, matmul.py, gemm.py); convolutions, pools, gather/scatter and dropout
+are in spatial.py. One LLVM module per graph, one native call per run.
+
+Environment:
+- EMBER_NUM_THREADS: threads for large kernels (default: the CPUs this process may use)
+- EMBER_CACHE=0 / EMBER_CACHE_DIR: the compile cache of object code (~/.cache/ember)
+- EMBER_GEMM=own|blas: force a GEMM engine (default: the cost table, cost.py/tune.py);
+  EMBER_BLAS=0: never call OpenBLAS
+- EMBER_DUMP_LLVM=DIR: LLVM IR before/after optimization and assembly per graph
+- EMBER_LLVM_REMARKS=1: LLVM's vectorization remarks on stderr
+- EMBER_PASS_TIMING=1: the backend's compile time per stage on stderr
+- EMBER_LLVM_UNROLL=1: let LLVM unroll loops (off: no measured gain, compiles 1.5-5x
+  slower)
 """
 
 from __future__ import annotations

@@ -38,6 +38,16 @@ def _source_hash() -> str:
     return h.hexdigest()
 
 
+def options(threads: int) -> str:
+    """The settings that change the generated code besides the graph."""
+    from .cost import load_table
+    from .jit import host_cpu
+
+    env = {k: os.environ.get(k, "") for k in ("EMBER_GEMM", "EMBER_BLAS", "EMBER_LLVM_UNROLL")}
+    table = sorted(load_table(host_cpu(), threads).items())
+    return f"threads={threads} {sorted(env.items())} table={table}"
+
+
 def canonical(text: str) -> str:
     text = _PARAM.sub('"ember.param"()', text)
     return _FUNC_ATTRS.sub(r"\1 {", text)

@@ -26,7 +26,7 @@ from . import scalar as S
 from .fused import KernelCompileError, emit_fused
 from .gemm import Isa, host_isa
 from .kernels import KERNELS, PTR, emit_kernel
-from .matmul import emit_matmul, scratch_bytes
+from .matmul import as_kernel, emit_matmul, scratch_bytes
 from .scalar import REG, i64
 from .spatial import conv_scratch, emit_conv, emit_dropout, emit_gather_scatter, emit_pool
 from .threads import num_threads
@@ -125,9 +125,14 @@ def plan(graph: Graph, threads: int | None = None) -> Plan:
             _check_type(op.name, op.result.type)
             where[op.result] = where[op.operands[0]]
         elif op.name in OWN_OPS or (op.name in KERNELS and not op.regions):
+            orig = op
+            if op.name == "ember.matmul" and op.result.type.dtype in ("f32", "f64"):
+                op = as_kernel(op)  # the GEMM, not the naive loop nest
             outs = [new_slot(r, "temp") for r in op.results]
+            for old, new in zip(orig.results, op.results):
+                where[old] = where[new]
             short = op.name.split(".", 1)[1]
-            out.steps.append(Step(op, outs, [where[v] for v in op.operands], f"k{k}_{short}"))
+            out.steps.append(Step(op, outs, [where[v] for v in orig.operands], f"k{k}_{short}"))
             if op.name == "kernel.matmul":
                 scratch = max(scratch, scratch_bytes(op, out.isa, out.threads))
             elif op.name in CONV_OPS:

@@ -2,15 +2,19 @@
 
 The own GEMM is generated for the host's vector width (AVX-512: 16 f32 lanes, 32
 registers; AVX2/NEON/SSE: 8 or 4 lanes, 16 registers). Its micro-kernel keeps an
-`mr x (nv * lanes)` tile of C in registers and, for each k, loads `nv` vectors of B and
-broadcasts `mr` elements of A into fused multiply-adds. Operands are read through
-strides, so transposed A costs nothing and transposed B is packed:
-- small problems run the micro-kernel straight on A and B (B packed only if transposed);
-- large ones pack B once into `nr`-wide panels and, per thread, `mc x kc` blocks of A
-  into `mr`-row panels (kept in L2 while B's panels stream), splitting the rows of C
-  across threads.
-Edges use micro-kernel variants with fewer rows and a masked last vector, so no size
-needs padding. `C` is row-major with unit column stride and leading dimension `ldc`.
+`mr x (nv * lanes)` tile of C in registers (6 x 64 on AVX-512) and, for each k, loads
+`nv` vectors of B and broadcasts `mr` elements of A into fused multiply-adds. Operands
+are read through strides, so transposed A costs nothing and transposed B is packed:
+- small problems run the micro-kernel straight on A, and on B unless B is transposed or
+  reused enough that its rows (a power-of-two stride apart) would alias in L1: then B
+  is packed into `nr`-wide panels first;
+- large ones also pack `mc x kc` blocks of A into `mr`-row panels (kept in L2 while
+  B's panels stream through L1).
+Threads split the rows of C (each packing its own A blocks, B packed by all first) or,
+when C is wider than tall, its column panels (each thread packs its own B panels), so
+a GEMM is one or two parallel regions. Edges take the same micro-kernel with a run-time
+row count and column mask: no size needs padding, and compile time stays low. `C` is
+row-major with unit column stride and leading dimension `ldc`.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ I32 = ir.IntType(32)
 PACK_B_BYTES = 256 << 10
 PACK_A_BYTES = 512 << 10
 # ... and the rows of C are split across threads
-THREAD_FLOPS = 8 << 20
+THREAD_FLOPS = 32 << 20  # ~0.3 ms on one core: spawning threads costs tens of us
 
 
 @dataclass(frozen=True)
@@ -76,7 +80,7 @@ def blocking(isa: Isa, dtype: str, n: int) -> Blocking:
     """Register and cache blocking: as many accumulators as registers allow, fewer
     vectors per row when N is narrow."""
     lanes = isa.lanes(dtype)
-    nv_max = 2 if isa.regs >= 32 else 2
+    nv_max = 4 if isa.regs >= 32 else 2
     nv = max(1, min(nv_max, -(-n // lanes)))
     acc_regs = isa.regs - nv - 2
     mr = max(1, min(14 if isa.regs >= 32 else 6, acc_regs // nv))
@@ -87,76 +91,65 @@ def _vec(dtype: str, lanes: int) -> ir.VectorType:
     return ir.VectorType(S.REG[dtype], lanes)
 
 
-def _mask(lanes: int, tail: int) -> ir.Constant:
-    return ir.Constant(ir.VectorType(I1, lanes), [ir.Constant(I1, int(i < tail))
-                                                  for i in range(lanes)])
-
-
-def _masked(b: ir.IRBuilder, kind: str, dtype: str, lanes: int, tail: int, ptr, value=None):
-    vt = _vec(dtype, lanes)
-    suffix = f"v{lanes}{dtype}.p0"
-    if kind == "load":
-        fn = S.declare(b.module, f"llvm.masked.load.{suffix}", vt,
-                       [PTR, I32, ir.VectorType(I1, lanes), vt])
-        return b.call(fn, [ptr, ir.Constant(I32, 4), _mask(lanes, tail), ir.Constant(vt, None)])
-    fn = S.declare(b.module, f"llvm.masked.store.{suffix}", ir.VoidType(),
-                   [vt, PTR, I32, ir.VectorType(I1, lanes)])
-    return b.call(fn, [value, ptr, ir.Constant(I32, 4), _mask(lanes, tail)])
-
-
-def _vload(b, dtype, lanes, ptr, tail):
-    if tail < lanes:
-        return _masked(b, "load", dtype, lanes, tail, ptr)
-    return b.load(ptr, typ=_vec(dtype, lanes), align=S.size(dtype))
-
-
-def _vstore(b, dtype, lanes, ptr, v, tail):
-    if tail < lanes:
-        _masked(b, "store", dtype, lanes, tail, ptr, v)
-    else:
-        b.store(v, ptr, align=S.size(dtype))
-
-
-def microkernel(mod: ir.Module, dtype: str, lanes: int, mr: int, nv: int, tail: int,
-                unroll: int = 4) -> ir.Function:
-    """`uk(a, a_rs, a_cs, b, b_rs, c, ldc, kc, accumulate)`: C[mr x cols] (+)= A B over kc,
-    where cols = (nv-1)*lanes + tail; A[i,k] = a[i*a_rs + k*a_cs], B[k,j] = b[k*b_rs + j]."""
-    name = f"ember.uk.{dtype}.{lanes}x{mr}x{nv}x{tail}"
+def microkernel(mod: ir.Module, dtype: str, lanes: int, mr: int, nv: int, masked_b: bool,
+                unroll: int = 1) -> ir.Function:
+    """`uk(a, a_rs, a_cs, b, b_rs, c, ldc, kc, accumulate, rows, cols)`: C[rows x cols]
+    (+)= A B over kc, rows <= mr and (nv-1)*lanes < cols <= nv*lanes, with
+    A[i,k] = a[i*a_rs + k*a_cs] and B[k,j] = b[k*b_rs + j]. Rows past `rows` recompute
+    the last valid row (never read out of bounds) and are not stored; the last vector of
+    each row is stored under a mask, and B's last vector is loaded under one when
+    `masked_b` (else B must be readable up to nv*lanes, as packed panels are). One
+    micro-kernel per shape class serves every edge, which keeps compile time down. The k
+    loop is not unrolled: measured, unrolling it 2 or 4 times gained nothing (the
+    out-of-order core overlaps iterations) and doubled the micro-kernel's compile time."""
+    name = f"ember.uk.{dtype}.{lanes}x{mr}x{nv}{'m' if masked_b else ''}"
     if name in mod.globals:
         return mod.globals[name]
     el = S.REG[dtype]
     vt = _vec(dtype, lanes)
     fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [PTR, I64, I64, PTR, I64, PTR, I64,
-                                                          I64, I1]), name)
+                                                          I64, I1, I64, I64]), name)
     fn.linkage = "internal"
     for a in (0, 3, 5):
         fn.args[a].add_attribute("noalias")
-    a, a_rs, a_cs, bp, b_rs, c, ldc, kc, accum = fn.args
+    a, a_rs, a_cs, bp, b_rs, c, ldc, kc, accum, rows, cols = fn.args
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     fma = S.declare(mod, f"llvm.fma.v{lanes}{dtype}", vt, [vt, vt, vt])
     zero = ir.Constant(vt, None)
     undef = ir.Constant(vt, ir.Undefined)
     splat_mask = ir.Constant(ir.VectorType(I32, lanes), [ir.Constant(I32, 0)] * lanes)
-    rows = [b.mul(i64(i), a_rs) for i in range(mr)]
-    tails = [lanes] * (nv - 1) + [tail]
+    last = b.sub(rows, i64(1))
+    row_off = [b.mul(b.select(b.icmp_signed("<", i64(i), rows), i64(i), last), a_rs)
+               for i in range(mr)]
+    # lanes of the last vector that are columns: iota + (nv-1)*lanes < cols
+    iota = ir.Constant(ir.VectorType(I64, lanes), [i64((nv - 1) * lanes + i)
+                                                   for i in range(lanes)])
+    cvec = b.shuffle_vector(b.insert_element(ir.Constant(ir.VectorType(I64, lanes),
+                                                         ir.Undefined), cols, i64(0)),
+                            ir.Constant(ir.VectorType(I64, lanes), ir.Undefined), splat_mask)
+    mask = b.icmp_signed("<", iota, cvec)
+
+    def vload(ptr, masked):
+        if masked:
+            return _masked_rt(b, "load", dtype, lanes, mask, ptr)
+        return b.load(ptr, typ=vt, align=S.size(dtype))
 
     def step(k, accs):
         boff = b.mul(k, b_rs)
-        bv = [_vload(b, dtype, lanes, b.gep(bp, [b.add(boff, i64(v * lanes))], inbounds=True,
-                                             source_etype=el), tails[v]) for v in range(nv)]
+        bv = [vload(b.gep(bp, [b.add(boff, i64(v * lanes))], inbounds=True, source_etype=el),
+                    masked_b and v == nv - 1) for v in range(nv)]
         koff = b.mul(k, a_cs)
         out = []
         for i in range(mr):
-            x = b.load(b.gep(a, [b.add(rows[i], koff)], inbounds=True, source_etype=el),
+            x = b.load(b.gep(a, [b.add(row_off[i], koff)], inbounds=True, source_etype=el),
                        typ=el)
             xs = b.shuffle_vector(b.insert_element(undef, x, i64(0)), undef, splat_mask)
             out.append([b.call(fma, [xs, bv[v], accs[i][v]]) for v in range(nv)])
         return out
 
-    def counted(start, count_fn, stride, accs, label):
-        """for k in [start, end) step stride; accumulators as phis."""
+    def counted(start, end, stride, accs, label):
+        """for k in [start, end) step stride, the accumulators as phis."""
         pre = b.block
-        end = count_fn
         head, body, exit_ = (fn.append_basic_block(f"{label}.{s}") for s in ("head", "body",
                                                                                  "exit"))
         b.branch(head)
@@ -184,18 +177,47 @@ def microkernel(mod: ir.Module, dtype: str, lanes: int, mr: int, nv: int, tail: 
     k, accs = counted(i64(0), kc, unroll, accs, "main")
     if unroll > 1:
         k, accs = counted(k, kc, 1, accs, "rest")
-    for i in range(mr):
+
+    def store_row(i):
         crow = b.mul(i64(i), ldc)
         for v in range(nv):
             p = b.gep(c, [b.add(crow, i64(v * lanes))], inbounds=True, source_etype=el)
+            masked = v == nv - 1
             with b.if_else(accum) as (add, put):
                 with add:
-                    old = _vload(b, dtype, lanes, p, tails[v])
-                    _vstore(b, dtype, lanes, p, b.fadd(accs[i][v], old), tails[v])
+                    old = (_masked_rt(b, "load", dtype, lanes, mask, p) if masked
+                           else b.load(p, typ=vt, align=S.size(dtype)))
+                    new = b.fadd(accs[i][v], old)
+                    if masked:
+                        _masked_rt(b, "store", dtype, lanes, mask, p, new)
+                    else:
+                        b.store(new, p, align=S.size(dtype))
                 with put:
-                    _vstore(b, dtype, lanes, p, accs[i][v], tails[v])
+                    if masked:
+                        _masked_rt(b, "store", dtype, lanes, mask, p, accs[i][v])
+                    else:
+                        b.store(accs[i][v], p, align=S.size(dtype))
+
+    for i in range(mr):
+        if i == 0:
+            store_row(0)
+        else:
+            with b.if_then(b.icmp_signed("<", i64(i), rows)):
+                store_row(i)
     b.ret_void()
     return fn
+
+
+def _masked_rt(b: ir.IRBuilder, kind: str, dtype: str, lanes: int, mask, ptr, value=None):
+    """A masked vector load or store with a mask computed at run time."""
+    vt = _vec(dtype, lanes)
+    mt = ir.VectorType(I1, lanes)
+    suffix = f"v{lanes}{dtype}.p0"
+    if kind == "load":
+        fn = S.declare(b.module, f"llvm.masked.load.{suffix}", vt, [PTR, I32, mt, vt])
+        return b.call(fn, [ptr, ir.Constant(I32, S.size(dtype)), mask, ir.Constant(vt, None)])
+    fn = S.declare(b.module, f"llvm.masked.store.{suffix}", ir.VoidType(), [vt, PTR, I32, mt])
+    return b.call(fn, [value, ptr, ir.Constant(I32, S.size(dtype)), mask])
 
 
 def pack_b(mod: ir.Module, p: GemmProblem, nr: int, name: str) -> ir.Function:
@@ -317,26 +339,33 @@ class GemmProblem:
 
 
 def plan_own(p: GemmProblem, isa: Isa, threads: int) -> dict:
-    """How the own GEMM runs `p`: blocking, whether A/B are packed, threads, scratch bytes."""
+    """How the own GEMM runs `p`: blocking, what is packed, how threads split the work
+    ("m": row blocks, B packed first by all threads; "n": column panels, each thread packs
+    its own panels of B and all of A), and the scratch bytes."""
     blk = blocking(isa, p.dtype, p.n)
     lanes = isa.lanes(p.dtype)
     nr = blk.nr(lanes)
     size = S.size(p.dtype)
-    big = p.k * p.n * size > PACK_B_BYTES or p.m * p.k * size > PACK_A_BYTES
-    pack_a_ = big
-    pack_b_ = big or p.sb_n != 1 or p.n == 1 and p.sb_k != 1
-    npanels = -(-p.n // nr)
-    t = 1
-    if pack_a_ and threads > 1 and p.flops >= THREAD_FLOPS:
-        t = min(threads, -(-p.m // blk.mr))
+    pack_a_ = p.k * p.n * size > PACK_B_BYTES or p.m * p.k * size > PACK_A_BYTES
+    # B's rows a large power-of-two stride apart alias in L1: pack B when it is reused
+    pack_b_ = pack_a_ or p.sb_n != 1 or (p.m >= 8 * blk.mr and p.k * p.n * size > 32 << 10)
+    npanels = _cdiv(p.n, nr)
+    split, t = "m", 1
+    if threads > 1 and p.flops >= THREAD_FLOPS:
+        if not pack_a_ and not pack_b_:
+            t = min(threads, _cdiv(p.m, blk.mr))
+        elif (p.m < p.n or not pack_a_) and npanels >= 2:
+            split, t = "n", min(threads, npanels)
+        else:
+            t = min(threads, _cdiv(p.m, blk.mr))
     mc = blk.mc // blk.mr * blk.mr
-    if t > 1:  # equal row blocks, a multiple of t of them
-        blocks = t * _cdiv(p.m, t * mc)
-        mc = _cdiv(_cdiv(p.m, blocks), blk.mr) * blk.mr
+    if t > 1 and split == "m" and pack_a_:  # equal row blocks, a multiple of t of them
+        mc = _cdiv(_cdiv(p.m, t * _cdiv(p.m, t * mc)), blk.mr) * blk.mr
+    kc = min(blk.kc, p.k)
     scratch = (npanels * nr * p.k * size if pack_b_ else 0) + (
-        t * mc * min(blk.kc, p.k) * size if pack_a_ else 0)
+        t * mc * kc * size if pack_a_ else 0)
     return {"blk": blk, "nr": nr, "pack_a": pack_a_, "pack_b": pack_b_, "threads": t,
-            "mc": mc, "scratch": scratch, "npanels": npanels}
+            "split": split, "mc": mc, "kc": kc, "scratch": scratch, "npanels": npanels}
 
 
 def emit_own(b: ir.IRBuilder, p: GemmProblem, a, b_ptr, c, scratch, isa: Isa, threads: int,
@@ -351,119 +380,140 @@ def emit_own(b: ir.IRBuilder, p: GemmProblem, a, b_ptr, c, scratch, isa: Isa, th
     if p.m == 0 or p.n == 0:
         return
     if p.k == 0:
-        if accumulate:
-            return
-        loop(b, p.m, lambda i: loop(b, p.n, lambda j: S.store(
-            b, c, dt, b.add(b.mul(i, i64(p.ldc)), j), S.const(dt, 0)), "j"), "i")
+        if not accumulate:
+            loop(b, p.m, lambda i: loop(b, p.n, lambda j: S.store(
+                b, c, dt, b.add(b.mul(i, i64(p.ldc)), j), S.const(dt, 0)), "j"), "i")
         return
-    bsrc, b_rs = b_ptr, i64(p.sb_k)
-    if plan["pack_b"]:
-        packed = scratch
+    t, split = plan["threads"], plan["split"]
+    n_full, n_tail = divmod(p.n, nr)
+    packed_b = scratch
+    a_scratch = b.gep(scratch, [i64(plan["npanels"] * nr * p.k if plan["pack_b"] else 0)],
+                      inbounds=True, source_etype=el)
+    packb = pack_b(mod, p, nr, name) if plan["pack_b"] else None
+    if packb is not None and not (split == "n" and t > 1):
         ctx = stack_array(b, PTR, 2, "packctx")
         b.store(b_ptr, elem(b, ctx, PTR, 0))
-        b.store(packed, elem(b, ctx, PTR, 1))
-        tb = min(plan["threads"], plan["npanels"]) if p.k * p.n >= (1 << 16) else 1
-        parallel_for(b, pack_b(mod, p, nr, name), ctx, plan["npanels"], tb, f"{name}.pb")
-        bsrc, b_rs = packed, i64(nr)
-        scratch = b.gep(scratch, [i64(plan["npanels"] * nr * p.k)], inbounds=True,
-                        source_etype=el)
-    n_full, n_tail = divmod(p.n, nr)
-    col_kinds = [(0, n_full, blk.nv, lanes)] if n_full else []
-    if n_tail:
-        nv_t = -(-n_tail // lanes)
-        col_kinds.append((n_full, 1, nv_t, n_tail - (nv_t - 1) * lanes))
+        b.store(packed_b, elem(b, ctx, PTR, 1))
+        tb = min(t, plan["npanels"]) if p.k * p.n >= (1 << 16) else 1
+        parallel_for(b, packb, ctx, plan["npanels"], tb, f"{name}.pb")
+    # straight on A the row blocks are evened out (16 rows: 8 + 8, not 14 + a 2-row block
+    # that computes 14); packed A panels are mr rows
+    mr = blk.mr if plan["pack_a"] else _cdiv(p.m, _cdiv(p.m, blk.mr))
+    uk_full = microkernel(mod, dt, lanes, mr, blk.nv, False)
+    nv_t = _cdiv(n_tail, lanes) if n_tail else 0
+    uk_tail = (microkernel(mod, dt, lanes, mr, nv_t, not plan["pack_b"])
+               if n_tail else None)
 
-    if not plan["pack_a"]:
-        # straight on A: rows in blocks of mr, columns in blocks of nr, all of K at once
-        m_full, m_tail = divmod(p.m, blk.mr)
-        row_kinds = [(blk.mr, m_full, 0)] if m_full else []
-        if m_tail:
-            row_kinds.append((m_tail, 1, m_full * blk.mr))
-        for jb0, jcount, nv, tail in col_kinds:
-            for rows, mcount, mstart in row_kinds:
-                uk = microkernel(mod, dt, lanes, rows, nv, tail)
+    def panels(bb, p0, p1, call):
+        """call(kernel, panel index, columns) for column panels [p0, p1)."""
+        def one(jp):
+            if not n_tail:
+                call(uk_full, jp, nr)
+                return
+            with bb.if_else(bb.icmp_signed("<", jp, i64(n_full))) as (full, tail):
+                with full:
+                    call(uk_full, jp, nr)
+                with tail:
+                    call(uk_tail, jp, n_tail)
+        _for(bb, p0, p1, one, "jp")
 
-                def tile(jb, i, uk=uk, rows=rows, mstart=mstart, jb0=jb0):
-                    j0 = b.mul(b.add(jb, i64(jb0)), i64(nr))
-                    if plan["pack_b"]:
-                        bp = b.gep(bsrc, [b.mul(b.add(jb, i64(jb0)), i64(nr * p.k))],
-                                   inbounds=True, source_etype=el)
-                    else:
-                        bp = b.gep(bsrc, [b.mul(j0, i64(p.sb_n))], inbounds=True,
-                                   source_etype=el)
-                    r = b.add(i64(mstart), b.mul(i, i64(rows)))
-                    ap = b.gep(a, [b.mul(r, i64(p.sa_m))], inbounds=True, source_etype=el)
-                    cp = b.gep(c, [b.add(b.mul(r, i64(p.ldc)), j0)], inbounds=True,
-                               source_etype=el)
-                    b.call(uk, [ap, i64(p.sa_m), i64(p.sa_k), bp, b_rs, cp, i64(p.ldc),
-                                i64(p.k), ir.Constant(I1, int(accumulate))])
-
-                loop(b, jcount, lambda jb, tile=tile, mcount=mcount: loop(
-                    b, mcount, lambda i: tile(jb, i), name="mt"), name="nt")
-        return
-
-    # packed A: threads take row blocks of mc; each packs its own A blocks per k block
-    t, mc, kc = plan["threads"], plan["mc"], min(blk.kc, p.k)
-    n_mblocks = -(-p.m // mc)
     body = ir.Function(mod, ir.FunctionType(ir.VoidType(), [PTR, I64, I64]), f"{name}.gemm")
     body.linkage = "internal"
     ctx, lo, hi = body.args
     bb = ir.IRBuilder(body.append_basic_block("entry"))
-    ta, tb_, tc, tscr = [bb.load(bb.gep(ctx, [i64(i)], inbounds=True, source_etype=PTR),
-                                 typ=PTR) for i in range(4)]
-    # this thread's A buffer: chunk c of t starts at block floor(c * n / t)
-    chunk = (bb.sdiv(bb.add(bb.mul(lo, i64(t)), i64(n_mblocks - 1)), i64(n_mblocks))
-             if t > 1 else i64(0))
-    abuf = bb.gep(tscr, [bb.mul(chunk, i64(mc * kc))], inbounds=True, source_etype=el)
-    pa = pack_a(mod, p, blk.mr, name)
-    m_tail = p.m % blk.mr  # mc is a multiple of mr: only the last block has a partial panel
+    ta, tsrc, tb_, tc, tscr = [bb.load(elem(bb, ctx, PTR, i), typ=PTR) for i in range(5)]
+    b_rs = i64(nr) if plan["pack_b"] else i64(p.sb_k)
 
-    def kblock(i0, mrows, k0, kk):
-        """One kk-deep slice (k0 runtime, kk constant) of row block i0 (mrows rows)."""
-        src = bb.gep(ta, [bb.add(bb.mul(i0, i64(p.sa_m)), bb.mul(k0, i64(p.sa_k)))],
-                     inbounds=True, source_etype=el)
-        bb.call(pa, [src, abuf, mrows, i64(kk)])
-        full = bb.sdiv(mrows, i64(blk.mr))
-        rest = bb.srem(mrows, i64(blk.mr))
-        acc = (ir.Constant(I1, 1) if accumulate else bb.icmp_signed(">", k0, i64(0)))
-        for jb0, jcount, nv, tail in col_kinds:
-            uk = microkernel(mod, dt, lanes, blk.mr, nv, tail)
-            uk_t = microkernel(mod, dt, lanes, m_tail, nv, tail) if m_tail else None
+    def bpanel(jp, k0):
+        if plan["pack_b"]:
+            return bb.gep(tb_, [bb.add(bb.mul(jp, i64(nr * p.k)), bb.mul(k0, i64(nr)))],
+                          inbounds=True, source_etype=el)
+        return bb.gep(tsrc, [bb.add(bb.mul(bb.mul(jp, i64(nr)), i64(p.sb_n)),
+                                    bb.mul(k0, i64(p.sb_k)))], inbounds=True, source_etype=el)
 
-            def panel(jb, uk=uk, uk_t=uk_t, jb0=jb0):
-                jp = bb.add(jb, i64(jb0))
-                bpp = bb.gep(tb_, [bb.add(bb.mul(jp, i64(nr * p.k)), bb.mul(k0, i64(nr)))],
-                             inbounds=True, source_etype=el)
-                j0 = bb.mul(jp, i64(nr))
+    if split == "n" and t > 1:  # each thread packs the B panels it multiplies
+        pctx = stack_array(bb, PTR, 2, "packctx")
+        bb.store(tsrc, elem(bb, pctx, PTR, 0))
+        bb.store(tb_, elem(bb, pctx, PTR, 1))
+        bb.call(packb, [pctx, lo, hi])
+    p0, p1 = (lo, hi) if split == "n" else (i64(0), i64(plan["npanels"]))
+    if not plan["pack_a"]:
+        # straight on A, all of K at once; threads take row blocks or column panels
+        m_blocks = _cdiv(p.m, mr)
 
-                def call(kernel, r):
+        def rowblock(ib):
+            r0 = bb.mul(ib, i64(mr))
+            rows = bb.select(bb.icmp_signed("<", bb.add(r0, i64(mr)), i64(p.m)),
+                             i64(mr), bb.sub(i64(p.m), r0))
+            ap = bb.gep(ta, [bb.mul(r0, i64(p.sa_m))], inbounds=True, source_etype=el)
+
+            def call(uk, jp, cols):
+                cp = bb.gep(tc, [bb.add(bb.mul(r0, i64(p.ldc)), bb.mul(jp, i64(nr)))],
+                            inbounds=True, source_etype=el)
+                bb.call(uk, [ap, i64(p.sa_m), i64(p.sa_k), bpanel(jp, i64(0)), b_rs, cp,
+                             i64(p.ldc), i64(p.k), ir.Constant(I1, int(accumulate)), rows,
+                             i64(cols)])
+
+            panels(bb, p0, p1, call)
+
+        if split == "n":
+            _for(bb, i64(0), i64(m_blocks), rowblock, "ib")
+            items = plan["npanels"]
+        else:
+            _for(bb, lo, hi, rowblock, "ib")
+            items = m_blocks
+    else:
+        mc, kc = plan["mc"], plan["kc"]
+        n_mblocks = _cdiv(p.m, mc)
+        items = n_mblocks if split == "m" else plan["npanels"]
+        # this thread's A buffer: chunk c of t starts at item floor(c * items / t)
+        chunk = (bb.sdiv(bb.add(bb.mul(lo, i64(t)), i64(items - 1)), i64(items))
+                 if t > 1 else i64(0))
+        abuf = bb.gep(tscr, [bb.mul(chunk, i64(mc * kc))], inbounds=True, source_etype=el)
+        pa = pack_a(mod, p, blk.mr, name)
+
+        def kblock(i0, mrows, k0, kk):
+            """One kk-deep slice (k0 runtime, kk constant) of row block i0."""
+            src = bb.gep(ta, [bb.add(bb.mul(i0, i64(p.sa_m)), bb.mul(k0, i64(p.sa_k)))],
+                         inbounds=True, source_etype=el)
+            bb.call(pa, [src, abuf, mrows, i64(kk)])
+            n_rb = bb.sdiv(bb.add(mrows, i64(blk.mr - 1)), i64(blk.mr))
+            acc = ir.Constant(I1, 1) if accumulate else bb.icmp_signed(">", k0, i64(0))
+
+            def call(uk, jp, cols):
+                bpp = bpanel(jp, k0)
+
+                def rb(r):
                     ap = bb.gep(abuf, [bb.mul(r, i64(blk.mr * kk))], inbounds=True,
                                 source_etype=el)
                     row = bb.add(i0, bb.mul(r, i64(blk.mr)))
-                    cp = bb.gep(tc, [bb.add(bb.mul(row, i64(p.ldc)), j0)], inbounds=True,
-                                source_etype=el)
-                    bb.call(kernel, [ap, i64(1), i64(blk.mr), bpp, i64(nr), cp, i64(p.ldc),
-                                     i64(kk), acc])
+                    rows = bb.sub(mrows, bb.mul(r, i64(blk.mr)))
+                    rows = bb.select(bb.icmp_signed("<", rows, i64(blk.mr)), rows,
+                                     i64(blk.mr))
+                    cp = bb.gep(tc, [bb.add(bb.mul(row, i64(p.ldc)), bb.mul(jp, i64(nr)))],
+                                inbounds=True, source_etype=el)
+                    bb.call(uk, [ap, i64(1), i64(blk.mr), bpp, i64(nr), cp, i64(p.ldc),
+                                 i64(kk), acc, rows, i64(cols)])
 
-                _for(bb, i64(0), full, lambda r: call(uk, r), "r")
-                if uk_t is not None:
-                    with bb.if_then(bb.icmp_signed("!=", rest, i64(0))):
-                        call(uk_t, full)
+                _for(bb, i64(0), n_rb, rb, "r")
 
-            loop(bb, jcount, panel, name="jp")
+            panels(bb, p0, p1, call)
 
-    def mblock(ib):
-        i0 = bb.mul(ib, i64(mc))
-        mrows = bb.select(bb.icmp_signed("<", bb.add(i0, i64(mc)), i64(p.m)), i64(mc),
-                          bb.sub(i64(p.m), i0))
-        k_full, k_tail = divmod(p.k, kc)
-        loop(bb, k_full, lambda kb: kblock(i0, mrows, bb.mul(kb, i64(kc)), kc), name="kb")
-        if k_tail:
-            kblock(i0, mrows, i64(k_full * kc), k_tail)
+        def mblock(ib):
+            i0 = bb.mul(ib, i64(mc))
+            mrows = bb.select(bb.icmp_signed("<", bb.add(i0, i64(mc)), i64(p.m)), i64(mc),
+                              bb.sub(i64(p.m), i0))
+            k_full, k_tail = divmod(p.k, kc)
+            loop(bb, k_full, lambda kb: kblock(i0, mrows, bb.mul(kb, i64(kc)), kc), "kb")
+            if k_tail:
+                kblock(i0, mrows, i64(k_full * kc), k_tail)
 
-    _for(bb, lo, hi, mblock, "ib")
+        if split == "m":
+            _for(bb, lo, hi, mblock, "ib")
+        else:
+            _for(bb, i64(0), i64(n_mblocks), mblock, "ib")
     bb.ret_void()
-    ctx_arr = stack_array(b, PTR, 4, "ctx")
-    for i, v in enumerate((a, bsrc, c, scratch)):
+    ctx_arr = stack_array(b, PTR, 5, "ctx")
+    for i, v in enumerate((a, b_ptr, packed_b, c, a_scratch)):
         b.store(v, elem(b, ctx_arr, PTR, i))
-    parallel_for(b, body, ctx_arr, n_mblocks, min(t, n_mblocks), name)
+    parallel_for(b, body, ctx_arr, items, min(t, items), name)

@@ -37,6 +37,33 @@ class MatmulPlan:
     trivial: bool  # the epilogue only stores the product
 
 
+def as_kernel(op):
+    """An unfused `ember.matmul` as the equivalent `kernel.matmul` (an epilogue that only
+    stores the product), so graphs that were not fused still get the fast GEMM."""
+    from ...ir import Block, Operation, Region, ScalarType
+
+    a, b = (v.type for v in op.operands)
+    out = op.result.type
+    nb = out.rank - 2
+    space = list(out.shape) + [a.shape[-1]]
+    maps = []
+    for t, (row, col) in ((a, (nb, nb + 2)), (b, (nb + 2, nb + 1))):
+        st = contiguous_strides(t.shape)
+        m = [0] * len(space)
+        lead = nb - (t.rank - 2)
+        for i, d in enumerate(t.shape[:-2]):
+            m[lead + i] = st[i] if d != 1 else 0
+        m[row], m[col] = st[-2], st[-1]
+        maps.append(m)
+    block = Block([ScalarType(out.dtype)])
+    block.append(Operation("kernel.yield", [block.args[0]], []))
+    stand_ins = Block([a, b]).args  # the graph's values get no extra uses
+    return Operation("kernel.matmul", stand_ins, [out],
+                     {"space": space, "maps": maps,
+                      "out_maps": [contiguous_strides(out.shape) + [0]], "out_types": [out]},
+                     [Region([block])])
+
+
 def plan_matmul(op, isa: Isa, threads: int) -> MatmulPlan:
     a = op.attributes
     space, maps = a["space"], a["maps"]

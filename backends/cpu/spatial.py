@@ -69,8 +69,8 @@ class Conv:
         k, p, og = self.k, self.p, self.og
         if self.name == "ember.conv2d":
             return GemmProblem(og, p, k, k, 1, p, 1, p, self.dtype)
-        if self.name == "ember.conv2d_grad_weight":
-            return GemmProblem(og, k, p, p, 1, 1, p, k, self.dtype)
+        if self.name == "ember.conv2d_grad_weight":  # B = transposed columns, P x K
+            return GemmProblem(og, k, p, p, 1, k, 1, k, self.dtype)
         return GemmProblem(k, p, og, 1, k, p, 1, p, self.dtype)
 
     def threads(self, threads: int) -> int:
@@ -101,49 +101,92 @@ def _taps(b, cv: Conv, oh, ow, i, j):
     return h, w, inside
 
 
-def _im2col(b, cv: Conv, x, n, g, cols):
-    """cols[(c, i, j), (oh, ow)] = x[n, g*cg + c, tap] (0 outside)."""
+def _valid(n_out: int, size: int, stride: int, pad: int, tap: int, dil: int) -> range:
+    """Output positions whose input coordinate o*stride - pad + tap*dil lies in [0, size)."""
+    lo = max(0, -(-(pad - tap * dil) // stride))
+    hi = min(n_out, (size - 1 + pad - tap * dil) // stride + 1)
+    return range(lo, max(lo, hi))
+
+
+def _ranges(n: int, valid: range) -> list[tuple[int, int, bool]]:
+    """[0, n) as (start, stop, inside) pieces around `valid`."""
+    out = [(0, valid.start, False), (valid.start, valid.stop, True), (valid.stop, n, False)]
+    return [r for r in out if r[1] > r[0]]
+
+
+def _cols_layout(cv: Conv, transposed: bool) -> tuple[int, int]:
+    """(stride of a column-matrix row (c, i, j), stride of a position p)."""
+    return (1, cv.k) if transposed else (cv.p, 1)
+
+
+def _span(b, n: int, body, name: str, start: int = 0) -> None:
+    loop(b, n, lambda i: body(b.add(i, i64(start)) if start else i), name)
+
+
+def _im2col(b, cv: Conv, x, n, g, cols, transposed: bool = False):
+    """cols[(c, i, j), (oh, ow)] = x[n, g*cg + c, tap] (0 outside), as K x P (or P x K when
+    `transposed`). Taps are unrolled, so each piece of each row is a constant-bound loop:
+    zeros before and after, a (vectorized) strided copy in between."""
     dt = cv.dtype
-    el = S.REG[dt]
+    zero = S.const(dt, 0)
+    ks, ps = _cols_layout(cv, transposed)
 
-    def tap(c, i, j):
-        row = b.add(b.mul(b.add(b.mul(c, i64(cv.kh)), i), i64(cv.kw)), j)
+    def chan_body(c):
         chan = b.add(b.mul(n, i64(cv.c)), b.add(b.mul(g, i64(cv.cg)), c))
+        for i in range(cv.kh):
+            vh = _valid(cv.oh, cv.h, cv.sh, cv.ph, i, cv.dh)
+            for j in range(cv.kw):
+                vw = _valid(cv.ow, cv.w, cv.sw, cv.pw, j, cv.dw)
+                row = b.add(b.mul(c, i64(cv.kh * cv.kw)), i64(i * cv.kw + j))
+                base = b.mul(row, i64(ks))
+                for h0, h1, hin in _ranges(cv.oh, vh):
+                    def orow(oh, hin=hin, i=i, j=j, vw=vw, base=base, chan=chan):
+                        prow = b.add(base, b.mul(b.mul(oh, i64(cv.ow)), i64(ps)))
+                        if hin:
+                            h = b.add(b.mul(oh, i64(cv.sh)), i64(i * cv.dh - cv.ph))
+                            xrow = b.mul(b.add(b.mul(chan, i64(cv.h)), h), i64(cv.w))
+                        for w0, w1, win in _ranges(cv.ow, vw if hin else range(0)):
+                            def put(ow, win=win, prow=prow, j=j, xrow=xrow if hin else None):
+                                dst = b.add(prow, b.mul(ow, i64(ps)))
+                                if not win:
+                                    S.store(b, cols, dt, dst, zero)
+                                    return
+                                w = b.add(b.mul(ow, i64(cv.sw)), i64(j * cv.dw - cv.pw))
+                                S.store(b, cols, dt, dst, S.load(b, x, dt, b.add(xrow, w)))
+                            _span(b, w1 - w0, put, "ow", w0)
+                    _span(b, h1 - h0, orow, "oh", h0)
 
-        def pos(oh, ow):
-            h, w, inside = _taps(b, cv, oh, ow, i, j)
-            off = b.add(b.mul(b.add(b.mul(chan, i64(cv.h)), b.select(inside, h, i64(0))),
-                              i64(cv.w)), b.select(inside, w, i64(0)))
-            v = b.select(inside, S.load(b, x, dt, off), ir.Constant(el, 0.0))
-            S.store(b, cols, dt, b.add(b.mul(row, i64(cv.p)), b.add(b.mul(oh, i64(cv.ow)), ow)),
-                    v)
-
-        loop(b, cv.oh, lambda oh: loop(b, cv.ow, lambda ow: pos(oh, ow), "ow"), "oh")
-
-    loop(b, cv.cg, lambda c: loop(b, cv.kh, lambda i: loop(b, cv.kw, lambda j: tap(c, i, j),
-                                                            "kj"), "ki"), "c")
+    loop(b, cv.cg, chan_body, "c")
 
 
 def _col2im(b, cv: Conv, cols, dx, n, g):
-    """dx[n, g*cg + c, tap] += cols[(c, i, j), (oh, ow)] for taps inside."""
+    """dx[n, g*cg + c, tap] += cols[(c, i, j), (oh, ow)] for taps inside (K x P cols)."""
     dt = cv.dtype
 
-    def tap(c, i, j):
-        row = b.add(b.mul(b.add(b.mul(c, i64(cv.kh)), i), i64(cv.kw)), j)
+    def chan_body(c):
         chan = b.add(b.mul(n, i64(cv.c)), b.add(b.mul(g, i64(cv.cg)), c))
+        for i in range(cv.kh):
+            vh = _valid(cv.oh, cv.h, cv.sh, cv.ph, i, cv.dh)
+            for j in range(cv.kw):
+                vw = _valid(cv.ow, cv.w, cv.sw, cv.pw, j, cv.dw)
+                if not len(vh) or not len(vw):
+                    continue
+                row = b.add(b.mul(c, i64(cv.kh * cv.kw)), i64(i * cv.kw + j))
 
-        def pos(oh, ow):
-            h, w, inside = _taps(b, cv, oh, ow, i, j)
-            with b.if_then(inside):
-                off = b.add(b.mul(b.add(b.mul(chan, i64(cv.h)), h), i64(cv.w)), w)
-                v = S.load(b, cols, dt, b.add(b.mul(row, i64(cv.p)),
-                                              b.add(b.mul(oh, i64(cv.ow)), ow)))
-                S.store(b, dx, dt, off, b.fadd(S.load(b, dx, dt, off), v))
+                def orow(oh, i=i, j=j, vw=vw, row=row, chan=chan):
+                    h = b.add(b.mul(oh, i64(cv.sh)), i64(i * cv.dh - cv.ph))
+                    xrow = b.mul(b.add(b.mul(chan, i64(cv.h)), h), i64(cv.w))
+                    prow = b.add(b.mul(row, i64(cv.p)), b.mul(oh, i64(cv.ow)))
 
-        loop(b, cv.oh, lambda oh: loop(b, cv.ow, lambda ow: pos(oh, ow), "ow"), "oh")
+                    def add(ow):
+                        w = b.add(b.mul(ow, i64(cv.sw)), i64(j * cv.dw - cv.pw))
+                        off = b.add(xrow, w)
+                        v = S.load(b, cols, dt, b.add(prow, ow))
+                        S.store(b, dx, dt, off, b.fadd(S.load(b, dx, dt, off), v))
+                    _span(b, len(vw), add, "ow", vw.start)
+                _span(b, len(vh), orow, "oh", vh.start)
 
-    loop(b, cv.cg, lambda c: loop(b, cv.kh, lambda i: loop(b, cv.kw, lambda j: tap(c, i, j),
-                                                            "kj"), "ki"), "c")
+    loop(b, cv.cg, chan_body, "c")
 
 
 def emit_conv(b: ir.IRBuilder, op, outs, ins, scratch, isa: Isa, threads: int,
@@ -177,7 +220,7 @@ def emit_conv(b: ir.IRBuilder, op, outs, ins, scratch, isa: Isa, threads: int,
                             source_etype=el)
                 gemm_call(bb, p, engine, pa, cols, pc, gscr, isa, 1, f"{name}.g")
             elif op.name == "ember.conv2d_grad_weight":
-                _im2col(bb, cv, x_or_g, n, g, cols)
+                _im2col(bb, cv, x_or_g, n, g, cols, transposed=True)
                 pa = bb.gep(w_or_g, [bb.mul(b_off(bb, n, g), i64(cv.p))], inbounds=True,
                             source_etype=el)
                 pc = bb.gep(y, [bb.mul(g, i64(cv.og * cv.k))], inbounds=True, source_etype=el)
@@ -240,7 +283,14 @@ def emit_pool(b: ir.IRBuilder, op, outs, ins, name: str) -> None:
     el = S.REG[dt]
     out = outs[0]
     grad = op.name.endswith("_grad")
-    if grad:
+    padded = pl.ph or pl.pw  # without padding every tap is inside: no checks
+    # windows that tile the input without overlap: each max_pool2d_grad window writes its
+    # own taps (the gradient at the first maximum, zeros elsewhere) with no read-modify-write
+    tiles = (op.name == "ember.max_pool2d_grad" and not padded and pl.sh >= pl.kh
+             and pl.sw >= pl.kw)
+    exact = tiles and (pl.sh, pl.sw) == (pl.kh, pl.kw) and (pl.oh * pl.kh, pl.ow * pl.kw) == (
+        pl.h, pl.w)
+    if grad and not exact:
         loop(b, pl.n * pl.c * pl.h * pl.w, lambda i: S.store(b, out, dt, i, S.const(dt, 0)),
              "z")
     if pl.n * pl.c * pl.oh * pl.ow == 0:
@@ -264,11 +314,20 @@ def emit_pool(b: ir.IRBuilder, op, outs, ins, name: str) -> None:
                     S.store(b, out, dt, off, b.fadd(S.load(b, out, dt, off), gv))
             return
         best, where = ir.Constant(el, float("-inf")) if is_max else S.const(dt, 0), i64(-1)
-        for i, j in taps:
-            h, w, inside = _taps(b, pl, oh, ow, i64(i), i64(j))
-            off = x_off(b.select(inside, h, i64(0)), b.select(inside, w, i64(0)))
-            pad = ir.Constant(el, float("-inf")) if is_max else S.const(dt, 0)
-            v = b.select(inside, S.load(b, ins[0], dt, off), pad)
+        first = i64(0)  # which tap won (for `tiles`)
+        offs = []
+        for t_i, (i, j) in enumerate(taps):
+            if padded:
+                h, w, inside = _taps(b, pl, oh, ow, i64(i), i64(j))
+                off = x_off(b.select(inside, h, i64(0)), b.select(inside, w, i64(0)))
+                pad = ir.Constant(el, float("-inf")) if is_max else S.const(dt, 0)
+                v = b.select(inside, S.load(b, ins[0], dt, off), pad)
+            else:
+                inside = ir.Constant(ir.IntType(1), 1)
+                off = x_off(b.add(b.mul(oh, i64(pl.sh)), i64(i)),
+                            b.add(b.mul(ow, i64(pl.sw)), i64(j)))
+                v = S.load(b, ins[0], dt, off)
+            offs.append(off)
             if not is_max:
                 best = b.fadd(best, v)
                 continue
@@ -280,11 +339,20 @@ def emit_pool(b: ir.IRBuilder, op, outs, ins, name: str) -> None:
                 take = ir.Constant(ir.IntType(1), 1)
             best = b.select(take, v, best)
             where = b.select(take, b.select(inside, off, i64(-1)), where)
+            first = b.select(take, i64(t_i), first)
         if op.name == "ember.max_pool2d":
             S.store(b, out, dt, o_off, best)
         elif op.name == "ember.avg_pool2d":
             S.store(b, out, dt, o_off, b.fmul(best, inv))
-        else:  # max_pool2d_grad: the gradient goes to the first maximum (if not padding)
+        elif tiles:
+            gv = S.load(b, ins[1], dt, o_off)
+            for t_i, off in enumerate(offs):
+                S.store(b, out, dt, off, b.select(b.icmp_signed("==", first, i64(t_i)), gv,
+                                                   S.const(dt, 0)))
+        elif not padded:  # max_pool2d_grad: the gradient goes to the first maximum
+            old = S.load(b, out, dt, where)
+            S.store(b, out, dt, where, b.fadd(old, S.load(b, ins[1], dt, o_off)))
+        else:  # ... unless that maximum is padding
             with b.if_then(b.icmp_signed(">=", where, i64(0))):
                 old = S.load(b, out, dt, where)
                 S.store(b, out, dt, where, b.fadd(old, S.load(b, ins[1], dt, o_off)))

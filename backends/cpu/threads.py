@@ -20,7 +20,7 @@ from .scalar import I64, i64
 
 PTR = ir.PointerType()
 I32 = ir.IntType(32)
-MIN_WORK = 1 << 17  # element-operations below which a kernel stays on one thread
+MIN_WORK = 1 << 20  # element-operations (~0.1-0.2 ms) below which a kernel stays on one thread
 
 
 def num_threads() -> int:

@@ -118,11 +118,26 @@ def random_graph(draw):
         -2, 2, s).astype(np.float32) for s in shapes]
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(random_graph())
 def test_random_graphs_fused_unfused_interpreter(case):
     g, inputs = case
     four_ways(g, inputs)
+
+
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(random_graph())
+def test_random_graphs_with_every_kernel_threaded_and_packed(monkeypatch, case):
+    """The same, with every kernel split across 3 threads and every GEMM packed."""
+    from ember.backends.cpu import gemm
+
+    monkeypatch.setenv("EMBER_GEMM", "own")
+    monkeypatch.setattr(cpu_threads, "MIN_WORK", 1)
+    for name in ("THREAD_FLOPS", "PACK_A_BYTES", "PACK_B_BYTES"):
+        monkeypatch.setattr(gemm, name, 1)
+    g, inputs = case
+    four_ways(g, inputs, threads=3)
 
 
 # -- what fuses ------------------------------------------------------------------------------
@@ -206,12 +221,12 @@ def test_thread_split_elementwise_and_reduction(monkeypatch):
 
 
 @pytest.mark.parametrize("ta,tb", [(False, False), (True, False), (False, True), (True, True)])
-def test_packed_threaded_gemm_with_edges(ta, tb, monkeypatch):
+@pytest.mark.parametrize("m,n,k,split", [(157, 83, 301, "m"), (37, 150, 301, "n")])
+def test_packed_threaded_gemm_with_edges(ta, tb, m, n, k, split, monkeypatch):
     """Large enough to pack A and B (odd sizes: row and column edges, a K tail), split
-    across threads, transposed operands read through strides."""
+    across threads by rows or by column panels, transposed operands read through strides."""
     from ember.backends.cpu import gemm
 
-    m, n, k = 157, 83, 301
     monkeypatch.setenv("EMBER_GEMM", "own")
     for name in ("PACK_A_BYTES", "PACK_B_BYTES", "THREAD_FLOPS"):
         monkeypatch.setattr(gemm, name, 1024)
@@ -231,6 +246,7 @@ def test_packed_threaded_gemm_with_edges(ta, tb, monkeypatch):
     pl = plan_matmul(mm, gemm.host_isa(), 2)
     plan = gemm.plan_own(pl.problem, gemm.host_isa(), 2)
     assert plan["pack_a"] and plan["pack_b"] and plan["threads"] == 2
+    assert plan["split"] == split
     inputs = rand(xs, ws, (n,))
     close(cpu.Executable(f, 2, use_cache=False)(inputs), interpreter.run(g, inputs))
 
@@ -251,6 +267,28 @@ def test_blas_gemm_with_transposes(monkeypatch):
     exe = cpu.Executable(f, use_cache=False)
     assert blas.find().sgemm in exe.llvm_ir
     inputs = rand((40, 30), (40, 20))
+    close(exe(inputs), interpreter.run(g, inputs))
+
+
+@pytest.mark.parametrize("tb,split", [(False, "m"), (True, "n")])
+def test_direct_gemm_split_across_threads(tb, split, monkeypatch):
+    """Unpacked A split by rows, or (B transposed, so packed) by column panels, each
+    thread packing its own."""
+    from ember.backends.cpu import gemm
+    from ember.backends.cpu.matmul import plan_matmul
+
+    monkeypatch.setenv("EMBER_GEMM", "own")
+    monkeypatch.setattr(gemm, "THREAD_FLOPS", 1024)
+    ws = (150, 30) if tb else (30, 150)
+    g = graph([(45, 30), ws], lambda b, x, w: [b.op(
+        "ember.matmul", x, b.op("ember.transpose", w, perm=[1, 0]) if tb else w)])
+    f = fuse(g)
+    mm = next(op for op in f.ops if op.name == "kernel.matmul")
+    plan = gemm.plan_own(plan_matmul(mm, gemm.host_isa(), 2).problem, gemm.host_isa(), 2)
+    assert not plan["pack_a"] and plan["split"] == split and plan["threads"] == 2
+    exe = cpu.Executable(f, 2, use_cache=False)
+    assert "pthread_create" in exe.llvm_ir and ".worker" in exe.llvm_ir
+    inputs = rand((45, 30), ws)
     close(exe(inputs), interpreter.run(g, inputs))
 
 
@@ -278,3 +316,68 @@ def test_kernel_that_fails_to_compile_names_the_op(monkeypatch):
     f = fuse(graph([(4,)], lambda b, x: [b.op("ember.exp", x)]))
     with pytest.raises(cpu.KernelCompileError, match=r"(?s)k0_fused.*kernel\.fused.*no luck"):
         cpu.Executable(f, use_cache=False)
+
+
+def test_kernel_ops_verify_maps_and_bodies():
+    """Maps that read or write out of bounds, results not fully written, and stores
+    that drop a dim the value varies along are all rejected, naming the rule."""
+    from ember.ir import Block, Operation, Region, ScalarType, VerifyError
+    from ember.ir.dialects.kernel import check_kernel
+
+    def kernel(space, maps, out_maps, out_types, reduce_dims=None):
+        g = Graph("k", [TensorType((4, 3), "f32")])
+        blk = Block([ScalarType("f32")])
+        v = blk.args[0]
+        if reduce_dims:
+            v = blk.append(Operation("kernel.reduce", [v], [ScalarType("f32")],
+                                     {"kind": "add", "dims": reduce_dims})).result
+        blk.append(Operation("kernel.yield", [v], []))
+        op = Operation("kernel.fused", list(g.args), out_types,
+                       {"space": space, "maps": maps, "out_maps": out_maps,
+                        "out_types": out_types}, [Region([blk])])
+        g.body.append(op)
+        g.body.append(Operation("func.return", op.results, []))
+        return g, op
+
+    ok, op = kernel([4, 3], [[3, 1]], [[1, 4]], [TensorType((3, 4), "f32")])  # a transpose
+    verify(ok)
+    check_kernel(op)
+    x = np.arange(12, dtype=np.float32).reshape(4, 3)
+    np.testing.assert_array_equal(interpreter.run(ok, [x])[0], x.T)
+    np.testing.assert_array_equal(cpu.Executable(ok, use_cache=False)([x])[0], x.T)
+    bad, _ = kernel([4, 4], [[3, 1]], [[4, 1]], [TensorType((4, 4), "f32")])
+    with pytest.raises(VerifyError, match="reads past its 12 elements"):
+        verify(bad)
+    bad, _ = kernel([4, 3], [[3, 1]], [[2, 1]], [TensorType((4, 3), "f32")])
+    with pytest.raises(VerifyError, match="does not write every element"):
+        verify(bad)
+    g, op = kernel([4, 3], [[3, 1]], [[1, 0]], [TensorType((4,), "f32")])
+    verify(g)  # types and maps are fine, but the stored value varies along dim 1
+    with pytest.raises(Exception, match="varies along space dim 1"):
+        check_kernel(op)
+    g, op = kernel([4, 3], [[3, 1]], [[1, 0]], [TensorType((4,), "f32")], reduce_dims=[1])
+    check_kernel(op)  # a row sum is uniform along dim 1
+    np.testing.assert_allclose(cpu.Executable(g, use_cache=False)([x])[0], x.sum(1))
+
+
+def test_fused_ir_goes_through_mlir_opt_and_back():
+    import re
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    from ember.ir.parser import parse
+
+    exe = shutil.which("mlir-opt") or shutil.which("mlir-opt-19") or next(
+        (p for p in ["/usr/lib/llvm-19/bin/mlir-opt"] if Path(p).exists()), None)
+    if exe is None:
+        pytest.skip("mlir-opt not installed")
+    src = Path(__file__).parents[1] / "filecheck" / "fuse-mlp.mlir"
+    fused = fuse(parse(src.read_text()))
+    text = str(fused)
+    for flags in ([], ["--mlir-print-op-generic"]):
+        out = subprocess.run([exe, "--allow-unregistered-dialect", *flags, "-"], input=text,
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        back = str(parse(out.stdout))  # mlir-opt renames values (%arg0...): compare without
+        assert re.sub(r"%[\w.$-]+", "%v", back) == re.sub(r"%[\w.$-]+", "%v", text)

@@ -44,7 +44,10 @@ def attrs(stride, padding, dilation, groups):
 
 
 @pytest.mark.parametrize("case", CONV)
-def test_conv2d_and_both_gradients(case):
+def test_conv2d_and_both_gradients(case, monkeypatch):
+    from ember.backends.cpu import threads
+
+    monkeypatch.setattr(threads, "MIN_WORK", 16)  # images split across threads
     xs, ws, stride, pad, dil, groups = case
     a = attrs(stride, pad, dil, groups)
     rng = np.random.default_rng(0)
@@ -61,10 +64,13 @@ def test_conv2d_and_both_gradients(case):
 
 
 @pytest.mark.parametrize("kind", ["max", "avg"])
-@pytest.mark.parametrize("kernel,stride,pad", [([2, 2], [2, 2], [0, 0]), ([3, 2], [2, 1], [1, 1]),
-                                               ([3, 3], [1, 1], [1, 0])])
-def test_pools_and_gradients(kind, kernel, stride, pad):
-    xs = (2, 3, 7, 6)
+@pytest.mark.parametrize("xs,kernel,stride,pad", [
+    ((2, 3, 8, 6), [2, 2], [2, 2], [0, 0]),  # windows tile the input exactly
+    ((2, 3, 7, 6), [2, 2], [2, 2], [0, 0]),  # ... with a row left over
+    ((2, 3, 7, 6), [2, 2], [3, 2], [0, 0]),  # ... with gaps
+    ((2, 3, 7, 6), [3, 2], [2, 1], [1, 1]),  # overlapping, padded
+    ((2, 3, 7, 6), [3, 3], [1, 1], [1, 0])])
+def test_pools_and_gradients(kind, xs, kernel, stride, pad):
     rng = np.random.default_rng(1)
     x = rng.standard_normal(xs).astype(np.float32)
     x[0, 0, :2, :2] = 1.0  # ties: the gradient goes to the first maximum

@@ -123,3 +123,42 @@ def test_inputs_are_converted_or_rejected_by_name():
         exe([np.array([["a"] * 3] * 4), labels])
     with pytest.raises(ValueError, match="takes 2 inputs, got 1"):
         exe([x])
+
+
+def test_profile_and_timings_name_every_kernel(fused_pipeline, capsys, monkeypatch):
+    monkeypatch.setenv("EMBER_PASS_TIMING", "1")
+    monkeypatch.setenv("EMBER_CACHE", "0")
+    em.seed(0)
+    model = Mlp()
+    step = em.compile_train_step(model, nn.functional.cross_entropy, optim.SGD(lr=0.1),
+                                 backend="cpu")
+    x, y = batch()
+    step(x, y)
+    exe = step._last.run
+    assert "optimize" in capsys.readouterr().err  # the backend's stages, per compile
+    from ember.runtime.params import param_table, param_values
+
+    prof = exe.profile([x, y, np.float32(0.1), np.float32(1)][:len(exe.graph.args)],
+                       param_values(param_table(model)), repeat=3)
+    assert [name for name, _ in prof] == [st.name for st in exe.plan.steps]
+    assert all(t >= 0 for _, t in prof)
+    assert {"plan", "emit", "optimize", "codegen", "load"} <= set(exe.timings)
+
+
+def test_big_results_are_recycled_only_when_released():
+    g = Graph("f", [TensorType((300, 300), "f32")])
+    b = Builder(g.body)
+    b.create("func.return", [b.op("ember.neg", g.args[0])])
+    exe = cpu.Executable(verify(g), use_cache=False)
+    x = np.ones((300, 300), np.float32)
+    first = exe([x])[0]
+    view = exe([x * 2])[0].T  # only a view of the second result is kept
+    third = exe([x * 3])[0]
+    assert not np.shares_memory(first, third) and not np.shares_memory(view, third)
+    np.testing.assert_array_equal(first, -x)
+    np.testing.assert_array_equal(view, -2 * x)
+    addr = third.ctypes.data
+    del third
+    fourth = exe([x * 4])[0]  # the third's buffer, released, is reused
+    assert fourth.ctypes.data == addr
+    np.testing.assert_array_equal(fourth, -4 * x)

@@ -1,0 +1,80 @@
+"""Measure the GEMM cost table for this machine: `python -m ember.backends.cpu.tune`.
+
+For each grid shape (m, n, k), times ember's own GEMM and OpenBLAS (each inside a
+compiled one-op graph, median of repetitions) and writes {shape: (own, blas) GFLOP/s} to
+the cache directory, where `cost.choose` picks it up (keyed by CPU name and threads).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+GRID = [(64, 64, 64), (64, 128, 64), (128, 10, 64), (64, 10, 128), (128, 128, 128),
+        (256, 256, 256), (128, 512, 512), (512, 512, 128), (128, 512, 784),
+        (784, 512, 128), (512, 512, 512), (1024, 1024, 1024), (64, 1024, 1024)]
+
+
+def measure(m: int, n: int, k: int, engine: str, repeat: int = 7) -> float:
+    from ...ir import Builder, Graph, TensorType
+    from ..interpreter import UnsupportedOpError  # noqa: F401  (import check)
+    from . import Executable
+
+    g = Graph("tune", [TensorType((m, k), "f32"), TensorType((k, n), "f32")])
+    b = Builder(g.body)
+    b.create("func.return", [b.op("ember.matmul", *g.args)])
+    from ...passes import PassManager, parse_pipeline
+
+    g = PassManager(parse_pipeline("fuse")).run(g)
+    old = os.environ.get("EMBER_GEMM")
+    os.environ["EMBER_GEMM"] = engine
+    try:
+        exe = Executable(g, use_cache=False)
+    finally:
+        os.environ.pop("EMBER_GEMM") if old is None else os.environ.__setitem__("EMBER_GEMM", old)
+    rng = np.random.default_rng(0)
+    a, bb = rng.standard_normal((m, k), np.float32), rng.standard_normal((k, n), np.float32)
+    exe([a, bb])  # binds the inputs; the result gets a buffer of its own below
+    from .buffers import aligned_empty
+
+    keep = []
+    for i, *_ in exe._fresh:
+        out, exe._ptrs[i] = aligned_empty(exe.slots[i].type)
+        keep.append(out)
+    number = max(1, int(2e8 / (2 * m * n * k)))
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        for _ in range(number):
+            exe._entry(exe._ptrs)
+        times.append((time.perf_counter() - t) / number)
+    return 2 * m * n * k / statistics.median(times) / 1e9
+
+
+def main() -> None:
+    from . import blas
+    from .cost import table_path
+    from .jit import host_cpu
+    from .threads import num_threads
+
+    if blas.find() is None:
+        sys.exit("no OpenBLAS found: every GEMM is ember's own, nothing to tune")
+    table = {}
+    for m, n, k in GRID:
+        own, bl = measure(m, n, k, "own"), measure(m, n, k, "blas")
+        table[f"{m}x{n}x{k}"] = (round(own, 1), round(bl, 1))
+        print(f"{m:5d} x {n:5d} x {k:5d}: own {own:7.1f}  blas {bl:7.1f} GFLOP/s "
+              f"-> {'own' if own >= bl else 'blas'}", flush=True)
+    path = table_path(host_cpu(), num_threads())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(table, indent=1))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

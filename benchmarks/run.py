@@ -1,0 +1,547 @@
+"""ember's cpu backend side by side with numpy, PyTorch and JAX: one process, one table.
+
+Run: `python benchmarks/run.py` (`--quick` for fewer repetitions, `--only sgemm,eltwise,
+steps,compile`). Every number is a median of timed repetitions; ratios are ember's speed
+over the other's (above 1: ember is faster). Rows:
+- sgemm 256^3/512^3/1024^3: GFLOP/s of ember's own GEMM and of its default choice (the
+  cost table: own or OpenBLAS), against numpy's BLAS and the machine's peak (vector
+  lanes x FMA units x 2 x cores x clock);
+- elementwise add and gelu (tanh form: 8 numpy ops, one fused ember kernel) on 1M and 16M
+  floats: GB/s of the bytes each must move;
+- training steps (forward, backward, SGD) of MLP 64-128-10 b64, MLP 784-512-512-10 b128 and
+  the digits CNN b64, against a hand-written numpy step (also run in a subprocess with
+  OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE unset, which some machines set to a slower
+  kernel), PyTorch eager and torch.compile, and JAX jit when installed;
+- compile times: first (empty cache) and cached (a second process).
+The `fuse` pass is appended to the training pipeline here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPEAT = 7
+
+
+def median_time(fn, number: int, repeat: int = REPEAT) -> float:
+    """Median seconds per call of `fn` over `repeat` blocks of `number` calls."""
+    fn()
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        for _ in range(number):
+            fn()
+        times.append((time.perf_counter() - t) / number)
+    return statistics.median(times)
+
+
+def calls_for(seconds_each: float, budget: float = 0.05) -> int:
+    return max(1, int(budget / max(seconds_each, 1e-7)))
+
+
+# -- machine -----------------------------------------------------------------------------------
+
+FMA_UNITS = {"znver5": (2, 512), "znver4": (2, 256), "znver3": (2, 256), "znver2": (2, 256),
+             "skylake-avx512": (2, 512), "cascadelake": (2, 512), "icelake-server": (2, 512),
+             "sapphirerapids": (2, 512), "haswell": (2, 256), "skylake": (2, 256)}
+
+
+def fma_throughput() -> float:
+    """FLOP/s of one core running independent vector FMAs (no memory): the core's peak,
+    which is lanes x FMA units x 2 x the clock it really runs at."""
+    import ctypes
+
+    from llvmlite import ir
+
+    from ember.backends.cpu import scalar as S
+    from ember.backends.cpu.gemm import host_isa
+    from ember.backends.cpu.jit import JitModule
+
+    lanes = host_isa().bits // 32
+    vt = ir.VectorType(ir.FloatType(), lanes)
+    mod = ir.Module("peak")
+    fn = ir.Function(mod, ir.FunctionType(ir.FloatType(), [S.I64]), "spin")
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    fma = S.declare(mod, f"llvm.fma.v{lanes}f32", vt, [vt, vt, vt])
+    pre, body, done = b.block, fn.append_basic_block("body"), fn.append_basic_block("done")
+    b.branch(body)
+    b.position_at_end(body)
+    k = b.phi(S.I64)
+    k.add_incoming(S.i64(0), pre)
+    one = ir.Constant(vt, [ir.Constant(ir.FloatType(), 1.0000001)] * lanes)
+    accs = [b.phi(vt) for _ in range(12)]
+    for a in accs:
+        a.add_incoming(ir.Constant(vt, [ir.Constant(ir.FloatType(), 0.5)] * lanes), pre)
+    new = accs
+    for _ in range(8):
+        new = [b.call(fma, [x, one, one]) for x in new]
+    for a, v in zip(accs, new):
+        a.add_incoming(v, b.block)
+    k2 = b.add(k, S.i64(1))
+    k.add_incoming(k2, b.block)
+    b.cbranch(b.icmp_signed("<", k2, fn.args[0]), body, done)
+    b.position_at_end(done)
+    total = new[0]
+    for x in new[1:]:
+        total = b.fadd(total, x)
+    b.ret(b.extract_element(total, S.i64(0)))
+    jm = JitModule(mod)
+    f = jm.function("spin", ctypes.c_float, ctypes.c_int64)
+    n = 1_000_000
+    best = min(median_time(lambda: f(n), 1, 1) for _ in range(5))
+    return n * 8 * 12 * lanes * 2 / best
+
+
+def machine() -> dict:
+    from ember.backends.cpu import blas, gemm, jit, threads
+
+    cpu = jit.host_cpu()
+    isa = gemm.host_isa()
+    units, width = FMA_UNITS.get(cpu, (2, isa.bits))
+    mhz = 0.0
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+        mhz = max(float(line.split(":")[1]) for line in text.splitlines()
+                  if line.startswith("cpu MHz"))
+        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+        for line in out.splitlines():
+            if line.startswith("CPU max MHz"):
+                mhz = max(mhz, float(line.split(":")[1]))
+    except (OSError, ValueError):
+        pass
+    cores = threads.num_threads()
+    core = fma_throughput()
+    clock = core / (units * (width // 32) * 2)
+    b = blas.find()
+    return {"cpu": cpu, "vector_bits": isa.bits, "fma": f"{units}x{width}-bit",
+            "mhz": mhz, "clock_mhz": clock / 1e6, "cores": cores,
+            "peak_gflops": core * cores / 1e9, "blas": b.path if b else None,
+            "env": {k: v for k, v in os.environ.items() if k.startswith("OPENBLAS")}}
+
+
+def blas_info() -> str:
+    try:
+        from threadpoolctl import threadpool_info
+    except ImportError:
+        return "threadpoolctl not installed"
+    return ", ".join(f"{i['internal_api']} {i.get('version')} {i.get('architecture')} "
+                     f"threads={i['num_threads']}" for i in threadpool_info()
+                     if i.get("user_api") == "blas")
+
+
+# -- graphs ------------------------------------------------------------------------------------
+
+def compiled(graph_fn, shapes, env: dict | None = None):
+    """An ember Executable for a graph built by graph_fn(builder, *args), fused."""
+    from ember.backends import cpu
+    from ember.ir import Builder, Graph, TensorType
+    from ember.passes import PassManager, parse_pipeline
+
+    g = Graph("bench", [TensorType(s, "f32") for s in shapes])
+    b = Builder(g.body)
+    b.create("func.return", list(graph_fn(b, *g.args)))
+    g = PassManager(parse_pipeline("fuse")).run(g)
+    old = {k: os.environ.get(k) for k in (env or {})}
+    os.environ.update(env or {})
+    try:
+        return cpu.Executable(g, use_cache=False)
+    finally:
+        for k, v in old.items():
+            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+
+
+def entry_time(exe, inputs, number, params=None) -> float:
+    """Median seconds of the native call alone (buffers bound once)."""
+    exe(inputs, params)
+    keep = []
+    from ember.backends.cpu.buffers import aligned_empty
+
+    for i, *_ in exe._fresh:
+        a, exe._ptrs[i] = aligned_empty(exe.slots[i].type)
+        keep.append(a)
+    return median_time(lambda: exe._entry(exe._ptrs), number)
+
+
+def bench_sgemm(rows: list, peak: float) -> None:
+    rng = np.random.default_rng(0)
+    for n in (256, 512, 1024):
+        a, b = (rng.standard_normal((n, n)).astype(np.float32) for _ in range(2))
+        out = np.empty((n, n), np.float32)
+        flops = 2 * n ** 3
+        number = calls_for(flops / 1e11)
+        t_np = median_time(lambda a=a, b=b, out=out: np.matmul(a, b, out=out), number)
+        for label, env in (("own", {"EMBER_GEMM": "own"}), ("auto", {})):
+            exe = compiled(lambda bl, x, y: [bl.op("ember.matmul", x, y)], [(n, n)] * 2, env)
+            t = entry_time(exe, [a, b], number)
+            gf = flops / t / 1e9
+            rows.append((f"sgemm {n}^3 ember {label}", f"{gf:7.1f} GFLOP/s",
+                         f"numpy {flops / t_np / 1e9:6.1f}", f"x{t_np / t:5.2f}",
+                         f"{100 * gf / peak:4.0f}% of peak" if peak else ""))
+
+
+def bench_eltwise(rows: list) -> None:
+    rng = np.random.default_rng(1)
+    c = np.float32(0.7978845608028654)
+
+    def gelu_np(x):
+        return 0.5 * x * (1 + np.tanh(c * (x + np.float32(0.044715) * x * x * x)))
+
+    def gelu_ir(b, x):
+        def k(v):
+            return b.op("ember.constant", value=np.array(v, np.float32))
+        inner = b.op("ember.mul", k(c), b.op("ember.add", x, b.op(
+            "ember.mul", k(0.044715), b.op("ember.mul", x, b.op("ember.mul", x, x)))))
+        return [b.op("ember.mul", b.op("ember.mul", k(0.5), x),
+                     b.op("ember.add", k(1.0), b.op("ember.tanh", inner)))]
+
+    for n in (1 << 20, 1 << 24):
+        _eltwise(rows, n, rng, gelu_np, gelu_ir)
+
+
+def _eltwise(rows, n, rng, gelu_np, gelu_ir) -> None:
+    x, y = (rng.standard_normal(n).astype(np.float32) for _ in range(2))
+    out = np.empty(n, np.float32)
+    size = f"{n >> 20}M"
+    number = calls_for(n * 12 / 20e9)
+    exe = compiled(lambda b, p, q: [b.op("ember.add", p, q)], [(n,), (n,)])
+    t, t_np = entry_time(exe, [x, y], number), median_time(
+        lambda: np.add(x, y, out=out), number)
+    rows.append((f"add {size} f32", f"{3 * 4 * n / t / 1e9:7.1f} GB/s",
+                 f"numpy {3 * 4 * n / t_np / 1e9:6.1f}", f"x{t_np / t:5.2f}", ""))
+    exe = compiled(gelu_ir, [(n,)])
+    t, t_np = entry_time(exe, [x], number), median_time(lambda: gelu_np(x), number)
+    rows.append((f"gelu(tanh) {size} f32", f"{2 * 4 * n / t / 1e9:7.1f} GB/s",
+                 f"numpy {2 * 4 * n / t_np / 1e9:6.1f}", f"x{t_np / t:5.2f}",
+                 "8 numpy ops vs 1 kernel"))
+
+
+# -- training steps ----------------------------------------------------------------------------
+
+LR = 0.05
+STEPS = {"mlp-small": ([64, 128, 10], 64), "mlp-large": ([784, 512, 512, 10], 128),
+         "cnn": (None, 64)}
+
+
+def init_params(name: str, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+
+    def u(fan_in, *shape):
+        bound = 1 / np.sqrt(fan_in)
+        return rng.uniform(-bound, bound, shape).astype(np.float32)
+
+    if name == "cnn":
+        return {"wc": u(9, 16, 1, 3, 3), "bc": u(9, 16), "w": u(256, 256, 10), "b": u(256, 10)}
+    sizes = STEPS[name][0]
+    out = {}
+    for i, (a, b) in enumerate(zip(sizes, sizes[1:])):
+        out[f"w{i}"], out[f"b{i}"] = u(a, a, b), u(a, b)
+    return out
+
+
+def data(name: str, seed: int = 1):
+    rng = np.random.default_rng(seed)
+    n = STEPS[name][1]
+    shape = (n, 1, 8, 8) if name == "cnn" else (n, STEPS[name][0][0])
+    return rng.standard_normal(shape).astype(np.float32), rng.integers(0, 10, n)
+
+
+def numpy_step(name: str, p: dict):
+    """A hand-written numpy SGD step (the reference a careful numpy user would write)."""
+    def ce(z, y):
+        z = z - z.max(1, keepdims=True)
+        e = np.exp(z)
+        prob = e / e.sum(1, keepdims=True)
+        loss = -np.log(prob[np.arange(len(y)), y]).mean()
+        prob[np.arange(len(y)), y] -= 1
+        return loss, prob / len(y)
+
+    if name != "cnn":
+        n_layers = len(p) // 2
+
+        def step(x, y):
+            acts, hs = [x], []
+            for i in range(n_layers):
+                h = acts[-1] @ p[f"w{i}"] + p[f"b{i}"]
+                hs.append(h)
+                acts.append(np.maximum(h, 0) if i < n_layers - 1 else h)
+            loss, d = ce(acts[-1], y)
+            for i in reversed(range(n_layers)):
+                gw, gb = acts[i].T @ d, d.sum(0)
+                if i:
+                    d = (d @ p[f"w{i}"].T) * (hs[i - 1] > 0)
+                p[f"w{i}"] -= LR * gw
+                p[f"b{i}"] -= LR * gb
+            return loss
+        return step
+
+    def step(x, y):
+        n = x.shape[0]
+        xp = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
+        cols = np.lib.stride_tricks.sliding_window_view(xp, (3, 3), axis=(2, 3))
+        cols = cols.transpose(0, 2, 3, 1, 4, 5).reshape(n * 64, 9)
+        conv = cols @ p["wc"].reshape(16, -1).T + p["bc"]
+        a = np.maximum(conv, 0).reshape(n, 8, 8, 16).transpose(0, 3, 1, 2)
+        r = a.reshape(n, 16, 4, 2, 4, 2)
+        pooled = r.max(axis=(3, 5))
+        flat = pooled.reshape(n, -1)
+        loss, dz = ce(flat @ p["w"] + p["b"], y)
+        dpool = (dz @ p["w"].T).reshape(pooled.shape)
+        first = r == pooled[:, :, :, None, :, None]
+        da = (first * dpool[:, :, :, None, :, None]).reshape(n, 16, 8, 8)
+        dconv = (da * (a > 0)).transpose(0, 2, 3, 1).reshape(n * 64, 16)
+        for k, g in (("wc", (dconv.T @ cols).reshape(16, 1, 3, 3)), ("bc", dconv.sum(0)),
+                     ("w", flat.T @ dz), ("b", dz.sum(0))):
+            p[k] -= LR * g
+        return loss
+    return step
+
+
+def ember_step(name: str):
+    import ember as em
+    import ember.runtime.compiled as rc
+    from ember import nn, optim
+
+    plain = rc.training_pipeline
+    rc.training_pipeline = lambda *a, **k: plain(*a, **k) + ["fuse"]
+
+    class Mlp(nn.Module):
+        def __init__(self, sizes):
+            super().__init__()
+            self.layers = [nn.Linear(a, b) for a, b in zip(sizes, sizes[1:])]
+
+        def forward(self, x):
+            for i, layer in enumerate(self.layers):
+                x = layer(x)
+                x = nn.functional.relu(x) if i < len(self.layers) - 1 else x
+            return x
+
+    class Cnn(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(1, 16, 3, padding=1)
+            self.pool = nn.MaxPool2d(2)
+            self.head = nn.Linear(256, 10)
+
+        def forward(self, x):
+            x = self.pool(nn.functional.relu(self.conv(x)))
+            return self.head(x.reshape(x.shape[0], -1))
+
+    em.seed(0)
+    model = Cnn() if name == "cnn" else Mlp(STEPS[name][0])
+    t = time.perf_counter()
+    step = em.compile_train_step(model, nn.functional.cross_entropy, optim.SGD(lr=LR),
+                                 backend="cpu")
+    x, y = data(name)
+    step(x, y)
+    first = time.perf_counter() - t
+    rc.training_pipeline = plain
+    return step, first
+
+
+def torch_step(name: str, p: dict, compile_: bool):
+    import torch
+
+    torch.set_num_threads(int(os.environ.get("EMBER_NUM_THREADS", 0)) or os.cpu_count())
+    if name == "cnn":
+        net = torch.nn.Sequential(torch.nn.Conv2d(1, 16, 3, padding=1), torch.nn.ReLU(),
+                                  torch.nn.MaxPool2d(2), torch.nn.Flatten(),
+                                  torch.nn.Linear(256, 10))
+    else:
+        sizes = STEPS[name][0]
+        layers = []
+        for i, (a, b) in enumerate(zip(sizes, sizes[1:])):
+            layers += [torch.nn.Linear(a, b)] + ([torch.nn.ReLU()] if i < len(sizes) - 2 else [])
+        net = torch.nn.Sequential(*layers)
+    opt = torch.optim.SGD(net.parameters(), lr=LR)
+
+    def train(x, y):
+        opt.zero_grad(set_to_none=True)
+        loss = torch.nn.functional.cross_entropy(net(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    fn = torch.compile(train) if compile_ else train
+    x, y = data(name)
+    tx, ty = torch.from_numpy(x), torch.from_numpy(y)
+    return lambda: fn(tx, ty)
+
+
+def jax_step(name: str, p: dict):
+    """The same SGD step in JAX, jitted (params as a pytree, updated functionally)."""
+    import jax
+    import jax.numpy as jnp
+
+    def forward(q, x):
+        if name == "cnn":
+            y = jax.lax.conv_general_dilated(x, q["wc"], (1, 1), [(1, 1), (1, 1)])
+            y = jnp.maximum(y + q["bc"][None, :, None, None], 0)
+            y = jax.lax.reduce_window(y, -jnp.inf, jax.lax.max, (1, 1, 2, 2), (1, 1, 2, 2),
+                                      "VALID")
+            return y.reshape(x.shape[0], -1) @ q["w"] + q["b"]
+        n = len(q) // 2
+        for i in range(n):
+            x = x @ q[f"w{i}"] + q[f"b{i}"]
+            x = jnp.maximum(x, 0) if i < n - 1 else x
+        return x
+
+    def loss_fn(q, x, y):
+        logp = jax.nn.log_softmax(forward(q, x))
+        return -jnp.mean(jnp.take_along_axis(logp, y[:, None], axis=1))
+
+    @jax.jit
+    def train(q, x, y):
+        loss, g = jax.value_and_grad(loss_fn)(q, x, y)
+        return loss, jax.tree_util.tree_map(lambda a, b: a - LR * b, q, g)
+
+    state = {"q": {k: jnp.asarray(v) for k, v in p.items()}}
+    x, y = data(name)
+    x, y = jnp.asarray(x), jnp.asarray(y)
+
+    def step():
+        loss, state["q"] = train(state["q"], x, y)
+        return loss.block_until_ready()
+
+    return step
+
+
+def numpy_subprocess(name: str) -> float | None:
+    """The numpy step's median time in a fresh process with OPENBLAS_CORETYPE and
+    OPENBLAS_L2_SIZE unset."""
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_CORETYPE",
+                                                             "OPENBLAS_L2_SIZE")}
+    code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import run; "
+            f"print(run.numpy_time({name!r}))")
+    try:
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                             text=True, timeout=600, check=True).stdout
+        return float(out.strip().splitlines()[-1])
+    except (subprocess.SubprocessError, ValueError):
+        return None
+
+
+def numpy_time(name: str) -> float:
+    step = numpy_step(name, init_params(name))
+    x, y = data(name)
+    t1 = median_time(lambda: step(x, y), 3)
+    return median_time(lambda: step(x, y), calls_for(t1, 0.1))
+
+
+def bench_steps(rows: list, names) -> None:
+    for name in names:
+        _one_step(rows, name)
+
+
+def _one_step(rows: list, name: str) -> None:
+    step, first = ember_step(name)
+    x, y = data(name)
+    t1 = median_time(lambda: step(x, y), 3)
+    number = calls_for(t1, 0.1)
+    t_em = median_time(lambda: step(x, y), number)
+    exe = step._last.run
+    native = sum(t for _, t in exe.profile([x, y, np.float32(LR), np.float32(1)][
+        :len(exe.graph.args)], _params(step), repeat=15))
+    label = {"mlp-small": "MLP 64-128-10 b64", "mlp-large": "MLP 784-512-512-10 b128",
+             "cnn": "digits CNN b64"}[name]
+    rows.append((f"step {label} ember", f"{t_em * 1e6:9.1f} us",
+                 f"kernels {native * 1e6:.0f} us", f"{len(exe.plan.steps)} kernels",
+                 f"compile {first:.2f} s"))
+    others = [("numpy (here)", lambda: numpy_step(name, init_params(name)))]
+    try:
+        import torch  # noqa: F401
+
+        others += [("torch eager", lambda: torch_step(name, init_params(name), False)),
+                   ("torch.compile", lambda: torch_step(name, init_params(name), True))]
+    except ImportError:
+        pass
+    try:
+        import jax  # noqa: F401
+
+        others.append(("jax jit", lambda: jax_step(name, init_params(name))))
+    except ImportError:
+        pass
+    for label2, make in others:
+        try:
+            fn = make()
+            if label2.startswith("numpy"):
+                fn = (lambda f: lambda: f(x, y))(fn)
+            t = median_time(fn, number)
+        except Exception as e:  # noqa: BLE001  (a failing baseline is reported, not fatal)
+            rows.append((f"  vs {label2}", f"failed: {type(e).__name__}", "", "", ""))
+            continue
+        rows.append((f"  vs {label2}", f"{t * 1e6:9.1f} us", f"x{t / t_em:5.2f}", "", ""))
+    t = numpy_subprocess(name)
+    if t:
+        rows.append(("  vs numpy (OPENBLAS_* unset)", f"{t * 1e6:9.1f} us",
+                     f"x{t / t_em:5.2f}", "", ""))
+
+
+def _params(step) -> dict:
+    from ember.runtime.params import param_table, param_values
+
+    return param_values(param_table(step.model))
+
+
+def bench_compile(rows: list) -> None:
+    """First compile (empty cache) and a second process's compile of the same step."""
+    here = str(Path(__file__).parent)
+    code = (f"import sys, json, time; sys.path.insert(0, {here!r}); import run; "
+            "s, first = run.ember_step('mlp-small'); e = s._last.run; "
+            "print(json.dumps({'first': first, 'cached': e.cached, "
+            "'backend': e.timings}))")
+    with tempfile.TemporaryDirectory() as d:
+        env = {**os.environ, "EMBER_CACHE_DIR": d, "EMBER_CACHE": "1"}
+        res = []
+        for _ in range(2):
+            out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                                 text=True, timeout=600, check=True).stdout
+            res.append(json.loads(out.strip().splitlines()[-1]))
+    for label, r in zip(("first", "cached"), res):
+        stages = ", ".join(f"{k} {v * 1e3:.0f}" for k, v in r["backend"].items()
+                           if k != "total")
+        rows.append((f"compile MLP step ({label})", f"{r['first'] * 1e3:9.0f} ms",
+                     f"backend {r['backend']['total'] * 1e3:.0f} ms", stages[:60], ""))
+
+
+def main() -> None:
+    global REPEAT
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", default="sgemm,eltwise,steps,compile")
+    ap.add_argument("--steps", default="mlp-small,mlp-large,cnn")
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    if args.quick:
+        REPEAT = 3
+    m = machine()
+    print(f"# {platform.node()} {m['cpu']}: {m['vector_bits']}-bit vectors, FMA {m['fma']}, "
+          f"{m['cores']} cores at {m['clock_mhz']:.0f} MHz (measured FMA throughput; "
+          f"/proc/cpuinfo says {m['mhz']:.0f}): peak {m['peak_gflops']:.0f} GFLOP/s")
+    print(f"# numpy {np.__version__}: {blas_info()}; OPENBLAS env {m['env']}")
+    print(f"# load average {os.getloadavg() if hasattr(os, 'getloadavg') else '?'}")
+    rows: list = []
+    only = args.only.split(",")
+    if "sgemm" in only:
+        bench_sgemm(rows, m["peak_gflops"])
+    if "eltwise" in only:
+        bench_eltwise(rows)
+    if "steps" in only:
+        bench_steps(rows, args.steps.split(","))
+    if "compile" in only:
+        bench_compile(rows)
+    for r in rows:
+        print(f"{r[0]:34s} {r[1]:>16s}  {r[2]:>18s}  {r[3]:>14s}  {r[4]}")
+
+
+if __name__ == "__main__":
+    main()
