@@ -5,8 +5,8 @@ blanked, since they never reach the code), the host (triple, CPU name, features)
 llvmlite version, the BLAS library, the backend's own source files and the options
 (threads, GEMM choice, unrolling). A hit skips LLVM entirely: plan the buffers (cheap),
 map the object file, done. Files are written atomically (temp file, then rename), so
-concurrent processes never read half a file. `EMBER_CACHE=0` disables the cache,
-`EMBER_CACHE_DIR` moves it (default ~/.cache/ember).
+concurrent processes never read half a file; past MAX_ENTRIES files the oldest quarter
+goes. `EMBER_CACHE=0` disables the cache, `EMBER_CACHE_DIR` moves it (~/.cache/ember).
 """
 
 from __future__ import annotations
@@ -72,6 +72,9 @@ def load(k: str) -> bytes | None:
         return None
 
 
+MAX_ENTRIES = 2000  # beyond this, the least recently written quarter is removed
+
+
 def store(k: str, obj: bytes) -> None:
     p = path(k)
     try:
@@ -80,5 +83,10 @@ def store(k: str, obj: bytes) -> None:
         with os.fdopen(fd, "wb") as f:
             f.write(obj)
         os.replace(tmp, p)
+        entries = list(p.parent.glob("*.o"))
+        if len(entries) > MAX_ENTRIES:
+            entries.sort(key=lambda e: e.stat().st_mtime)
+            for e in entries[:len(entries) // 4]:
+                e.unlink(missing_ok=True)
     except OSError:
         pass  # a read-only or full disk only costs the next process a compile
