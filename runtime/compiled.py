@@ -396,11 +396,8 @@ class TrainStep(_Training):
     def memory_report(self) -> dict:
         """Bytes by role (params, optimizer state, saved activations, ...) of the compiled
         step, from the memory planner."""
-        try:
-            from ..passes.memory import plan_memory
-        except ImportError:
-            raise NotImplementedError("memory planning (ember.passes.memory) is not in this "
-                                      "version of ember") from None
+        from ..passes.memory import plan_memory
+
         return plan_memory(self._require().graph).report()
 
     def save_checkpoint(self, path: str, extra: dict | None = None) -> str:
