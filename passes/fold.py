@@ -1,57 +1,19 @@
-"""Constant folding's own numpy table: what `canonicalize` may evaluate at compile time.
+"""Constant folding: the ops `canonicalize` may evaluate at compile time, and how.
 
 Only ops where folding pays are listed (elementwise arithmetic, casts, shape ops and
-reductions); anything else stays in the graph for a backend to run. A pass never imports
-a backend (DESIGN.md), so these few lines restate numpy semantics instead of borrowing
-the interpreter's kernels; tests/passes check them against the interpreter.
+reductions); anything else stays in the graph for a backend to run. The table is
+`ir.semantics` (shared with the interpreter: a pass never imports a backend).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from ..ir import numpy_dtype
+from ..ir.semantics import SIMPLE_OPS, Folder
 
-Folder = Callable[..., np.ndarray]
-
-
-def _reduce(fn) -> Folder:
-    return lambda a, x: fn(x, axis=tuple(a["axes"]), keepdims=a["keepdims"])
-
-
-_CMP = {"eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal,
-        "gt": np.greater, "ge": np.greater_equal}
-
-FOLDERS: dict[str, Folder] = {
-    "ember.add": lambda a, x, y: x + y,
-    "ember.sub": lambda a, x, y: x - y,
-    "ember.mul": lambda a, x, y: x * y,
-    "ember.div": lambda a, x, y: x / y,
-    "ember.max": lambda a, x, y: np.maximum(x, y),
-    "ember.min": lambda a, x, y: np.minimum(x, y),
-    "ember.pow": lambda a, x, y: np.power(x, y),
-    "ember.neg": lambda a, x: -x,
-    "ember.abs": lambda a, x: np.abs(x),
-    "ember.exp": lambda a, x: np.exp(x),
-    "ember.log": lambda a, x: np.log(x),
-    "ember.sqrt": lambda a, x: np.sqrt(x),
-    "ember.rsqrt": lambda a, x: 1 / np.sqrt(x),
-    "ember.tanh": lambda a, x: np.tanh(x),
-    "ember.sigmoid": lambda a, x: 1 / (1 + np.exp(-x)),
-    "ember.relu": lambda a, x: np.maximum(x, 0),
-    "ember.cmp": lambda a, x, y: _CMP[a["predicate"]](x, y),
-    "ember.select": lambda a, c, x, y: np.where(c, x, y),
-    "ember.cast": lambda a, x: x.astype(numpy_dtype(a["dtype"])),
-    "ember.broadcast": lambda a, x: np.broadcast_to(x, a["shape"]),
-    "ember.reshape": lambda a, x: x.reshape(a["shape"]),
-    "ember.transpose": lambda a, x: x.transpose(a["perm"]),
-    "ember.reduce_sum": _reduce(np.sum),
-    "ember.reduce_mean": _reduce(np.mean),
-    "ember.reduce_max": _reduce(np.max),
-}
+FOLDERS: dict[str, Folder] = SIMPLE_OPS
 
 
 def fold(name: str, attrs: dict[str, Any], *values: np.ndarray) -> np.ndarray | None:

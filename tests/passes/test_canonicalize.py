@@ -189,21 +189,12 @@ def test_decompose_cross_entropy():
     assert g.outputs[0].type == T((), "f64")
 
 
-def test_folders_agree_with_the_interpreter():
-    """passes/fold.py restates numpy semantics (a pass never imports a backend): every
-    folder computes what the interpreter's kernel computes."""
+def test_folding_and_the_interpreter_share_one_definition():
+    """Folding evaluates ops with ir.semantics, the very functions the interpreter runs, so
+    a folded constant never differs from what a backend tested against it computes."""
     from ember.backends.interpreter.kernels import KERNELS
     from ember.passes.fold import FOLDERS, fold
 
-    rng = np.random.default_rng(0)
-    x, y = rng.uniform(0.5, 2, (2, 3)).astype(np.float32), rng.normal(size=(3,)).astype(
-        np.float32)
-    attrs = {"ember.cmp": {"predicate": "le"}, "ember.cast": {"dtype": "f64"},
-             "ember.broadcast": {"shape": [4, 2, 3]}, "ember.reshape": {"shape": [3, 2]},
-             "ember.transpose": {"perm": [1, 0]}}
-    for name in FOLDERS:
-        a = attrs.get(name, {"axes": [0], "keepdims": False})
-        arity = len(KERNELS[name].__code__.co_varnames[:KERNELS[name].__code__.co_argcount]) - 1
-        args = {1: [x], 2: [x, y], 3: [x > 1, x, y]}[arity]
-        np.testing.assert_array_equal(fold(name, a, *args), KERNELS[name](a, *args), name)
+    assert FOLDERS and all(KERNELS[name] is fn for name, fn in FOLDERS.items())
+    x = np.ones((2, 3), np.float32)
     assert fold("ember.matmul", {}, x, x.T) is None  # not folded: stays for a backend
