@@ -107,11 +107,11 @@ class Compiled:
         return ()
 
     def entry(self, inputs: tuple, table: dict | None = None) -> Entry:
-        specs = tuple(TensorSpec.of(x) for x in inputs)
         table = param_table(self.model) if table is None else table
-        key = (tuple((s.shape, s.dtype) for s in specs), state_key(table), self.key_extra())
+        key = (tuple(_shape_and_dtype(x) for x in inputs), state_key(table), self.key_extra())
         entry = self._cache.get(key)
         if entry is None:
+            specs = tuple(TensorSpec.of(x) for x in inputs)
             if self._last is not None:
                 was = ", ".join(str(list(s.shape)) for s in self._last.specs)
                 now = ", ".join(str(list(s.shape)) for s in specs)
@@ -260,6 +260,14 @@ def write_stages(stages: Stages, directory: str, prefix: str = "") -> list[str]:
     return paths
 
 
+def _shape_and_dtype(x) -> tuple:
+    """What of an input keys a compiled graph (cheaper than a TensorSpec on every call)."""
+    if isinstance(x, TensorSpec):
+        return x.shape, x.dtype
+    dtype = getattr(x, "dtype", None)
+    return np.shape(x), np.asarray(x).dtype if dtype is None else dtype
+
+
 def _batch_sizes_agree(inputs: tuple) -> None:
     rows = [np.shape(x)[0] if np.ndim(x) else None for x in inputs]
     if len({r for r in rows if r is not None}) > 1:
@@ -313,8 +321,7 @@ class _Training(Compiled):
         return lambda x, *targets: self.loss_fn(self.model(x), *targets)
 
     def check_inputs(self, entry: Entry, inputs: tuple) -> None:
-        _batch_sizes_agree(inputs)
-        _finite_inputs(inputs)
+        _finite_inputs(inputs)  # batch sizes were checked by entry()
         super().check_inputs(entry, inputs)
 
     def entry(self, inputs: tuple, table: dict | None = None) -> Entry:
