@@ -18,7 +18,12 @@ Where to cut follows from the cost rules: a kernel reduces over one set of dims 
 reduced along another axis is materialized and read by a second kernel); an epilogue
 never reduces; two matmuls never share a kernel; nothing is recomputed — a value that
 consumers outside its kernel read is stored as one more result of the kernel; and no
-merge may create a cycle between kernels. Views (transpose, broadcast, reshape) and
+merge may create a cycle between kernels. On a joint training graph forward and backward
+ops never share a kernel (a copy the checkpoint pass marks `ember.recompute` counts as
+backward, so it stays where the backward reads it, and no forward kernel gains a result
+only the backward reads); on a checkpointed graph a backward merge is refused when the
+kernel would read a value later than the unfused ops did (it would live longer), so
+fusing keeps the memory the strategy saved. Views (transpose, broadcast, reshape) and
 splat constants are duplicated per use and folded into index maps and body constants,
 so they are never copied.
 """
@@ -36,8 +41,10 @@ from ..ir import Block, Graph, Operation, Region, ScalarType, Value, lookup
 from ..ir.dialects.kernel import check_kernel
 from ..ir.opdef import has_trait, normalize_axes
 from .manager import Pass, register_pass
+from .memory import forward_ops
 
 VIEWS = ("ember.transpose", "ember.broadcast", "ember.reshape")
+RECOMPUTE = "ember.recompute"  # the checkpoint pass's mark on recomputed copies
 REDUCTIONS = {"ember.reduce_sum": "add", "ember.reduce_mean": "add", "ember.reduce_max": "max"}
 Dims = tuple  # one entry per dim of a value: the space dim it runs along, None for size 1
 
@@ -72,6 +79,7 @@ class Group:
     odims: dict[Operation, list[Dims]] = field(default_factory=dict)  # members' operands
     reduce: frozenset = frozenset()
     matmul: Operation | None = None
+    backward: bool = False  # members run in the backward part (recomputed copies included)
 
     def remap(self, phi: dict[int, int]) -> None:
         def m(d: Dims) -> Dims:
@@ -208,7 +216,7 @@ class Fuse(Pass):
 
     def apply(self, graph: Graph) -> Graph:
         _duplicate_views(graph.body)
-        groups = _Grouper(graph.body, self).run()
+        groups = _Grouper(graph.body, self, forward_ops(graph)).run()
         _emit(graph.body, groups)
         return graph
 
@@ -227,9 +235,15 @@ def _duplicate_views(block: Block) -> None:
 
 
 class _Grouper:
-    def __init__(self, block: Block, opts: Fuse):
+    def __init__(self, block: Block, opts: Fuse, forward: set[Operation]):
         self.block, self.opts = block, opts
+        self.forward = forward
         self.pos = {op: i for i, op in enumerate(block.ops)}
+        # in a checkpointed graph a backward kernel must not keep its inputs alive longer
+        # than the unfused ops did (recomputed copies are meant to die right after use)
+        self.checkpointed = any(op.attributes.get(RECOMPUTE) for op in block.ops)
+        self.last_use = {r: max((self.pos.get(u, -1) for u, _ in r.uses), default=-1)
+                         for op in block.ops for r in op.results}
         self.group: dict[Operation, Group] = {}
         self.groups: list[Group] = []
 
@@ -239,7 +253,8 @@ class _Grouper:
             return None
         space, odims, rdims, red = d
         g = Group(len(self.groups), space, [op], {op.result: rdims},
-                  {op: odims}, red, op if op.name == "ember.matmul" else None)
+                  {op: odims}, red, op if op.name == "ember.matmul" else None,
+                  op not in self.forward or bool(op.attributes.get(RECOMPUTE)))
         self.groups.append(g)
         self.group[op] = g
         return g
@@ -278,6 +293,23 @@ class _Grouper:
                 for user, _ in r.uses:
                     yield user
 
+    def extends_inputs(self, a: Group, b: Group) -> bool:
+        """Whether one kernel for a and b (placed at its last member) would read a planned
+        value (not a param, argument or constant) later than its last reader in the
+        unfused order does, so that the value would live longer."""
+        members = set(a.ops) | set(b.ops)
+        end = max(self.pos[op] for op in members)
+        for op in members:
+            for v in op.operands:
+                while v.op is not None and v.op.name in VIEWS and v.op not in members:
+                    v = v.op.operands[0]  # a view is read in place: its base is the input
+                p = v.op
+                if p is None or p in members or p.name in ("ember.param", "ember.constant"):
+                    continue
+                if self.last_use.get(v, end) < end:
+                    return True
+        return False
+
     def creates_cycle(self, cons: Group, prod: Group) -> bool:
         """Whether prod reaches cons through some third group or op."""
         seen, stack = set(), [u for u in self.users(prod) if self.group.get(u) is not cons
@@ -302,6 +334,10 @@ class _Grouper:
 
     def try_merge(self, cons: Group, prod: Group) -> bool:
         if cons.matmul is not None and prod.matmul is not None:
+            return False
+        if cons.backward != prod.backward:
+            return False  # forward and backward (recomputed) ops never share a kernel
+        if self.checkpointed and cons.backward and self.extends_inputs(cons, prod):
             return False
         pairs = []
         for op in cons.ops:

@@ -185,8 +185,8 @@ def test_training_step_after_checkpoint():
 
 def test_frontend_model_trains_identically_under_every_strategy(capsys):
     """The same mix built from the frontend's layers and trained three steps through
-    em.compile_train_step on the interpreter: losses, params, BatchNorm running stats
-    and dropout masks agree bit for bit across strategies."""
+    em.compile_train_step on the interpreter (fused under every strategy): losses,
+    params, BatchNorm running stats and dropout masks agree across strategies."""
     import ember as em
     from ember import nn, optim
 
@@ -220,16 +220,12 @@ def test_frontend_model_trains_identically_under_every_strategy(capsys):
         losses = [step(x, y) for _ in range(3)]
         runs[s] = losses, {k: np.array(v) for k, v in model.state_dict().items()}
         rows[s] = step.memory_report()
-    # the checkpointed steps run unfused (runtime/pipeline.py) and agree bit for bit; the
-    # "none" step is fused, so it agrees to rounding
-    checkpointed = [s for s in ORDER if s != "none"]
-    for s in checkpointed[1:]:
-        assert runs[s][0] == runs[checkpointed[0]][0], s
-        for k, v in runs[checkpointed[0]][1].items():
-            assert np.array_equal(runs[s][1][k], v), (s, k)
-    np.testing.assert_allclose(runs["none"][0], runs[checkpointed[0]][0], rtol=1e-5)
-    for k, v in runs["none"][1].items():
-        np.testing.assert_allclose(runs[checkpointed[0]][1][k], v, rtol=1e-4, atol=1e-6)
+    # every step is fused (runtime/pipeline.py); fusion reassociates the reductions
+    # differently per schedule, so the strategies agree to rounding
+    for s in ORDER[1:]:
+        np.testing.assert_allclose(runs[s][0], runs["none"][0], rtol=1e-5)
+        for k, v in runs["none"][1].items():
+            np.testing.assert_allclose(runs[s][1][k], v, rtol=1e-5, atol=1e-6, err_msg=s)
     peaks = [rows[s]["peak_bytes"] for s in ("none", "balanced", "all")]
     assert peaks[0] >= peaks[1] >= peaks[2]
     with capsys.disabled():
