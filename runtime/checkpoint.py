@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 
 import numpy as np
 
+from ..frontend.records import write_atomically
 from .backend import to_host
 
 FORMAT = 1
@@ -80,27 +80,7 @@ def save(step, path: str, extra: dict | None = None) -> str:
 
     tensors, doc = collect(step, extra)
     data = st_save(tensors, metadata={KEY: json.dumps(doc)})
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-    try:  # make the rename itself durable
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    except OSError:
-        pass
+    write_atomically(path, data)
     return path
 
 

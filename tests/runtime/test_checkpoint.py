@@ -125,8 +125,8 @@ def test_truncated_checkpoint_is_detected_and_the_previous_one_still_loads(tmp_p
             super().write(b[:len(b) // 2])
             raise OSError("disk full")
 
-    monkeypatch.setattr("ember.runtime.checkpoint.open", lambda p, mode: HalfWriter(p, "w"),
-                        raising=False)
+    # the atomic writer (ember.frontend.records.write_atomically) opens its temp file by fd
+    monkeypatch.setattr(os, "fdopen", lambda fd, mode: HalfWriter(fd, "w"))
     with pytest.raises(OSError, match="disk full"):
         step.save_checkpoint(str(path))
     monkeypatch.undo()
