@@ -15,20 +15,15 @@ from llvmlite import ir
 
 from ...ir import Operation, TensorType
 from ...ir.opdef import normalize_axes
+from ..strides import broadcast_strides, collapse, contiguous_strides
 from . import scalar as S
-from .loops import collapse, contiguous_strides, loop, nest, offset
+from .loops import loop, nest, offset
 
 PTR = ir.PointerType()
 ELEMENTWISE = frozenset(f"ember.{n}" for n in (
     "add sub mul div max min pow neg abs exp log sqrt rsqrt tanh sigmoid relu erf cmp "
     "select cast").split())
 Emitter = Callable[[ir.IRBuilder, ir.Value, list[ir.Value], Operation], None]
-
-
-def broadcast_strides(shape: tuple[int, ...], out_shape: tuple[int, ...]) -> list[int]:
-    """Element strides of a contiguous `shape` read at `out_shape`: 0 where it broadcasts."""
-    lead = len(out_shape) - len(shape)
-    return [0] * lead + [0 if d == 1 else s for d, s in zip(shape, contiguous_strides(shape))]
 
 
 def strided_map(b: ir.IRBuilder, out: ir.Value, ins: list[ir.Value], out_type: TensorType,

@@ -12,32 +12,10 @@ from collections.abc import Callable, Sequence
 
 from llvmlite import ir
 
+from ..strides import Dim
 from .scalar import I64, i64
 
-Dim = tuple[int, tuple[int, ...]]  # (size, one element stride per buffer)
 NUW = ("nuw", "nsw")
-
-
-def contiguous_strides(shape: Sequence[int]) -> list[int]:
-    out, s = [], 1
-    for d in reversed(shape):
-        out.append(s)
-        s *= d
-    return out[::-1]
-
-
-def collapse(dims: Sequence[Dim]) -> list[Dim]:
-    """Drop size-1 dimensions and merge neighbours that every buffer walks contiguously,
-    so `x + y` on equal shapes is one flat loop and a bias add is two."""
-    out: list[Dim] = []
-    for size, strides in dims:
-        if size == 1:
-            continue
-        if out and all(so == s * size for so, s in zip(out[-1][1], strides)):
-            out[-1] = (out[-1][0] * size, strides)
-        else:
-            out.append((size, tuple(strides)))
-    return out
 
 
 def loop(b: ir.IRBuilder, n: int, body: Callable[[ir.Value], None], name: str = "i") -> None:

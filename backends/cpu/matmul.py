@@ -13,12 +13,13 @@ from dataclasses import dataclass
 
 from llvmlite import ir
 
+from ..strides import contiguous_strides
 from . import blas as B
 from . import scalar as S
 from .cost import choose
 from .fused import FusedEmitter
 from .gemm import GemmProblem, Isa, emit_own, plan_own
-from .loops import contiguous_strides, loop
+from .loops import loop
 from .scalar import i64
 
 

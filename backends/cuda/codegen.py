@@ -24,6 +24,7 @@ import numpy as np
 from ...ir import Graph, Operation, TensorType, Value, numpy_dtype, verify
 from ...ir.printer import _Printer
 from ..interpreter import UnsupportedOpError
+from ..strides import broadcast_strides, contiguous_strides
 from . import conv as C
 from . import launch as L
 from .fused import Body, epilogue_kernel, fused_kernel
@@ -31,8 +32,6 @@ from .kernels import (
     Extra,
     Kernel,
     Operand,
-    broadcast_strides,
-    contiguous_strides,
     coordinate,
     map_kernel,
     out_operands,

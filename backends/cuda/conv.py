@@ -163,31 +163,38 @@ def avg_pool_body(c: int, win: Window, itype: str, dtype: str):
     return body
 
 
+def _sum_over_covering_windows(i: str, c: int, win: Window, itype: str, t: str,
+                               inner: list[str]) -> list[str]:
+    """Lines that unravel input element `i` into (n, ch, y0, x0) and add to `s` what
+    `inner` adds for each output window (oy, ox) covering it (tap ki, kj)."""
+    lines = _unravel(i, [("n", 0), ("ch", c), ("y0", win.h), ("x0", win.w)], itype)
+    return lines + [f"{t} s = 0;",
+                    f"for (int ki = 0; ki < {win.kh}; ++ki) {{",
+                    *["  " + s for s in _covering("y0", win.oh, win.kh, win.sh, win.ph, 1,
+                                                  "ki", "oy", itype)],
+                    f"  for (int kj = 0; kj < {win.kw}; ++kj) {{",
+                    *["    " + s for s in _covering("x0", win.ow, win.kw, win.sw, win.pw, 1,
+                                                    "kj", "ox", itype)],
+                    *["    " + s for s in inner],
+                    "  }",
+                    "}"]
+
+
 def max_pool_grad_body(c: int, win: Window, itype: str, dtype: str):
     """dx[n, c, y, x] = sum of g over the windows whose FIRST maximum (row-major, padding
     -inf, the first NaN wins as np.argmax) is this element; x is `ex0`, g is `ex1`."""
     t, ninf = ctype(dtype), literal(dtype, float("-inf"))
+    inner = [f"{t} best = {ninf}; int first = 0, tap = 0;",
+             *_window_loop(win, c, itype, [
+                 f"const {t} v = inside ? ex0[at] : {ninf};",
+                 "if (tap == 0 || v > best || (v != v && best == best)) "
+                 "{ best = v; first = tap; }",
+                 "++tap;"]),
+             f"if (first == ki * {win.kw} + kj) "
+             f"s += ex1[((n * {c} + ch) * {win.oh} + oy) * {win.ow} + ox];"]
 
     def body(vals, i):
-        lines = _unravel(i, [("n", 0), ("ch", c), ("y0", win.h), ("x0", win.w)], itype)
-        lines += [f"{t} s = 0;",
-                  f"for (int ki = 0; ki < {win.kh}; ++ki) {{",
-                  *["  " + s for s in _covering("y0", win.oh, win.kh, win.sh, win.ph, 1,
-                                                "ki", "oy", itype)],
-                  f"  for (int kj = 0; kj < {win.kw}; ++kj) {{",
-                  *["    " + s for s in _covering("x0", win.ow, win.kw, win.sw, win.pw, 1,
-                                                  "kj", "ox", itype)],
-                  f"    {t} best = {ninf}; int first = 0, tap = 0;",
-                  *["    " + s for s in _window_loop(win, c, itype, [
-                      f"const {t} v = inside ? ex0[at] : {ninf};",
-                      "if (tap == 0 || v > best || (v != v && best == best)) "
-                      "{ best = v; first = tap; }",
-                      "++tap;"])],
-                  f"    if (first == ki * {win.kw} + kj) "
-                  f"s += ex1[((n * {c} + ch) * {win.oh} + oy) * {win.ow} + ox];",
-                  "  }",
-                  "}"]
-        return lines, ["s"]
+        return _sum_over_covering_windows(i, c, win, itype, t, inner), ["s"]
 
     return body
 
@@ -195,19 +202,10 @@ def max_pool_grad_body(c: int, win: Window, itype: str, dtype: str):
 def avg_pool_grad_body(c: int, win: Window, itype: str, dtype: str):
     """dx[n, c, y, x] = sum over the windows covering it of g / (kh * kw); g is `ex0`."""
     t = ctype(dtype)
+    inner = [f"s += ex0[((n * {c} + ch) * {win.oh} + oy) * {win.ow} + ox];"]
 
     def body(vals, i):
-        lines = _unravel(i, [("n", 0), ("ch", c), ("y0", win.h), ("x0", win.w)], itype)
-        lines += [f"{t} s = 0;",
-                  f"for (int ki = 0; ki < {win.kh}; ++ki) {{",
-                  *["  " + s for s in _covering("y0", win.oh, win.kh, win.sh, win.ph, 1,
-                                                "ki", "oy", itype)],
-                  f"  for (int kj = 0; kj < {win.kw}; ++kj) {{",
-                  *["    " + s for s in _covering("x0", win.ow, win.kw, win.sw, win.pw, 1,
-                                                  "kj", "ox", itype)],
-                  f"    s += ex0[((n * {c} + ch) * {win.oh} + oy) * {win.ow} + ox];",
-                  "  }",
-                  "}"]
-        return lines, [f"(s / ({t}){win.kh * win.kw})"]
+        return (_sum_over_covering_windows(i, c, win, itype, t, inner),
+                [f"(s / ({t}){win.kh * win.kw})"])
 
     return body

@@ -20,12 +20,12 @@ from collections.abc import Callable, Sequence
 from ...ir import Operation, Value
 from ...ir.dialects.kernel import varying
 from ..interpreter import UnsupportedOpError
+from ..strides import collapse
 from . import launch as L
 from .kernels import (
     Kernel,
     Operand,
     block_reduce,
-    collapse,
     coordinate,
     indent,
     map_kernel,

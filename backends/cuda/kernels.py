@@ -17,6 +17,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from ..strides import collapse, contiguous_strides
 from . import launch as L
 from .scalar import ITEMSIZE, cast, combine, ctype, identity
 
@@ -54,34 +55,6 @@ class Kernel:
     launch: L.LaunchConfig
     params: list[str] = field(default_factory=list)
     vector: int = 1
-
-
-def contiguous_strides(shape: Sequence[int]) -> list[int]:
-    out, s = [], 1
-    for d in reversed(shape):
-        out.append(s)
-        s *= d
-    return out[::-1]
-
-
-def broadcast_strides(shape: Sequence[int], out_shape: Sequence[int]) -> tuple[int, ...]:
-    """Element strides of a contiguous `shape` read at `out_shape`: 0 where it broadcasts."""
-    lead = len(out_shape) - len(shape)
-    return tuple([0] * lead + [0 if d == 1 else s
-                               for d, s in zip(shape, contiguous_strides(shape))])
-
-
-def collapse(dims: Sequence[tuple[int, tuple[int, ...]]]) -> list[tuple[int, tuple[int, ...]]]:
-    """Drop size-1 dimensions and merge neighbours every buffer walks contiguously."""
-    out: list[tuple[int, tuple[int, ...]]] = []
-    for size, strides in dims:
-        if size == 1:
-            continue
-        if out and all(so == s * size for so, s in zip(out[-1][1], strides)):
-            out[-1] = (out[-1][0] * size, tuple(strides))
-        else:
-            out.append((size, tuple(strides)))
-    return out
 
 
 def layout(strides: Sequence[int], shape: Sequence[int]) -> str:
