@@ -3,59 +3,17 @@ interpreter; then what autodiff emits (frozen params, output contract) and its e
 
 import numpy as np
 import pytest
+from gradcheck import build, grad_check, param
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from ember.backends import interpreter
-from ember.ir import OPS, Builder, Graph, Location, TensorType, dtype_of, verify
+from ember.ir import OPS, Builder, Graph, Location, TensorType, verify
 from ember.passes.autodiff import RULES, Autodiff, AutodiffError, checkpoint_class
-from ember.passes.decompose import Decompose
 from ember.passes.manager import PipelineError
 
 T = TensorType
-
-
-def param(b: Builder, shape, name: str, dtype="f64", **attrs):
-    return b.create("ember.param", [], {"id": name, "path": name, **attrs},
-                    result_types=[T(tuple(shape), dtype)]).result
-
-
-def build(fn, args: list[np.ndarray], wrt: set[int], seed: int = 0) -> Graph:
-    """loss = sum(fn(*args) * r): args in `wrt` are params `p<i>`, the rest graph inputs."""
-    g = Graph("f", [T(a.shape, dtype_of(a.dtype)) for i, a in enumerate(args) if i not in wrt])
-    b, inputs = Builder(g.body), iter(g.args)
-    vals = [param(b, a.shape, f"p{i}") if i in wrt else next(inputs) for i, a in enumerate(args)]
-    out = fn(b, *vals)
-    r = np.random.default_rng(seed).normal(size=out.type.shape)
-    prod = b.op("ember.mul", out, b.op("ember.constant", value=np.asarray(r)))
-    loss = b.op("ember.reduce_sum", prod, axes=list(range(out.type.rank)), keepdims=False)
-    b.create("func.return", [loss])
-    return g
-
-
-def grad_check(fn, args, wrt, eps=1e-6, rtol=1e-5, atol=1e-7, decompose=False):
-    args = [np.asarray(a) for a in args]
-    graph = build(fn, args, set(wrt))
-    graph = verify(Autodiff().apply(Decompose().apply(graph) if decompose else graph))
-    ids = [f"p{i}" for i in sorted(wrt)]
-    assert graph.attributes["ember.grads"] == ids
-    params = {f"p{i}": args[i].astype(np.float64) for i in wrt}
-    inputs = [a for i, a in enumerate(args) if i not in wrt]
-    run = interpreter.compile(graph)
-    loss, *grads = run(inputs, params)
-    for pid, grad in zip(ids, grads):
-        p = params[pid]
-        assert grad.shape == p.shape
-        numeric = np.zeros_like(p)
-        for idx in np.ndindex(p.shape):
-            hi, lo = p.copy(), p.copy()
-            hi[idx] += eps
-            lo[idx] -= eps
-            numeric[idx] = (run(inputs, {**params, pid: hi})[0]
-                            - run(inputs, {**params, pid: lo})[0]) / (2 * eps)
-        np.testing.assert_allclose(grad, numeric, rtol=rtol, atol=atol, err_msg=pid)
-    return graph
 
 
 shapes = hnp.array_shapes(min_dims=0, max_dims=3, min_side=1, max_side=3)

@@ -4,8 +4,10 @@ the decomposition's core rules; then against PyTorch in float32 at 1e-5 relative
 
 from __future__ import annotations
 
+import functools
 import math
 
+import gradcheck
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -13,59 +15,19 @@ from hypothesis import strategies as st
 
 from ember.backends import interpreter
 from ember.backends.interpreter import rng as ember_rng
-from ember.ir import Builder, Graph, TensorType, dtype_of, verify
+from ember.ir import Builder, Graph, TensorType, dtype_of
 from ember.passes.autodiff import RULES, Autodiff
-from ember.passes.decompose import Decompose
 
 T = TensorType
-NP = {"f32": np.float32, "f64": np.float64}
 R_SEED = 2024  # the weights r of loss = sum(out * r); never a seed the inputs use
 FEW = settings(max_examples=6, deadline=None)
 seeds = st.integers(0, 2**32 - 1)
 
 
-def build(fn, args: list[np.ndarray], wrt: set[int], dtype: str, seed: int = R_SEED) -> Graph:
-    """loss = sum(fn(*args) * r): args in `wrt` are params `p<i>`, the rest graph inputs."""
-    g = Graph("f", [T(a.shape, dtype_of(a.dtype)) for i, a in enumerate(args) if i not in wrt])
-    b, inputs = Builder(g.body), iter(g.args)
-    vals = [b.create("ember.param", [], {"id": f"p{i}", "path": f"p{i}"},
-                     result_types=[T(a.shape, dtype)]).result if i in wrt else next(inputs)
-            for i, a in enumerate(args)]
-    out = fn(b, *vals)
-    r = np.random.default_rng(seed).normal(size=out.type.shape).astype(NP[dtype])
-    prod = b.op("ember.mul", out, b.op("ember.constant", value=np.asarray(r)))
-    b.create("func.return", [b.op("ember.reduce_sum", prod, axes=list(range(out.type.rank)),
-                                  keepdims=False)])
-    return g
-
-
-def gradients(fn, args, wrt, dtype="f64", decompose=False):
-    """(run, inputs, params, grads) of sum(fn * r) with respect to the args in `wrt`."""
-    args = [np.asarray(a, NP[dtype]) if np.asarray(a).dtype.kind == "f" else np.asarray(a)
-            for a in args]
-    graph = build(fn, args, set(wrt), dtype)
-    graph = verify(Autodiff().apply(Decompose().apply(graph) if decompose else graph))
-    if decompose:
-        assert not any(op.name.startswith("nn.") for op in graph.ops)
-    params = {f"p{i}": args[i] for i in wrt}
-    inputs = [a for i, a in enumerate(args) if i not in wrt]
-    run = interpreter.compile(graph)
-    _, *grads = run(inputs, params)
-    return run, inputs, params, dict(zip(sorted(params), grads))
-
-
-def grad_check(fn, args, wrt, decompose=False, eps=1e-6, rtol=1e-5, atol=1e-7):
-    run, inputs, params, grads = gradients(fn, args, wrt, decompose=decompose)
-    for pid, grad in grads.items():
-        p = params[pid]
-        numeric = np.zeros_like(p)
-        for idx in np.ndindex(p.shape):
-            hi, lo = p.copy(), p.copy()
-            hi[idx] += eps
-            lo[idx] -= eps
-            numeric[idx] = (run(inputs, {**params, pid: hi})[0]
-                            - run(inputs, {**params, pid: lo})[0]) / (2 * eps)
-        np.testing.assert_allclose(grad, numeric, rtol=rtol, atol=atol, err_msg=pid)
+# the shared harness, with r drawn from R_SEED (the torch comparisons redraw it)
+build = functools.partial(gradcheck.build, seed=R_SEED)
+gradients = functools.partial(gradcheck.gradients, seed=R_SEED)
+grad_check = functools.partial(gradcheck.grad_check, seed=R_SEED)
 
 
 def op(name, **attrs):
