@@ -36,6 +36,13 @@ def register(cls: type[OpDef]) -> type[OpDef]:
     return cls
 
 
+def declare(dialect: str, base: type[OpDef], names: str, prefix: str = "", **extra) -> None:
+    """Register one subclass of `base` per name in `names` ("add sub"), as `dialect.<name>`:
+    for families of ops that differ only in their name."""
+    for n in names.split():
+        register(type(prefix + n.title(), (base,), {"name": f"{dialect}.{n}", **extra}))
+
+
 def lookup(name: str) -> type[OpDef] | None:
     """The definition of an op name, or None for an unregistered op."""
     return OPS.get(name)

@@ -8,6 +8,7 @@ from ..opdef import (
     InferenceError,
     OpDef,
     broadcast_shapes,
+    declare,
     fmt_shape,
     normalize_axes,
     register,
@@ -63,14 +64,9 @@ class Binary(OpDef):
         return [TensorType(broadcast_shapes(cls.name, a.shape, b.shape), dtype)]
 
 
-def _declare(base: type[OpDef], names: str, **extra) -> None:
-    for n in names.split():
-        register(type(n.title(), (base,), {"name": f"ember.{n}", **extra}))
-
-
-_declare(Binary, "add sub mul div max min pow")
-_declare(Unary, "exp log sqrt rsqrt tanh sigmoid")
-_declare(Unary, "neg relu abs", float_only=False)
+declare("ember", Binary, "add sub mul div max min pow")
+declare("ember", Unary, "exp log sqrt rsqrt tanh sigmoid")
+declare("ember", Unary, "neg relu abs", float_only=False)
 
 CMP_PREDICATES = ("eq", "ne", "lt", "le", "gt", "ge")
 
@@ -139,7 +135,7 @@ class Reduce(OpDef):
         return [t.with_shape(shape)]
 
 
-_declare(Reduce, "reduce_sum reduce_mean reduce_max")
+declare("ember", Reduce, "reduce_sum reduce_mean reduce_max")
 
 
 @register
@@ -228,7 +224,7 @@ class OneHot(OpDef):
         return [TensorType(t.shape + (attrs["num_classes"],), attrs["dtype"])]
 
 
-_declare(Unary, "erf")
+declare("ember", Unary, "erf")
 
 
 def _float(op: str, t: TensorType) -> None:

@@ -36,12 +36,12 @@ from __future__ import annotations
 
 import math
 
-from ..opdef import InferenceError, OpDef, register, same_dtype
+from ..opdef import InferenceError, OpDef, declare, register, same_dtype
 from ..types import DTYPES, ScalarType, TensorType
+from .ember import CMP_PREDICATES
 
 SCALAR = frozenset({"pure", "scalar_operands"})
 REDUCE_KINDS = ("add", "max", "min", "mul")
-CMP_PREDICATES = ("eq", "ne", "lt", "le", "gt", "ge")
 
 
 def _scalars(op: str, types) -> None:
@@ -74,14 +74,9 @@ class ScalarBinary(OpDef):
         return [ScalarType(same_dtype(cls.name, operand_types))]
 
 
-def _declare(base: type[OpDef], names: str, **extra) -> None:
-    for n in names.split():
-        register(type("K" + n.title(), (base,), {"name": f"kernel.{n}", **extra}))
-
-
-_declare(ScalarBinary, "add sub mul div max min pow")
-_declare(ScalarUnary, "exp log sqrt rsqrt tanh sigmoid erf")
-_declare(ScalarUnary, "neg relu abs", float_only=False)
+declare("kernel", ScalarBinary, "add sub mul div max min pow", prefix="K")
+declare("kernel", ScalarUnary, "exp log sqrt rsqrt tanh sigmoid erf", prefix="K")
+declare("kernel", ScalarUnary, "neg relu abs", prefix="K", float_only=False)
 
 
 @register
