@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, fields, is_dataclass
+from operator import is_
 
 import numpy as np
 
@@ -136,6 +137,46 @@ def _map(value, name: str, container: str, mapper: ModuleMapper):
     return value
 
 
+class _Edits:
+    """How many Module fields were assigned or deleted so far, in any tree (see TreeWatch)."""
+
+    count = 0
+
+
+class TreeWatch:
+    """Says cheaply whether a module tree may have changed shape since the watch was made,
+    so that the runtime walks the tree once instead of on every step.
+
+    A change is any Module field assigned or deleted anywhere (a global count, so an
+    unrelated tree's edit costs one more walk, never a stale one) or a list or dict held
+    in the tree's fields changed in place (each is kept with a snapshot of its items).
+    Param values, flags and requires_grad are not structure: callers read them each time.
+    """
+
+    def __init__(self, root: Module):
+        self._count = _Edits.count
+        self._lists: list[tuple[list, tuple]] = []
+        self._dicts: list[tuple[dict, tuple, tuple]] = []
+        for _, module in root.visit(_Paths(root)).modules:
+            for name in module.__dict__.get("_fields", ()):
+                self._collect(module.__dict__.get(name))
+
+    def _collect(self, value) -> None:
+        if isinstance(value, list):
+            self._lists.append((value, tuple(value)))
+        elif isinstance(value, dict):
+            self._dicts.append((value, tuple(value), tuple(value.values())))
+        for _, x, _ in _items(value):
+            self._collect(x)
+
+    def unchanged(self) -> bool:
+        return (self._count == _Edits.count
+                and all(len(v) == len(items) and all(map(is_, v, items))
+                        for v, items in self._lists)
+                and all(len(d) == len(keys) and all(map(is_, d.values(), values))
+                        and tuple(d) == keys for d, keys, values in self._dicts))
+
+
 # -- the visitors and mappers behind Module's methods -------------------------------------
 
 class _Paths(ModuleVisitor):
@@ -242,10 +283,12 @@ class Module:
                                 "holds a Module or Param is never visited; use a list, tuple or "
                                 "dict (with string or int keys)")
             self.__dict__.setdefault("_fields", {})[name] = None  # an ordered set of names
+        _Edits.count += 1
         object.__setattr__(self, name, value)
 
     def __delattr__(self, name: str) -> None:
         self.__dict__.get("_fields", {}).pop(name, None)
+        _Edits.count += 1
         object.__delattr__(self, name)
 
     def _children(self) -> Iterator[tuple[str, object]]:
@@ -283,6 +326,7 @@ class Module:
         for name, value in list(self._children()):
             new = _map(value, name, owner, mapper)
             if new is not value:
+                _Edits.count += 1
                 object.__setattr__(self, name, new)
         return self
 

@@ -186,6 +186,10 @@ class Param:
 
         `a` is kept without a copy when its dtype and layout already fit: don't mutate it.
         """
+        if (type(a) is np.ndarray and a.shape == self.shape and a.flags.c_contiguous
+                and a.dtype == numpy_dtype(self.dtype)):  # a compiled step's result
+            self._value = a
+            return self
         a = np.asarray(a)
         if a.shape != self.shape:
             raise ValueError(f"param {self.id}: value of shape {list(a.shape)} does not match "

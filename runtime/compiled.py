@@ -11,11 +11,13 @@ after the step), `ember.grads`, `ember.updates` and `ember.state` (optimizer pas
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
@@ -24,9 +26,9 @@ from ..frontend.trace import TensorSpec, trace_function
 from ..ir import Graph
 from .backend import DEVICE_BACKENDS, get_backend, to_host
 from .debug import AnomalyError, ExecutionError, describe, find_anomaly, locate_error
-from .params import GradientsParams, param_table, param_values, state_key
+from .params import GradientsParams, ParamTable, param_values, state_key
 from .pipeline import Stages, grad_pipeline, inference_pipeline, training_pipeline
-from .update import hyper_inputs, state_inputs, write_back
+from .update import UpdateLayout, hyper_inputs, state_inputs, write_back
 
 
 @dataclass
@@ -47,16 +49,24 @@ class Entry:
             self._replay = self.stages.unfused()
         return self._replay
 
-    @property
+    @cached_property
     def rng_index(self) -> int | None:
         i = self.graph.attributes.get("ember.rng")
         return None if i is None else int(i)
 
-    @property
+    @cached_property
     def buffer_ids(self) -> list[str]:
         return list(self.graph.attributes.get("ember.buffer_updates", ()))
 
-    @property
+    @cached_property
+    def update_layout(self) -> UpdateLayout:
+        return UpdateLayout.of(self.graph)
+
+    @cached_property
+    def lr_dtype(self) -> str:
+        return next(a for a in self.graph.args if a.name == "lr").type.dtype
+
+    @cached_property
     def tail(self) -> int:
         """How many results at the end are gradients or new params and optimizer state."""
         a = self.graph.attributes
@@ -94,6 +104,7 @@ class Compiled:
         self._on_device: dict[str, tuple] | None = {} if backend in DEVICE_BACKENDS else None
         self._cache: dict[tuple, Entry] = {}
         self._last: Entry | None = None
+        self.param_table = ParamTable(model)
 
     # subclasses: the function to trace and the pipeline to run
     def traced_fn(self) -> Callable:
@@ -107,10 +118,11 @@ class Compiled:
         return ()
 
     def entry(self, inputs: tuple, table: dict | None = None) -> Entry:
-        table = param_table(self.model) if table is None else table
-        key = (tuple(_shape_and_dtype(x) for x in inputs), state_key(table), self.key_extra())
+        table = self.param_table() if table is None else table
+        key = (tuple(map(_shape_and_dtype, inputs)), state_key(table), self.key_extra())
         entry = self._cache.get(key)
         if entry is None:
+            self.check_new_inputs(inputs)
             specs = tuple(TensorSpec.of(x) for x in inputs)
             if self._last is not None:
                 was = ", ".join(str(list(s.shape)) for s in self._last.specs)
@@ -122,6 +134,9 @@ class Compiled:
             self._cache[key] = entry
         self._last = entry
         return entry
+
+    def check_new_inputs(self, inputs: tuple) -> None:
+        """Checks of input shapes before they are traced (a compiled key passed them)."""
 
     def _trace(self, specs: tuple) -> Graph:
         return trace_function(self.traced_fn(), self.model, specs, name=self.kind,
@@ -145,7 +160,7 @@ class Compiled:
         """Clear errors for what would otherwise fail deep inside, or silently."""
         for i, c in entry.labels:
             y = np.asarray(inputs[i])
-            if y.size and (y.min() < 0 or y.max() >= c):
+            if y.size and not _all_below(y, c):
                 bad = np.unique(y[(y < 0) | (y >= c)])[:5].tolist()
                 raise ValueError(f"labels out of range: input {i} has values {bad} outside "
                                  f"[0, {c}) (the model's output has {c} classes)")
@@ -205,7 +220,7 @@ class Compiled:
 
     def execute(self, inputs: tuple) -> tuple[Entry, dict, list[np.ndarray]]:
         """Compile if needed, check, run: (entry, the param table, the results)."""
-        table = param_table(self.model)
+        table = self.param_table()
         entry = self.entry(inputs, table)
         self.check_inputs(entry, inputs)
         params = self.params(table)
@@ -262,10 +277,17 @@ def write_stages(stages: Stages, directory: str, prefix: str = "") -> list[str]:
 
 def _shape_and_dtype(x) -> tuple:
     """What of an input keys a compiled graph (cheaper than a TensorSpec on every call)."""
-    if isinstance(x, TensorSpec):
+    if type(x) is np.ndarray or isinstance(x, TensorSpec):
         return x.shape, x.dtype
     dtype = getattr(x, "dtype", None)
     return np.shape(x), np.asarray(x).dtype if dtype is None else dtype
+
+
+def _all_below(y: np.ndarray, c: int) -> bool:
+    """0 <= y < c, in one pass: viewed as unsigned, a negative label is above any c."""
+    if y.dtype.kind == "i" and y.flags.c_contiguous:
+        return int(y.view(f"u{y.dtype.itemsize}").max()) < c
+    return bool(y.min() >= 0 and y.max() < c)
 
 
 def _batch_sizes_agree(inputs: tuple) -> None:
@@ -324,15 +346,14 @@ class _Training(Compiled):
         _finite_inputs(inputs)  # batch sizes were checked by entry()
         super().check_inputs(entry, inputs)
 
-    def entry(self, inputs: tuple, table: dict | None = None) -> Entry:
+    def check_new_inputs(self, inputs: tuple) -> None:
         _batch_sizes_agree(inputs)  # before tracing, so the error is this one
-        return super().entry(inputs, table)
 
     def finish(self, entry: Entry, table: dict, outs: list) -> list:
         """Check the loss, keep loss and metrics, write buffers; returns the tail."""
         main, buffers, tail = entry.split(outs)
         loss = float(main[0])
-        if not np.isfinite(loss):
+        if not math.isfinite(loss):
             raise FloatingPointError(
                 f"the loss is {loss} at step {self.rng_step}; the model's params were not "
                 "updated. Rerun with detect_anomaly=True (ember train --detect-anomaly) to "
@@ -387,17 +408,17 @@ class TrainStep(_Training):
                                  self.checkpoint, self.memory_budget)
 
     def key_extra(self) -> tuple:
-        return (self.optimizer.pass_spec(),)
+        return (self.optimizer.kind, *self.optimizer.options().items())
 
     def extra_inputs(self, entry: Entry, table: dict) -> list:
-        lr = next(a for a in entry.graph.args if a.name == "lr")
-        return (hyper_inputs(self.optimizer, lr.type.dtype)
-                + state_inputs(self.optimizer, entry.graph, table))
+        return (hyper_inputs(self.optimizer, entry.lr_dtype)
+                + state_inputs(self.optimizer, entry.update_layout, table))
 
     def __call__(self, *inputs: np.ndarray):
         entry, table, outs = self.execute(inputs)
         tail = self.finish(entry, table, outs)
-        write_back(self.optimizer, entry.graph, table, tail, keep=self.keep)
+        write_back(self.optimizer, entry.update_layout, table, tail,
+                   keep=self.keep if self._on_device is not None else None)
         return self.loss if not self.metrics else (self.loss, *self.metrics)
 
     def memory_report(self) -> dict:

@@ -4,13 +4,29 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..frontend.module import Module
+from ..frontend.module import Module, TreeWatch
 from ..frontend.param import Param, ParamId
 
 
 def param_table(model: Module) -> dict[str, Param]:
     """Every Param of the model (buffers and flags too), keyed by `str(param.id)`."""
     return model.params_by_id()
+
+
+class ParamTable:
+    """`param_table(model)` for a runtime that asks on every step: the tree is walked again
+    only when its TreeWatch says it may have changed (a layer replaced, a list appended)."""
+
+    def __init__(self, model: Module):
+        self.model = model
+        self._watch: TreeWatch | None = None
+        self._table: dict[str, Param] = {}
+
+    def __call__(self) -> dict[str, Param]:
+        if self._watch is None or not self._watch.unchanged():
+            self._watch = TreeWatch(self.model)
+            self._table = param_table(self.model)
+        return self._table
 
 
 def param_values(table: dict[str, Param]) -> dict[str, np.ndarray]:

@@ -7,6 +7,8 @@ loop and a compiled step apply bit-for-bit the same formulas.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from ..backends import interpreter
@@ -16,36 +18,46 @@ from .backend import to_host
 from .params import param_table, param_values
 
 
-def hyper_inputs(opt, dtype: str) -> list[np.ndarray]:
-    """The `lr` and `step` arguments of a lowered update."""
-    dt = numpy_dtype(dtype)
-    return [np.asarray(opt.lr, dtype=dt), np.asarray(opt.step_count + 1, dtype=dt)]
+def hyper_inputs(opt, dtype: str) -> list[np.generic]:
+    """The `lr` and `step` arguments of a lowered update, as numpy scalars."""
+    scalar = numpy_dtype(dtype).type
+    return [scalar(opt.lr), scalar(opt.step_count + 1)]
 
 
-def state_inputs(opt, graph: Graph, table: dict) -> list[np.ndarray]:
-    out = []
-    for name in graph.attributes["ember.state"]:
-        pid, slot = name.rsplit(":", 1)
-        out.append(opt.slot(table[pid].id, slot, table[pid].val()))
-    return out
+@dataclass(frozen=True)
+class UpdateLayout:
+    """Where a lowered update's new params and optimizer state sit: the graph's last
+    results, in the order of its `ember.updates` and `ember.state` (`<param id>:<slot>`)."""
+
+    updates: tuple[str, ...]
+    state: tuple[tuple[str, str], ...]  # (param id, slot name)
+
+    @classmethod
+    def of(cls, graph: Graph) -> UpdateLayout:
+        a = graph.attributes
+        return cls(tuple(a["ember.updates"]),
+                   tuple(tuple(name.rsplit(":", 1)) for name in a["ember.state"]))
 
 
-def write_back(opt, graph: Graph, table: dict, outs: list, keep=None) -> None:
+def state_inputs(opt, layout: UpdateLayout, table: dict) -> list[np.ndarray]:
+    return [opt.slot(table[pid].id, slot, table[pid].val()) for pid, slot in layout.state]
+
+
+def write_back(opt, layout: UpdateLayout, table: dict, outs: list, keep=None) -> None:
     """Store the new params and optimizer state a lowered update returned; count the step.
 
     Params are rebound to the returned arrays (brought to the host when they are device
     arrays; `keep(pid, host, device)` lets the caller keep the device copy); optimizer
     state stays where the backend put it.
     """
-    updates, state = graph.attributes["ember.updates"], graph.attributes["ember.state"]
-    new = outs[len(outs) - len(updates) - len(state):]
-    for pid, value in zip(updates, new):
-        table[pid].set_value(to_host(value))
+    new = outs[len(outs) - len(layout.updates) - len(layout.state):]
+    for pid, value in zip(layout.updates, new):
+        param = table[pid].set_value(to_host(value))
         if keep is not None:
-            keep(pid, table[pid].val(), value)
-    for name, value in zip(state, new[len(updates):]):
-        pid, slot = name.rsplit(":", 1)
-        opt.state[table[pid].id][slot] = value
+            keep(pid, param.val(), value)
+    state = opt.state
+    for (pid, slot), value in zip(layout.state, new[len(layout.updates):]):
+        state[table[pid].id][slot] = value
     opt.step_count += 1
 
 
@@ -65,6 +77,7 @@ def apply_update(opt, model, grads) -> None:
     (lower,) = parse_pipeline(opt.pass_spec())
     graph = lower.apply(graph)
     inputs = [grads[table[pid].id] for pid in ids]
-    inputs += hyper_inputs(opt, dtype) + state_inputs(opt, graph, table)
+    layout = UpdateLayout.of(graph)
+    inputs += hyper_inputs(opt, dtype) + state_inputs(opt, layout, table)
     outs = interpreter.run(graph, inputs, param_values(table))
-    write_back(opt, graph, table, outs)
+    write_back(opt, layout, table, outs)

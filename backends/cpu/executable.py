@@ -65,11 +65,27 @@ class Executable:
         self._arrays = [self._fixed(i, s, fresh) for i, s in enumerate(self.slots)]
         self._ptrs = (ctypes.c_void_p * max(len(self.slots), 1))(
             *[a.ctypes.data if a is not None else None for a in self._arrays])
-        # (self._bound's scalar buffers are set into _arrays/_ptrs below)
-        self._bound = [(i, s.kind, s.key, numpy_dtype(s.type.dtype), s.type,
-                        self._describe(s), self._scalar_buffer(i, s))
-                       for i, s in enumerate(self.slots) if s.kind in ("arg", "param")]
-        self._owned = frozenset(i for i, *_ in self._fresh)
+        bound = [(i, s) for i, s in enumerate(self.slots) if s.kind in ("arg", "param")]
+        # scalar inputs (a learning rate, a step count) go into buffers of their own
+        self._scalars = [(s.key, self._scalar_buffer(i, s), numpy_dtype(s.type.dtype),
+                          s.type, self._describe(s)) for i, s in bound
+                         if s.kind == "arg" and s.type.shape == ()]
+        self._tensors = [(i, s.kind == "arg", s.key, numpy_dtype(s.type.dtype), s.type.shape,
+                          s.type, self._describe(s)) for i, s in bound
+                         if s.kind == "param" or s.type.shape != ()]
+        # (slot, shape to view it as or None, returned as is) of each result: a fresh
+        # buffer is handed over the first time it is returned, anything else is copied
+        self._results, handed = [], set()
+        for i, t in self.outputs:
+            own = i in fresh and i not in handed
+            handed.add(i)
+            self._results.append((i, t.shape if self.slots[i].type.shape != t.shape else None,
+                                  own))
+        # id -> (array, ..., address) of the small fresh results of the last call and of
+        # the pooled big ones: a training step binds them as its next params, and their
+        # address is known already (a pool entry is shared, so refcounts stay as they were)
+        self._given: dict[int, tuple] = {}
+        self._pooled: dict[int, tuple] = {}
         self._pool: dict[int, list] = {}  # big returned results, recycled when released
         self._status = None
         if self.plan.checked:
@@ -81,11 +97,9 @@ class Executable:
         if os.environ.get("EMBER_PASS_TIMING"):  # the backend's stages, as --pass-timing
             print(f"@{graph.name}:\n{self.timing_report()}", file=sys.stderr)
 
-    def _scalar_buffer(self, i, s) -> np.ndarray | None:
+    def _scalar_buffer(self, i, s) -> np.ndarray:
         """Scalar inputs (a learning rate, a step count) are copied into a buffer of their
         own, whose address the table keeps: cheaper than converting a new array per call."""
-        if s.kind != "arg" or s.type.shape != ():
-            return None
         buf = np.zeros((), numpy_dtype(s.type.dtype))
         self._arrays[i] = buf
         self._ptrs[i] = buf.ctypes.data
@@ -123,7 +137,8 @@ class Executable:
                 return entry[0], entry[2]
         a, addr = aligned_empty(self.slots[i].type)
         if len(pool) < 3:
-            pool.append((a, a.base, addr))
+            pool.append(entry := (a, a.base, addr))
+            self._pooled[id(a)] = entry
         return a, addr
 
     def _raise_status(self) -> None:
@@ -175,46 +190,45 @@ class Executable:
         if len(inputs) != len(self.graph.args):
             raise ValueError(f"graph @{self.graph.name} takes {len(self.graph.args)} inputs, "
                              f"got {len(inputs)}")
-        arrays = list(self._arrays)
+        arrays = self._arrays.copy()
+        given, fresh = self._given, {}
         with self._lock:
             table = self._ptrs
-            for i, kind, key, dtype, t, what, scalar in self._bound:
-                if scalar is not None:
-                    x = inputs[key]
-                    if type(x) not in _SCALARS.get(dtype.kind, ()):
-                        x = as_input(x, t, dtype, what)
-                    scalar[()] = x
-                    continue
-                if kind == "arg":
+            for key, buf, dtype, t, what in self._scalars:
+                x = inputs[key]
+                if type(x) not in _SCALARS.get(dtype.kind, ()):
+                    x = as_input(x, t, dtype, what)
+                buf[()] = x
+            for i, is_arg, key, dtype, shape, t, what in self._tensors:
+                if is_arg:
                     x = inputs[key]
                 else:
                     x = params.get(key) if params else None
                     if x is None:
                         raise KeyError(f"no value for param {what}")
-                if not (type(x) is np.ndarray and x.dtype is dtype and x.shape == t.shape
+                if not (type(x) is np.ndarray and x.dtype is dtype and x.shape == shape
                         and x.flags.c_contiguous):
                     x = as_input(x, t, dtype, what)
                 arrays[i] = x
-                table[i] = _address(x)
+                known = given.get(id(x)) or self._pooled.get(id(x))
+                table[i] = known[-1] if known is not None and known[0] is x else _address(x)
             for i, shape, dtype, big in self._fresh:
                 if big:
-                    arrays[i], table[i] = self._recycled(i)
+                    x, addr = self._recycled(i)
                 else:
-                    arrays[i] = x = np.empty(shape, dtype)
-                    table[i] = _address(x)
+                    x = np.empty(shape, dtype)
+                    addr = _address(x)
+                    fresh[id(x)] = (x, addr)
+                arrays[i], table[i] = x, addr
             self._entry(table)
             self.native_calls += 1
+            self._given = fresh
             if self._status is not None and self._status.value:
                 self._raise_status()
-        owned, results = self._owned, []
-        seen = set()
-        for i, t in self.outputs:
-            view = arrays[i]
-            if view.shape != t.shape:
-                view = view.reshape(t.shape)
-            results.append(view if i in owned and i not in seen else view.copy())
-            seen.add(i)
-        return results
+        return [arrays[i] if own and shape is None else
+                arrays[i].reshape(shape) if own else
+                (arrays[i] if shape is None else arrays[i].reshape(shape)).copy()
+                for i, shape, own in self._results]
 
 
 # references to a pooled (array, owner, address) entry's array and owner while only the

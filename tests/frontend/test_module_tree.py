@@ -267,3 +267,45 @@ def test_repr_shows_the_tree_configs_and_counts():
 def test_linear_rejects_invalid_sizes(args, bad):
     with pytest.raises(ValueError, match=bad):
         nn.Linear(*args)
+
+
+# -- TreeWatch: what makes the runtime walk a tree again ------------------------------------
+
+def _watched(edit):
+    """Whether a TreeWatch still says "unchanged" after `edit(net, spare)`; `spare` is a
+    layer made before the watch, so only the edit itself can tell."""
+    from ember.frontend.module import TreeWatch
+
+    em.seed(0)
+    net = Net()
+    net.table = {"a": nn.Linear(2, 2)}
+    spare = nn.Linear(8, 8)
+    watch = TreeWatch(net)
+    assert watch.unchanged()
+    edit(net, spare)
+    return watch.unchanged()
+
+
+@pytest.mark.parametrize("edit", [
+    lambda n, s: setattr(n, "head", s),                # a field reassigned
+    lambda n, s: n.layers.append(s),                   # a list grown in place
+    lambda n, s: n.layers.__setitem__(1, s),           # a list element replaced
+    lambda n, s: n.sizes.append(s),                    # a constant list now holds one
+    lambda n, s: n.table.update(b=s),                  # a dict grown in place
+    lambda n, s: n.table.update(a=s),                  # a dict value replaced
+    lambda n, s: n.layers[1].__delattr__("bias"),      # a field deleted deep down
+    lambda n, s: n.map(type("M", (em.ModuleMapper,), {"map_float": lambda self, p: p.map(
+        lambda v: v * 2)})()),                          # a mapper rebinds params
+], ids=["field", "append", "setitem", "constant-list", "dict-grow", "dict-set", "delattr",
+        "map"])
+def test_tree_watch_sees_every_change_of_shape(edit):
+    assert not _watched(edit)
+
+
+def test_tree_watch_ignores_values_and_flags():
+    def edit(n, _):
+        n.head.weight.set_value(np.zeros((8, 2), np.float32))
+        n.freeze()
+        n.valid()
+
+    assert _watched(edit)

@@ -200,3 +200,20 @@ def test_memory_budget_implies_min_cut_and_a_hopeless_one_fails_clearly(data):
                                  backend="interpreter", memory_budget=1000)
     with pytest.raises(ValueError, match="budget"):
         step(data.x_train[:32], data.y_train[:32])
+
+
+def test_a_step_sees_layers_replaced_or_appended_after_compiling(data):
+    """The runtime walks the module tree only when it may have changed (TreeWatch): a layer
+    replaced in a list, in place, is what the next step trains."""
+    em.seed(0)
+    model = Mlp()
+    step = em.compile_train_step(model, nn.functional.cross_entropy, optim.SGD(lr=0.1),
+                                 backend="cpu")
+    x, y = data.x_train[:32], data.y_train[:32]
+    step(x, y)
+    old = model.layers[0]
+    model.layers[0] = nn.Linear(64, old.weight.shape[1])
+    before = model.layers[0].weight.val().copy()
+    step(x, y)
+    assert not np.array_equal(model.layers[0].weight.val(), before)
+    assert old.weight.val() is not model.layers[0].weight.val()
