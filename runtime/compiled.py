@@ -21,6 +21,7 @@ from functools import cached_property
 
 import numpy as np
 
+from ..backends.cpu.checks import InputCheckError
 from ..frontend.module import Module
 from ..frontend.trace import TensorSpec, trace_function
 from ..ir import Graph
@@ -57,6 +58,11 @@ class Entry:
     @cached_property
     def buffer_ids(self) -> list[str]:
         return list(self.graph.attributes.get("ember.buffer_updates", ()))
+
+    @cached_property
+    def native_checks(self) -> bool:
+        """Whether the backend runs the graph's input checks itself (before any kernel)."""
+        return bool(getattr(self.run, "checks_inputs", False))
 
     @cached_property
     def update_layout(self) -> UpdateLayout:
@@ -146,6 +152,8 @@ class Compiled:
         start = time.perf_counter()
         graph = self._trace(specs)
         labels = _label_inputs(graph)
+        if labels:  # checked natively where the backend can (cpu), else by check_inputs
+            graph.attributes["ember.label_args"] = [list(label) for label in labels]
         stages = Stages(graph, self.pipeline())
         run = self.backend.compile(stages.graph)
         entry = Entry(stages.graph, run, stages, time.perf_counter() - start, specs, labels)
@@ -160,7 +168,7 @@ class Compiled:
         """Clear errors for what would otherwise fail deep inside, or silently."""
         for i, c in entry.labels:
             y = np.asarray(inputs[i])
-            if y.size and not _all_below(y, c):
+            if y.size and (y.min() < 0 or y.max() >= c):
                 bad = np.unique(y[(y < 0) | (y >= c)])[:5].tolist()
                 raise ValueError(f"labels out of range: input {i} has values {bad} outside "
                                  f"[0, {c}) (the model's output has {c} classes)")
@@ -176,6 +184,9 @@ class Compiled:
         """Run the compiled graph; an error names the op and source line that raised it."""
         try:
             return entry.run(args, params)
+        except InputCheckError:  # the backend's own check: say which rows or values
+            self.check_inputs(entry, tuple(args[:len(entry.specs)]))
+            raise
         except Exception as e:
             found = locate_error(entry.replay_graph(), args, params)
             if found is None:
@@ -222,7 +233,8 @@ class Compiled:
         """Compile if needed, check, run: (entry, the param table, the results)."""
         table = self.param_table()
         entry = self.entry(inputs, table)
-        self.check_inputs(entry, inputs)
+        if not entry.native_checks:
+            self.check_inputs(entry, inputs)
         params = self.params(table)
         args = self.arguments(entry, inputs) + self.extra_inputs(entry, table)
         outs = self.run(entry, args, params)
@@ -283,13 +295,6 @@ def _shape_and_dtype(x) -> tuple:
     return np.shape(x), np.asarray(x).dtype if dtype is None else dtype
 
 
-def _all_below(y: np.ndarray, c: int) -> bool:
-    """0 <= y < c, in one pass: viewed as unsigned, a negative label is above any c."""
-    if y.dtype.kind == "i" and y.flags.c_contiguous:
-        return int(y.view(f"u{y.dtype.itemsize}").max()) < c
-    return bool(y.min() >= 0 and y.max() < c)
-
-
 def _batch_sizes_agree(inputs: tuple) -> None:
     rows = [np.shape(x)[0] if np.ndim(x) else None for x in inputs]
     if len({r for r in rows if r is not None}) > 1:
@@ -341,6 +346,13 @@ class _Training(Compiled):
 
     def traced_fn(self):
         return lambda x, *targets: self.loss_fn(self.model(x), *targets)
+
+    def _trace(self, specs: tuple) -> Graph:
+        graph = super()._trace(specs)
+        floats = [i for i, s in enumerate(specs) if s.dtype in ("f32", "f64")]
+        if floats:  # NaN/Inf inputs: checked natively where the backend can, as labels
+            graph.attributes["ember.finite_args"] = floats
+        return graph
 
     def check_inputs(self, entry: Entry, inputs: tuple) -> None:
         _finite_inputs(inputs)  # batch sizes were checked by entry()

@@ -23,12 +23,13 @@ from ...ir import Graph, Operation, TensorType, Value, numpy_dtype
 from ...ir.printer import print_graph
 from ..interpreter import UnsupportedOpError
 from . import scalar as S
+from .checks import emit_checks, input_checks
 from .fused import KernelCompileError, emit_fused
 from .gemm import Isa, host_isa
 from .kernels import KERNELS, PTR, emit_kernel
 from .matmul import as_kernel, emit_matmul, scratch_bytes
 from .scalar import REG, i64
-from .spatial import conv_scratch, emit_conv, emit_dropout, emit_gather_scatter, emit_pool
+from .spatial import conv_scratch, emit_conv, emit_dropout, emit_gather_scatter, emit_pool, status
 from .threads import num_threads
 
 ENTRY = "ember_entry"
@@ -61,7 +62,8 @@ class Plan:
     outputs: list[tuple[int, TensorType]] = field(default_factory=list)
     steps: list[Step] = field(default_factory=list)
     scratch: int | None = None  # slot index of the scratch buffer
-    checked: bool = False  # some kernel reports bad indices in ember_status
+    checked: bool = False  # some kernel or input check reports in ember_status
+    checks: list[tuple[int, int | None]] = field(default_factory=list)  # see checks.py
     threads: int = 1
     isa: Isa | None = None
 
@@ -142,7 +144,13 @@ def plan(graph: Graph, threads: int | None = None) -> Plan:
                 f"the cpu backend has no kernel for '{op.name}': it runs core ember.* ops "
                 "and kernel.* ops only; run the `decompose` pass first (it lowers nn.* ops "
                 "to them)")
-    out.checked = any(st.op.name in INDEXED_OPS for st in out.steps)
+    out.checks = input_checks(graph)
+    for arg, bound in out.checks:
+        want = ("f32", "f64") if bound is None else ("i32", "i64")
+        if graph.args[arg].type.dtype not in want:
+            raise UnsupportedOpError(f"input check on argument {arg} of {graph.args[arg].type}:"
+                                     f" needs {' or '.join(want)}")
+    out.checked = bool(out.checks) or any(st.op.name in INDEXED_OPS for st in out.steps)
     if scratch:
         out.scratch = len(out.slots)
         out.slots.append(Slot("scratch", None, key=scratch))
@@ -184,6 +192,9 @@ def emit(p: Plan, name: str = "graph") -> ir.Module:
         ptrs = [b.load(b.gep(entry.args[0], [i64(i)], inbounds=True, source_etype=PTR),
                        typ=PTR, name=f"buf{i}") for i in range(len(p.slots))]
         scratch = ptrs[p.scratch] if p.scratch is not None else ir.Constant(PTR, None)
+        if p.checks:
+            emit_checks(b, p.checks, [ptrs[arg] for arg, _ in p.checks],
+                        [p.slots[arg].type for arg, _ in p.checks], status(mod))
         if profiled:
             _stamp(b, entry.args[1], 0)
         for k, (st, fn) in enumerate(zip(p.steps, fns)):

@@ -15,6 +15,7 @@ from ...ir import Graph, numpy_dtype, verify
 from ...ir.printer import print_graph
 from . import cache
 from .buffers import aligned_copy, aligned_empty, as_input
+from .checks import InputCheckError, describe
 from .codegen import ENTRY, PROFILED, emit, plan
 from .jit import JitModule, fingerprint
 
@@ -93,6 +94,7 @@ class Executable:
             self._status = ctypes.c_int64.from_address(addr)
         self._lock = threading.Lock()
         self.native_calls = 0
+        self.checks_inputs = bool(self.plan.checks)  # the graph's input checks run natively
         self.timings["total"] = time.perf_counter() - t0
         if os.environ.get("EMBER_PASS_TIMING"):  # the backend's stages, as --pass-timing
             print(f"@{graph.name}:\n{self.timing_report()}", file=sys.stderr)
@@ -142,8 +144,11 @@ class Executable:
         return a, addr
 
     def _raise_status(self) -> None:
-        st = self.plan.steps[self._status.value - 1]
-        self._status.value = 0
+        code, self._status.value = self._status.value, 0
+        if code < 0:
+            check = self.plan.checks[-code - 1]
+            raise InputCheckError(check[0], describe(check))
+        st = self.plan.steps[code - 1]
         t = st.op.operands[0].type if st.op.name == "ember.gather" else st.op.result.type
         raise IndexError(f"{st.op.name} (kernel {st.name}): an index is out of range for a "
                          f"table of {t.shape[0]} rows")

@@ -162,3 +162,34 @@ def test_big_results_are_recycled_only_when_released():
     fourth = exe([x * 4])[0]  # the third's buffer, released, is reused
     assert fourth.ctypes.data == addr
     np.testing.assert_array_equal(fourth, -4 * x)
+
+
+@pytest.mark.parametrize("dtype,ldtype", [("f32", "i64"), ("f64", "i32")])
+@pytest.mark.parametrize("where", [0, 36, 100])  # first element, vector tail, middle
+def test_input_checks_run_natively_and_stop_before_any_kernel(dtype, ldtype, where):
+    """`ember.finite_args` / `ember.label_args`: one pass over each input in the entry; a
+    bad value anywhere (the vectorized body or the scalar tail) raises InputCheckError
+    naming the input, and the next good call runs normally."""
+    from ember.backends.cpu.checks import InputCheckError
+
+    g = Graph("f", [TensorType((3, 37), dtype), TensorType((37,), ldtype)])
+    b = Builder(g.body)
+    b.create("func.return", [b.op("ember.neg", g.args[0]), b.op("ember.neg", g.args[1])])
+    g.attributes["ember.finite_args"] = [0]
+    g.attributes["ember.label_args"] = [[1, 5]]
+    exe = cpu.Executable(verify(g), use_cache=False)
+    x = np.ones((3, 37), dtype.replace("f", "float"))
+    y = np.arange(37, dtype=ldtype.replace("i", "int")) % 5
+    np.testing.assert_array_equal(exe([x, y])[0], -x)
+    for bad in (np.nan, np.inf, -np.inf):
+        xb = x.copy()
+        xb.flat[where] = bad
+        with pytest.raises(InputCheckError, match="input 0 contains NaN or Inf") as e:
+            exe([xb, y])
+        assert e.value.arg == 0
+    for bad in (5, -1):
+        yb = y.copy()
+        yb[where % 37] = bad
+        with pytest.raises(InputCheckError, match=r"input 1 has labels outside \[0, 5\)"):
+            exe([x, yb])
+    np.testing.assert_array_equal(exe([x, y])[1], -y)  # the status was reset

@@ -87,11 +87,17 @@ def test_a_nan_loss_stops_before_the_update_and_points_to_detect_anomaly(data):
         np.testing.assert_array_equal(before[k], v)
 
 
-def test_nan_inputs_out_of_range_labels_and_mismatched_batches_are_clear(data):
-    model, step = make()
+@pytest.mark.parametrize("backend", ["interpreter", "cpu"])
+def test_nan_inputs_out_of_range_labels_and_mismatched_batches_are_clear(data, backend):
+    """On cpu the checks run natively, before the first kernel; the message is the same."""
+    model, step = make(backend=backend)
+    before = values(model)
     x, y = data.x_train[:8].copy(), data.y_train[:8].copy()
     x[3, 5] = np.nan
     with pytest.raises(ValueError, match=r"input 0 contains NaN or Inf \(rows \[3\]\)"):
+        step(x, y)
+    x[3, 5], x[6, 0] = 0, -np.inf
+    with pytest.raises(ValueError, match=r"input 0 contains NaN or Inf \(rows \[6\]\)"):
         step(x, y)
     y[2] = 10
     with pytest.raises(ValueError, match=r"labels out of range: input 1 has values \[10\] "
@@ -99,10 +105,13 @@ def test_nan_inputs_out_of_range_labels_and_mismatched_batches_are_clear(data):
         step(data.x_train[:8], y)
     with pytest.raises(ValueError, match="x has 8, y has 6"):
         step(data.x_train[:8], data.y_train[:6])
-    grad = em.compile_grad(model, nn.functional.cross_entropy, backend="interpreter")
-    with pytest.raises(ValueError, match="labels out of range"):
+    grad = em.compile_grad(model, nn.functional.cross_entropy, backend=backend)
+    with pytest.raises(ValueError, match=r"labels out of range: input 1 has values \[-1\]"):
         grad(data.x_train[:8], -np.ones(8, np.int64))
     assert step.optimizer.step_count == 0
+    for k, v in values(model).items():
+        np.testing.assert_array_equal(before[k], v)
+    assert np.isfinite(step(data.x_train[:8], data.y_train[:8]))  # and it still runs
 
 
 def test_a_fused_step_still_names_the_scalar_op(data, monkeypatch):
