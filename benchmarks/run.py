@@ -438,20 +438,31 @@ def bench_steps(rows: list, names) -> None:
         _one_step(rows, name)
 
 
+def interleaved(fns: dict, number: int, rounds: int = REPEAT) -> dict:
+    """Median seconds per call of each function, timed in alternating blocks of `number`
+    calls, in an order rotated every round: on a machine whose speed drifts (a shared VM)
+    every contender sees the same drift, so the ratios hold when absolute times move."""
+    times: dict = {k: [] for k in fns}
+    order = list(fns)
+    for r in range(rounds):
+        for k in order[r % len(order):] + order[:r % len(order)]:  # rotated each round
+            fn = fns[k]
+            time.sleep(0.2)  # the last contender's spinning pool threads go to sleep
+            t = time.perf_counter()
+            for _ in range(number):
+                fn()
+            times[k].append((time.perf_counter() - t) / number)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
 def _one_step(rows: list, name: str) -> None:
     step, first = ember_step(name)
     x, y = data(name)
     t1 = median_time(lambda: step(x, y), 3)
     number = calls_for(t1, 0.1)
-    t_em = median_time(lambda: step(x, y), number)
     exe = step._last.run
     native = sum(t for _, t in exe.profile([x, y, np.float32(LR), np.float32(1)][
         :len(exe.graph.args)], _params(step), repeat=15))
-    label = {"mlp-small": "MLP 64-128-10 b64", "mlp-large": "MLP 784-512-512-10 b128",
-             "cnn": "digits CNN b64"}[name]
-    rows.append((f"step {label} ember", f"{t_em * 1e6:9.1f} us",
-                 f"kernels {native * 1e6:.0f} us", f"{len(exe.plan.steps)} kernels",
-                 f"compile {first:.2f} s"))
     others = [("numpy (here)", lambda: numpy_step(name, init_params(name)))]
     try:
         import torch  # noqa: F401
@@ -466,16 +477,26 @@ def _one_step(rows: list, name: str) -> None:
         others.append(("jax jit", lambda: jax_step(name, init_params(name))))
     except ImportError:
         pass
+    fns, failed = {"ember": lambda: step(x, y)}, []
     for label2, make in others:
         try:
             fn = make()
             if label2.startswith("numpy"):
                 fn = (lambda f: lambda: f(x, y))(fn)
-            t = median_time(fn, number)
+            median_time(fn, 1, 3)  # warm up (and compile)
+            fns[label2] = fn
         except Exception as e:  # noqa: BLE001  (a failing baseline is reported, not fatal)
-            rows.append((f"  vs {label2}", f"failed: {type(e).__name__}", "", "", ""))
-            continue
+            failed.append((f"  vs {label2}", f"failed: {type(e).__name__}", "", "", ""))
+    times = interleaved(fns, number)
+    t_em = times.pop("ember")
+    label = {"mlp-small": "MLP 64-128-10 b64", "mlp-large": "MLP 784-512-512-10 b128",
+             "cnn": "digits CNN b64"}[name]
+    rows.append((f"step {label} ember", f"{t_em * 1e6:9.1f} us",
+                 f"kernels {native * 1e6:.0f} us", f"{len(exe.plan.steps)} kernels",
+                 f"compile {first:.2f} s"))
+    for label2, t in times.items():
         rows.append((f"  vs {label2}", f"{t * 1e6:9.1f} us", f"x{t / t_em:5.2f}", "", ""))
+    rows += failed
     t = numpy_subprocess(name)
     if t:
         rows.append(("  vs numpy (OPENBLAS_* unset)", f"{t * 1e6:9.1f} us",

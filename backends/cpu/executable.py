@@ -19,20 +19,19 @@ from .checks import InputCheckError, describe
 from .codegen import ENTRY, PROFILED, emit, plan
 from .jit import JitModule, fingerprint
 
-SMALL = 1 << 16  # bytes: results below this get a plain np.empty (alignment matters little)
-
 
 class Executable:
     """`exe(inputs, params)` runs the graph natively and returns fresh arrays.
 
     Intermediate buffers are allocated once and overwritten by every call (a lock
     serializes concurrent calls). An op result that the graph returns is instead written
-    straight into a new array each call, which the caller then owns: that costs the same
-    allocation a copy would, without the copy. Returned inputs, params and constants, and
-    a buffer returned twice, are copied. Each call is exactly one native call
-    (`native_calls` counts them). `timings` holds the compile time per stage (printed
-    with `EMBER_PASS_TIMING=1`) and `cached` whether the object code came from the
-    compile cache. `profile(inputs, params)` times each kernel inside one native call.
+    straight into an array the caller then owns: one this executable returned before and
+    nobody holds any more (a training step's previous params), else a new one; no copy.
+    Returned inputs, params and constants, and a buffer returned twice, are copied. Each
+    call is exactly one native call (`native_calls` counts them). `timings` holds the
+    compile time per stage (printed with `EMBER_PASS_TIMING=1`) and `cached` whether the
+    object code came from the compile cache. `profile(inputs, params)` times each kernel
+    inside one native call.
     """
 
     def __init__(self, graph: Graph, threads: int | None = None, use_cache: bool | None = None):
@@ -60,8 +59,7 @@ class Executable:
         self.slots, self.outputs = self.plan.slots, self.plan.outputs
         self._entry = self._jit.function(ENTRY, None, ctypes.c_void_p)
         fresh = {i for i, _ in self.outputs if self.slots[i].kind == "temp"}
-        self._fresh = [(i, self.slots[i].type.shape, numpy_dtype(self.slots[i].type.dtype),
-                        self.slots[i].type.nbytes >= SMALL) for i in sorted(fresh)]
+        self._fresh = sorted(fresh)
         # fixed buffers: constants, intermediates, scratch; None where each call binds its own
         self._arrays = [self._fixed(i, s, fresh) for i, s in enumerate(self.slots)]
         self._ptrs = (ctypes.c_void_p * max(len(self.slots), 1))(
@@ -82,12 +80,11 @@ class Executable:
             handed.add(i)
             self._results.append((i, t.shape if self.slots[i].type.shape != t.shape else None,
                                   own))
-        # id -> (array, ..., address) of the small fresh results of the last call and of
-        # the pooled big ones: a training step binds them as its next params, and their
-        # address is known already (a pool entry is shared, so refcounts stay as they were)
-        self._given: dict[int, tuple] = {}
+        # id -> pool entry (array, owner, address) of every pooled result: a training step
+        # binds them as its next params, and their address is known already (the entry is
+        # shared with the pool, so the refcounts _recycled reads stay as they were)
         self._pooled: dict[int, tuple] = {}
-        self._pool: dict[int, list] = {}  # big returned results, recycled when released
+        self._pool: dict[int, list] = {}  # returned results, recycled when released
         self._status = None
         if self.plan.checked:
             addr = self._jit.engine.get_global_value_address("ember_status")
@@ -158,7 +155,7 @@ class Executable:
         around each kernel inside one native call: where a step's time goes."""
         self(inputs, params)  # binds this call's buffers
         keep = []
-        for i, *_ in self._fresh:  # returned results need buffers of their own here
+        for i in self._fresh:  # returned results need buffers of their own here
             a, self._ptrs[i] = aligned_empty(self.slots[i].type)
             keep.append(a)
         n = len(self.plan.steps)
@@ -196,7 +193,7 @@ class Executable:
             raise ValueError(f"graph @{self.graph.name} takes {len(self.graph.args)} inputs, "
                              f"got {len(inputs)}")
         arrays = self._arrays.copy()
-        given, fresh = self._given, {}
+        pooled = self._pooled
         with self._lock:
             table = self._ptrs
             for key, buf, dtype, t, what in self._scalars:
@@ -215,19 +212,12 @@ class Executable:
                         and x.flags.c_contiguous):
                     x = as_input(x, t, dtype, what)
                 arrays[i] = x
-                known = given.get(id(x)) or self._pooled.get(id(x))
+                known = pooled.get(id(x))
                 table[i] = known[-1] if known is not None and known[0] is x else _address(x)
-            for i, shape, dtype, big in self._fresh:
-                if big:
-                    x, addr = self._recycled(i)
-                else:
-                    x = np.empty(shape, dtype)
-                    addr = _address(x)
-                    fresh[id(x)] = (x, addr)
-                arrays[i], table[i] = x, addr
+            for i in self._fresh:
+                arrays[i], table[i] = self._recycled(i)
             self._entry(table)
             self.native_calls += 1
-            self._given = fresh
             if self._status is not None and self._status.value:
                 self._raise_status()
         return [arrays[i] if own and shape is None else
