@@ -163,14 +163,7 @@ def compiled(graph_fn, shapes, env: dict | None = None):
 
 def entry_time(exe, inputs, number, params=None) -> float:
     """Median seconds of the native call alone (buffers bound once)."""
-    exe(inputs, params)
-    keep = []
-    from ember.backends.cpu.buffers import aligned_empty
-
-    for i, *_ in exe._fresh:
-        a, exe._ptrs[i] = aligned_empty(exe.slots[i].type)
-        keep.append(a)
-    return median_time(lambda: exe._entry(exe._ptrs), number)
+    return median_time(exe.bound(inputs, params), number)
 
 
 def bench_sgemm(rows: list, peak: float) -> None:

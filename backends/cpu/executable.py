@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -150,21 +151,36 @@ class Executable:
         raise IndexError(f"{st.op.name} (kernel {st.name}): an index is out of range for a "
                          f"table of {t.shape[0]} rows")
 
+    def _timing_table(self, inputs, params) -> tuple[ctypes.Array, list]:
+        """A buffer table bound to `inputs` and `params`, with buffers of its own for the
+        returned results (kept alive by the list), for running the native code alone."""
+        self(inputs, params)
+        table = (ctypes.c_void_p * len(self._ptrs))(*self._ptrs)
+        keep = []
+        for i in self._fresh:
+            a, table[i] = aligned_empty(self.slots[i].type)
+            keep.append(a)
+        return table, keep
+
+    def bound(self, inputs, params=None) -> Callable[[], None]:
+        """The native call alone, its buffers bound once: what benchmarks and the GEMM
+        tuner time (the caller keeps `inputs` and `params` alive)."""
+        table, keep = self._timing_table(inputs, params)
+        call = functools.partial(self._entry, table)
+        call.buffers = keep  # they live as long as the call
+        return call
+
     def profile(self, inputs, params=None, repeat: int = 20) -> list[tuple[str, float]]:
         """Seconds per kernel (median of `repeat` runs), read from the CPU's cycle counter
         around each kernel inside one native call: where a step's time goes."""
-        self(inputs, params)  # binds this call's buffers
-        keep = []
-        for i in self._fresh:  # returned results need buffers of their own here
-            a, self._ptrs[i] = aligned_empty(self.slots[i].type)
-            keep.append(a)
+        table, _keep = self._timing_table(inputs, params)
         n = len(self.plan.steps)
         ticks = (ctypes.c_int64 * (n + 1))()
         fn = self._jit.function(PROFILED, None, ctypes.c_void_p, ctypes.c_void_p)
         runs = []
         for _ in range(repeat):
             t0 = time.perf_counter()
-            fn(self._ptrs, ticks)
+            fn(table, ticks)
             wall = time.perf_counter() - t0
             c = list(ticks)
             scale = wall / max(c[-1] - c[0], 1)  # seconds per tick, call overhead included
