@@ -11,9 +11,10 @@ over the other's (above 1: ember is faster). Rows:
 - training steps (forward, backward, SGD) of MLP 64-128-10 b64, MLP 784-512-512-10 b128 and
   the digits CNN b64, against a hand-written numpy step (also run in a subprocess with
   OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE unset, which some machines set to a slower
-  kernel), PyTorch eager and torch.compile, and JAX jit when installed;
+  kernel), PyTorch eager and torch.compile, and JAX jit when installed, timed in
+  interleaved blocks; for the MLPs also the step's matmuls alone in numpy's BLAS, the
+  floor of any step that uses that BLAS;
 - compile times: first (empty cache) and cached (a second process).
-The `fuse` pass is appended to the training pipeline here.
 """
 
 from __future__ import annotations
@@ -404,6 +405,25 @@ def jax_step(name: str, p: dict):
     return step
 
 
+def gemm_floor(name: str, p: dict):
+    """Only the matmuls of an MLP step (forward, input gradients but the first layer's,
+    weight gradients), in numpy's BLAS: no step built on that BLAS can beat this."""
+    x, _ = data(name)
+    ws = [p[f"w{i}"] for i in range(len(p) // 2)]
+    acts = [x] + [np.ones((len(x), w.shape[1]), np.float32) for w in ws]
+
+    def step():
+        for a, w in zip(acts, ws):
+            a @ w
+        grad = acts[-1]
+        for i in range(len(ws) - 1, -1, -1):
+            acts[i].T @ grad
+            if i:
+                grad = grad @ ws[i].T
+
+    return step
+
+
 def numpy_subprocess(name: str) -> float | None:
     """The numpy step's median time in a fresh process with OPENBLAS_CORETYPE and
     OPENBLAS_L2_SIZE unset."""
@@ -470,11 +490,13 @@ def _one_step(rows: list, name: str) -> None:
         others.append(("jax jit", lambda: jax_step(name, init_params(name))))
     except ImportError:
         pass
+    if name.startswith("mlp"):
+        others.append(("numpy GEMMs alone (floor)", lambda: gemm_floor(name, init_params(name))))
     fns, failed = {"ember": lambda: step(x, y)}, []
     for label2, make in others:
         try:
             fn = make()
-            if label2.startswith("numpy"):
+            if label2 == "numpy (here)":
                 fn = (lambda f: lambda: f(x, y))(fn)
             median_time(fn, 1, 3)  # warm up (and compile)
             fns[label2] = fn
