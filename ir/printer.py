@@ -30,7 +30,7 @@ def print_graph(graph: Graph, debuginfo: bool = False) -> str:
 
 def print_module(graphs: list[Graph], debuginfo: bool = False) -> str:
     """Several graphs as the functions of one module (their names must differ for MLIR)."""
-    return "module {\n" + "".join(_Printer(g, debuginfo).func() for g in graphs) + "}\n"
+    return "module {\n" + "".join(GraphPrinter(g, debuginfo).func() for g in graphs) + "}\n"
 
 
 def quote(s: str) -> str:
@@ -121,8 +121,10 @@ def fmt_loc(loc: Location) -> str:
     return f"loc({quote(loc.file)}:{loc.line}:{loc.col})"
 
 
-class _Printer:
-    """Names every value of one graph up front (so forward references print), then prints."""
+class GraphPrinter:
+    """Names every value of one graph up front (so forward references print), then prints
+    the whole function (`func`) or one op at a time (`op`: the CUDA generator's comments
+    quote each op under the names the dump uses)."""
 
     def __init__(self, graph: Graph, debuginfo: bool):
         self.graph, self.debuginfo = graph, debuginfo

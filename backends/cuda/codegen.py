@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ...ir import Graph, Operation, TensorType, Value, numpy_dtype, verify
-from ...ir.printer import _Printer
+from ...ir.printer import GraphPrinter
 from ..interpreter import UnsupportedOpError
 from ..strides import broadcast_strides, contiguous_strides
 from . import conv as C
@@ -175,7 +175,7 @@ class _Lowering:
         self.where: dict[Value, int] = {}
         self.views: dict[Value, tuple[int, tuple[int, ...]]] = {}  # folded transposes
         self.emitted: list[tuple[Kernel, int]] = []
-        self.printer = _Printer(graph, debuginfo=True)
+        self.printer = GraphPrinter(graph, debuginfo=True)
 
     # -- slots and steps ------------------------------------------------------------------
     def slot(self, kind: str, t: TensorType, **kw) -> int:
