@@ -167,7 +167,7 @@ class Executable:
         tuner time (the caller keeps `inputs` and `params` alive)."""
         table, keep = self._timing_table(inputs, params)
         call = functools.partial(self._entry, table)
-        call.buffers = keep  # they live as long as the call
+        call.buffers, call.executable = keep, self  # alive as long as the call (the code too)
         return call
 
     def profile(self, inputs, params=None, repeat: int = 20) -> list[tuple[str, float]]:

@@ -24,7 +24,7 @@ import llvmlite
 import llvmlite.binding as llvm
 from llvmlite import ir
 
-from . import blas, vmath
+from . import blas, pool, vmath
 from .fused import KernelCompileError
 
 
@@ -98,9 +98,11 @@ class JitModule:
     """
 
     def __init__(self, module: ir.Module | None, dump_dir: str | None = None,
-                 name: str = "graph", obj: bytes | None = None):
+                 name: str = "graph", obj: bytes | None = None, needs_pool: bool = True):
         self.timings: dict[str, float] = {}
         self.tm = target_machine()
+        if needs_pool:  # parallel loops call into the process's thread pool
+            pool.load()
         if obj is not None:
             self._load(obj)
             return

@@ -1,11 +1,11 @@
 """Splitting a kernel's outer loop across threads, from inside generated code.
 
 A parallel kernel is outlined into `body(ptr ctx, i64 lo, i64 hi)` (ctx: its buffer
-pointers). The caller spawns `n - 1` pthreads that, like the calling thread itself, take
-chunks of `[0, n)` from an atomic counter until none are left, then joins them. If a
-thread cannot be created, the remaining threads (at least the caller) do its chunks, so
-the result never depends on how many threads ran. Spawning costs tens of microseconds,
-so only kernels above a work threshold are split (`parallel_chunks`).
+pointers) and handed to the process's thread pool (pool.py), whose workers and the
+calling thread take its chunks of `[0, n)` until none are left. Whoever runs a chunk,
+the result is the same. A hand-off costs a few microseconds while the workers are awake
+(tens after they slept), so only kernels above a work threshold are split
+(`parallel_chunks`).
 
 `EMBER_NUM_THREADS` overrides the thread count (default: the CPUs this process may use).
 """
@@ -16,10 +16,10 @@ import os
 
 from llvmlite import ir
 
-from .scalar import I64, i64
+from .pool import declare
+from .scalar import i64
 
 PTR = ir.PointerType()
-I32 = ir.IntType(32)
 MIN_WORK = 1 << 20  # element-operations (~0.1-0.2 ms) below which a kernel stays on one thread
 
 
@@ -54,30 +54,12 @@ def _declare(mod: ir.Module, name: str, ret, args) -> ir.Function:
 
 def parallel_for(b: ir.IRBuilder, body: ir.Function, ctx: ir.Value, n: int, threads: int,
                  name: str) -> None:
-    """Run `body(ctx, lo, hi)` over [0, n) on `threads` threads (one chunk each)."""
-    mod = b.module
+    """Run `body(ctx, lo, hi)` over [0, n) in `threads` chunks, on the process's thread
+    pool (pool.py); one chunk runs inline."""
     if threads <= 1:
         b.call(body, [ctx, i64(0), i64(n)])
         return
-    worker = _worker(mod, body, n, name)
-    create = _declare(mod, "pthread_create", I32, [PTR, PTR, PTR, PTR])
-    join = _declare(mod, "pthread_join", I32, [I64, PTR])
-    cnt = stack_array(b, I64, 3, "counters")
-    job = stack_array(b, PTR, 2, "job")
-    tids = stack_array(b, I64, threads - 1, "tids")
-    oks = stack_array(b, I32, threads - 1, "oks")
-    for k, v in enumerate((i64(0), i64(threads), i64(n))):
-        b.store(v, elem(b, cnt, I64, k))
-    b.store(ctx, elem(b, job, PTR, 0))
-    b.store(cnt, elem(b, job, PTR, 1))
-    for t in range(threads - 1):
-        rc = b.call(create, [elem(b, tids, I64, t), ir.Constant(PTR, None), worker, job])
-        b.store(rc, elem(b, oks, I32, t))
-    b.call(worker, [job])
-    for t in range(threads - 1):
-        rc = b.load(elem(b, oks, I32, t), typ=I32)
-        with b.if_then(b.icmp_signed("==", rc, ir.Constant(I32, 0))):
-            b.call(join, [b.load(elem(b, tids, I64, t), typ=I64), ir.Constant(PTR, None)])
+    b.call(declare(b.module), [body, ctx, i64(n), i64(threads)])
 
 
 def stack_array(b: ir.IRBuilder, ty: ir.Type, n: int, name: str = "") -> ir.Value:
@@ -94,30 +76,3 @@ def stack_array(b: ir.IRBuilder, ty: ir.Type, n: int, name: str = "") -> ir.Valu
 def elem(b: ir.IRBuilder, base: ir.Value, ty: ir.Type, k) -> ir.Value:
     return b.gep(base, [k if isinstance(k, ir.Value) else i64(k)], inbounds=True,
                  source_etype=ty)
-
-
-def _worker(mod: ir.Module, body: ir.Function, n: int, name: str) -> ir.Function:
-    """`ptr worker(ptr job)`: takes chunks until none are left, runs `body` on each."""
-    fn = ir.Function(mod, ir.FunctionType(PTR, [PTR]), f"{name}.worker")
-    fn.linkage = "internal"
-    job = fn.args[0]
-    b = ir.IRBuilder(fn.append_basic_block("entry"))
-    ctx = b.load(elem(b, job, PTR, 0), typ=PTR)
-    cnt = b.load(elem(b, job, PTR, 1), typ=PTR)
-    nxt = elem(b, cnt, I64, 0)
-    chunks = b.load(elem(b, cnt, I64, 1), typ=I64)
-    total = b.load(elem(b, cnt, I64, 2), typ=I64)
-    loop, done = fn.append_basic_block("take"), fn.append_basic_block("done")
-    b.branch(loop)
-    b.position_at_end(loop)
-    c = b.atomic_rmw("add", nxt, i64(1), "monotonic")
-    run = fn.append_basic_block("run")
-    b.cbranch(b.icmp_signed("<", c, chunks), run, done)
-    b.position_at_end(run)
-    lo = b.sdiv(b.mul(c, total), chunks)
-    hi = b.sdiv(b.mul(b.add(c, i64(1)), total), chunks)
-    b.call(body, [ctx, lo, hi])
-    b.branch(loop)
-    b.position_at_end(done)
-    b.ret(ir.Constant(PTR, None))
-    return fn
