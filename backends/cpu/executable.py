@@ -153,21 +153,21 @@ class Executable:
 
     def _timing_table(self, inputs, params) -> tuple[ctypes.Array, list]:
         """A buffer table bound to `inputs` and `params`, with buffers of its own for the
-        returned results (kept alive by the list), for running the native code alone."""
-        self(inputs, params)
+        returned results, for running the native code alone; the list keeps alive every
+        array it points to (inputs as converted for the native code included)."""
+        keep = self._run(inputs, params)
         table = (ctypes.c_void_p * len(self._ptrs))(*self._ptrs)
-        keep = []
         for i in self._fresh:
-            a, table[i] = aligned_empty(self.slots[i].type)
-            keep.append(a)
+            keep[i], table[i] = aligned_empty(self.slots[i].type)
         return table, keep
 
     def bound(self, inputs, params=None) -> Callable[[], None]:
         """The native call alone, its buffers bound once: what benchmarks and the GEMM
-        tuner time (the caller keeps `inputs` and `params` alive)."""
+        tuner time."""
         table, keep = self._timing_table(inputs, params)
         call = functools.partial(self._entry, table)
-        call.buffers, call.executable = keep, self  # alive as long as the call (the code too)
+        call.buffers, call.executable = keep, self  # alive as long as the call
+        call.results = [keep[i] for i, *_ in self._results]
         return call
 
     def profile(self, inputs, params=None, repeat: int = 20) -> list[tuple[str, float]]:
@@ -205,6 +205,14 @@ class Executable:
 
     def __call__(self, inputs: Sequence[np.ndarray],
                  params: Mapping[str, np.ndarray] | None = None) -> list[np.ndarray]:
+        arrays = self._run(inputs, params)
+        return [arrays[i] if own and shape is None else
+                arrays[i].reshape(shape) if own else
+                (arrays[i] if shape is None else arrays[i].reshape(shape)).copy()
+                for i, shape, own in self._results]
+
+    def _run(self, inputs, params) -> list:
+        """Bind and run: every slot's array (inputs as converted, results) of this call."""
         if len(inputs) != len(self.graph.args):
             raise ValueError(f"graph @{self.graph.name} takes {len(self.graph.args)} inputs, "
                              f"got {len(inputs)}")
@@ -236,10 +244,7 @@ class Executable:
             self.native_calls += 1
             if self._status is not None and self._status.value:
                 self._raise_status()
-        return [arrays[i] if own and shape is None else
-                arrays[i].reshape(shape) if own else
-                (arrays[i] if shape is None else arrays[i].reshape(shape)).copy()
-                for i, shape, own in self._results]
+        return arrays
 
 
 # references to a pooled (array, owner, address) entry's array and owner while only the

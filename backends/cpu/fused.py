@@ -27,7 +27,7 @@ from . import scalar as S
 from .gemm import _for
 from .loops import loop
 from .scalar import i64
-from .threads import elem, parallel_chunks, parallel_for, stack_array
+from .threads import elem, parallel_chunks, parallel_region, stack_array
 
 
 def dropout(*args):
@@ -177,20 +177,13 @@ class FusedEmitter:
         if t == 1:
             self.run(b, None)
             return
-        mod = b.module
-        body = ir.Function(mod, ir.FunctionType(ir.VoidType(), [PTR, S.I64, S.I64]),
-                           f"{self.name}.body")
-        body.linkage = "internal"
-        ctx, lo, hi = body.args
-        bb = ir.IRBuilder(body.append_basic_block("entry"))
-        ptrs = [bb.load(elem(bb, ctx, PTR, i), typ=PTR) for i in range(len(ins) + len(outs))]
-        self.b, self.ins, self.outs = bb, ptrs[:len(ins)], ptrs[len(ins):]
-        self.run(bb, (lo, hi))
-        bb.ret_void()
-        arr = stack_array(b, PTR, max(1, len(ins) + len(outs)), "ctx")
-        for i, p in enumerate(list(ins) + list(outs)):
-            b.store(p, elem(b, arr, PTR, i))
-        parallel_for(b, body, arr, sp[first], t, self.name)
+
+        def chunk(cb, ptrs, lo, hi):
+            self.ins, self.outs = ptrs[:len(ins)], ptrs[len(ins):]
+            self.run(cb, (lo, hi))
+
+        parallel_region(b, self.name, list(ins) + list(outs),
+                        [False] * len(ins) + [True] * len(outs), sp[first], t, chunk)
 
     def _acc_bytes(self) -> int:
         qsize = _prod([self.shape.space[d] for d in self.Q])

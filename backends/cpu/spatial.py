@@ -25,7 +25,7 @@ from .gemm import GemmProblem, Isa, _for
 from .loops import loop
 from .matmul import engine_for, gemm_call, gemm_scratch
 from .scalar import I64, i64
-from .threads import elem, parallel_chunks, parallel_for, stack_array
+from .threads import parallel_chunks, parallel_region
 
 PTR = ir.PointerType()
 STATUS = "ember_status"
@@ -245,19 +245,12 @@ def emit_conv(b: ir.IRBuilder, op, outs, ins, scratch, isa: Isa, threads: int,
     if t == 1:
         loop(b, cv.n, lambda n: image(b, args, n, i64(0)), "img")
         return
-    body = ir.Function(b.module, ir.FunctionType(ir.VoidType(), [PTR, I64, I64]),
-                       f"{name}.images")
-    body.linkage = "internal"
-    ctx, lo, hi = body.args
-    bb = ir.IRBuilder(body.append_basic_block("entry"))
-    ptrs = [bb.load(elem(bb, ctx, PTR, i), typ=PTR) for i in range(4)]
-    chunk = bb.sdiv(bb.add(bb.mul(lo, i64(t)), i64(cv.n - 1)), i64(cv.n))
-    _for(bb, lo, hi, lambda n: image(bb, ptrs, n, chunk), "img")
-    bb.ret_void()
-    arr = stack_array(b, PTR, 4, "ctx")
-    for i, v in enumerate(args):
-        b.store(v, elem(b, arr, PTR, i))
-    parallel_for(b, body, arr, cv.n, t, name)
+
+    def images(bb, ptrs, lo, hi):
+        chunk = bb.sdiv(bb.add(bb.mul(lo, i64(t)), i64(cv.n - 1)), i64(cv.n))  # its scratch
+        _for(bb, lo, hi, lambda n: image(bb, ptrs, n, chunk), "img")
+
+    parallel_region(b, f"{name}.images", args, [False, False, True, True], cv.n, t, images)
 
 
 # -- pooling ------------------------------------------------------------------------------------

@@ -13,11 +13,12 @@ the result is the same. A hand-off costs a few microseconds while the workers ar
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 from llvmlite import ir
 
-from .pool import declare
-from .scalar import i64
+from .pool import BODY, declare
+from .scalar import I64, i64
 
 PTR = ir.PointerType()
 MIN_WORK = 1 << 20  # element-operations (~0.1-0.2 ms) below which a kernel stays on one thread
@@ -60,6 +61,39 @@ def parallel_for(b: ir.IRBuilder, body: ir.Function, ctx: ir.Value, n: int, thre
         b.call(body, [ctx, i64(0), i64(n)])
         return
     b.call(declare(b.module), [body, ctx, i64(n), i64(threads)])
+
+
+def parallel_region(b: ir.IRBuilder, name: str, ptrs: list[ir.Value], noalias: list[bool],
+                    n: int, threads: int,
+                    emit: Callable[[ir.IRBuilder, list[ir.Value], ir.Value, ir.Value], None]
+                    ) -> None:
+    """`emit(builder, pointers, lo, hi)` over [0, n), split into `threads` chunks.
+
+    The chunk's code gets the pointers as arguments of its own function, `noalias` where
+    the kernel's are (outputs, scratch): loaded from the pool's context array instead,
+    LLVM would not know they don't overlap and would not vectorize the chunk as it does
+    the kernel on one thread. The function is inlined into the pool's body."""
+    mod = b.module
+    chunk = ir.Function(mod, ir.FunctionType(ir.VoidType(), [PTR] * len(ptrs) + [I64, I64]),
+                        f"{name}.chunk")
+    chunk.linkage = "internal"
+    for arg, distinct in zip(chunk.args, noalias):
+        if distinct:
+            arg.add_attribute("noalias")
+    cb = ir.IRBuilder(chunk.append_basic_block("entry"))
+    emit(cb, list(chunk.args[:len(ptrs)]), chunk.args[-2], chunk.args[-1])
+    cb.ret_void()
+    body = ir.Function(mod, BODY, f"{name}.body")
+    body.linkage = "internal"
+    ctx, lo, hi = body.args
+    bb = ir.IRBuilder(body.append_basic_block("entry"))
+    bb.call(chunk, [bb.load(elem(bb, ctx, PTR, i), typ=PTR) for i in range(len(ptrs))]
+            + [lo, hi])
+    bb.ret_void()
+    arr = stack_array(b, PTR, max(1, len(ptrs)), "ctx")
+    for i, p in enumerate(ptrs):
+        b.store(p, elem(b, arr, PTR, i))
+    parallel_for(b, body, arr, n, threads, name)
 
 
 def stack_array(b: ir.IRBuilder, ty: ir.Type, n: int, name: str = "") -> ir.Value:

@@ -197,19 +197,22 @@ def test_input_checks_run_natively_and_stop_before_any_kernel(dtype, ldtype, whe
 
 def test_bound_call_runs_the_native_code_alone_and_the_tuner_uses_it():
     """`exe.bound(inputs)`: what benchmarks and the GEMM tuner time. It writes into
-    buffers of its own, never into a result the executable handed out."""
+    buffers of its own, never into a result the executable handed out, and keeps alive
+    what it reads (here a float32 copy of float64 input)."""
     from ember.backends.cpu import tune
 
     g = Graph("f", [TensorType((5, 7), "f32")])
     b = Builder(g.body)
     b.create("func.return", [b.op("ember.neg", g.args[0])])
     exe = cpu.Executable(verify(g), use_cache=False)
-    x = np.arange(35, dtype=np.float32).reshape(5, 7)
-    run = exe.bound([x])
-    held = exe([x + 1])[0]
-    run()
-    (out,) = run.buffers
-    np.testing.assert_array_equal(out, -x)
-    np.testing.assert_array_equal(held, -(x + 1))
+    want = -np.arange(35, dtype=np.float32).reshape(5, 7)
+    run = exe.bound([np.arange(35.0).reshape(5, 7)])
+    held = exe([want])[0]
+    for _ in range(3):
+        np.ones(35)  # reuse freed memory, if the bound call had let go of its input
+        run()
+    (out,) = run.results
+    np.testing.assert_array_equal(out, want)
+    np.testing.assert_array_equal(held, -want)
     assert exe.native_calls == 2  # the bound call is not counted as a step
     assert tune.measure(16, 16, 16, "own", repeat=1) > 0
