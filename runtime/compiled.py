@@ -6,7 +6,9 @@ requires_grad): a change recompiles, with a one-line notice, and never runs a st
 The runtime reads the graph roles the tracer and the passes leave on the graph:
 `ember.rng` (the argument fed with the step counter, for dropout), `ember.buffer_updates`
 (results that are new values of buffers such as BatchNorm's running stats, written back
-after the step), `ember.grads`, `ember.updates` and `ember.state` (optimizer pass).
+after the step), `ember.grads`, `ember.updates` and `ember.state` (optimizer pass). It
+leaves two of its own before compiling: `ember.finite_args` and `ember.label_args`, the
+input checks a backend may run natively (backends/input_checks.py).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from functools import cached_property
 
 import numpy as np
 
-from ..backends.cpu.checks import InputCheckError
+from ..backends.input_checks import InputCheckError
 from ..frontend.module import Module
 from ..frontend.trace import TensorSpec, trace_function
 from ..ir import Graph

@@ -1,46 +1,21 @@
-"""Input checks compiled into the entry, run before the first kernel.
+"""The graph's input checks (backends/input_checks.py) compiled into the entry, run before
+the first kernel.
 
-The runtime asks for them with graph attributes: `ember.finite_args = [i, ...]` (float
-inputs that must hold no NaN or Inf) and `ember.label_args = [[i, c], ...]` (integer
-inputs, class labels, whose values must lie in [0, c)). Natively they cost one pass over
-each input, with no temporaries, instead of a few numpy reductions per step. A failing
-check k stops the call before any kernel runs and sets `ember_status` to -(k + 1); the
-executable raises InputCheckError naming the input.
+Natively they cost one pass over each input, with no temporaries, instead of a few numpy
+reductions per step. A failing check k stops the call before any kernel runs and sets
+`ember_status` to -(k + 1); the executable raises InputCheckError naming the input.
 """
 
 from __future__ import annotations
 
 from llvmlite import ir
 
-from ...ir import Graph
 from .kernels import PTR
 from .loops import loop
 from .scalar import MEM, i64
 
 # the exponent bits of a float: all set means Inf or NaN
 _EXPONENT = {"f32": (32, 0x7F800000), "f64": (64, 0x7FF0000000000000)}
-
-
-class InputCheckError(ValueError):
-    """An input failed a check compiled into the graph (NaN/Inf, or a label out of range)."""
-
-    def __init__(self, arg: int, message: str):
-        super().__init__(message)
-        self.arg = arg
-
-
-def input_checks(graph: Graph) -> list[tuple[int, int | None]]:
-    """(argument index, label bound or None for "finite") of each check the graph asks for."""
-    a = graph.attributes
-    return ([(int(i), None) for i in a.get("ember.finite_args", ())]
-            + [(int(i), int(c)) for i, c in a.get("ember.label_args", ())])
-
-
-def describe(check: tuple[int, int | None]) -> str:
-    arg, bound = check
-    if bound is None:
-        return f"input {arg} contains NaN or Inf"
-    return f"input {arg} has labels outside [0, {bound})"
 
 
 def emit_checks(b: ir.IRBuilder, checks: list, buffers: list[ir.Value], types: list,
@@ -89,4 +64,4 @@ def _scan_function(mod: ir.Module, k: int, t, bound: int | None) -> ir.Function:
     return fn
 
 
-__all__ = ["InputCheckError", "describe", "emit_checks", "input_checks"]
+__all__ = ["emit_checks"]

@@ -21,9 +21,10 @@ from llvmlite import ir
 
 from ...ir import Graph, Operation, TensorType, Value, numpy_dtype
 from ...ir.printer import print_graph
+from ..input_checks import input_checks
 from ..interpreter import UnsupportedOpError
 from . import scalar as S
-from .checks import emit_checks, input_checks
+from .checks import emit_checks
 from .fused import KernelCompileError, emit_fused
 from .gemm import Isa, host_isa
 from .kernels import KERNELS, PTR, emit_kernel

@@ -14,9 +14,9 @@ import numpy as np
 
 from ...ir import Graph, numpy_dtype, verify
 from ...ir.printer import print_graph
+from ..input_checks import InputCheckError, describe
 from . import cache
 from .buffers import aligned_copy, aligned_empty, as_input
-from .checks import InputCheckError, describe
 from .codegen import ENTRY, PROFILED, emit, plan
 from .jit import JitModule, fingerprint
 

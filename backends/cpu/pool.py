@@ -23,6 +23,7 @@ import threading
 import llvmlite.binding as llvm
 from llvmlite import ir
 
+from . import scalar as S
 from .scalar import I64, i64
 
 SYMBOL = "ember_parallel_for"
@@ -54,10 +55,8 @@ def load() -> None:
 
 
 def declare(mod: ir.Module) -> ir.Function:
-    fn = mod.globals.get(SYMBOL)
-    if fn is None:
-        fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [PTR, PTR, I64, I64]), SYMBOL)
-    return fn
+    """`ember_parallel_for` in a kernel module (resolved against the pool when loaded)."""
+    return S.declare(mod, SYMBOL, ir.VoidType(), [PTR, PTR, I64, I64])
 
 
 def build(workers: int) -> ir.Module:

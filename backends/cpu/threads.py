@@ -46,13 +46,6 @@ def parallel_chunks(work: float, iterations: int, threads: int) -> int:
     return int(min(threads, iterations, max(1, work // MIN_WORK)))
 
 
-def _declare(mod: ir.Module, name: str, ret, args) -> ir.Function:
-    fn = mod.globals.get(name)
-    if fn is None:
-        fn = ir.Function(mod, ir.FunctionType(ret, args), name)
-    return fn
-
-
 def parallel_for(b: ir.IRBuilder, body: ir.Function, ctx: ir.Value, n: int, threads: int,
                  name: str) -> None:
     """Run `body(ctx, lo, hi)` over [0, n) in `threads` chunks, on the process's thread

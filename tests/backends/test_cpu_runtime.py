@@ -170,7 +170,7 @@ def test_input_checks_run_natively_and_stop_before_any_kernel(dtype, ldtype, whe
     """`ember.finite_args` / `ember.label_args`: one pass over each input in the entry; a
     bad value anywhere (the vectorized body or the scalar tail) raises InputCheckError
     naming the input, and the next good call runs normally."""
-    from ember.backends.cpu.checks import InputCheckError
+    from ember.backends.input_checks import InputCheckError
 
     g = Graph("f", [TensorType((3, 37), dtype), TensorType((37,), ldtype)])
     b = Builder(g.body)

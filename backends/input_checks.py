@@ -1,0 +1,35 @@
+"""Input checks a runtime asks of a backend, by graph attributes, and the error they raise.
+
+`ember.finite_args = [i, ...]`: float inputs that must hold no NaN or Inf;
+`ember.label_args = [[i, c], ...]`: integer inputs (class labels) whose values must lie in
+[0, c). A backend that runs them itself (the cpu backend compiles them into its entry,
+before the first kernel) says so with `checks_inputs = True` on what it compiled and
+raises InputCheckError; the runtime then runs its numpy checks for the detailed message.
+Other backends leave them to the runtime.
+"""
+
+from __future__ import annotations
+
+from ..ir import Graph
+
+
+class InputCheckError(ValueError):
+    """An input failed a check compiled into the graph (NaN/Inf, or a label out of range)."""
+
+    def __init__(self, arg: int, message: str):
+        super().__init__(message)
+        self.arg = arg
+
+
+def input_checks(graph: Graph) -> list[tuple[int, int | None]]:
+    """(argument index, label bound or None for "finite") of each check the graph asks for."""
+    a = graph.attributes
+    return ([(int(i), None) for i in a.get("ember.finite_args", ())]
+            + [(int(i), int(c)) for i, c in a.get("ember.label_args", ())])
+
+
+def describe(check: tuple[int, int | None]) -> str:
+    arg, bound = check
+    if bound is None:
+        return f"input {arg} contains NaN or Inf"
+    return f"input {arg} has labels outside [0, {bound})"
