@@ -33,10 +33,13 @@ from pathlib import Path
 import numpy as np
 
 REPEAT = 7
+SETTLE = 0.2  # s: OpenBLAS's threads spin for tens of ms after a call, ember's for ~40 us
 
 
 def median_time(fn, number: int, repeat: int = REPEAT) -> float:
-    """Median seconds per call of `fn` over `repeat` blocks of `number` calls."""
+    """Median seconds per call of `fn` over `repeat` blocks of `number` calls, after the
+    threads of whatever ran before (OpenBLAS's, ember's pool) have gone back to sleep."""
+    time.sleep(SETTLE)
     fn()
     times = []
     for _ in range(repeat):
@@ -460,7 +463,7 @@ def interleaved(fns: dict, number: int, rounds: int = REPEAT) -> dict:
     for r in range(rounds):
         for k in order[r % len(order):] + order[:r % len(order)]:  # rotated each round
             fn = fns[k]
-            time.sleep(0.2)  # the last contender's spinning pool threads go to sleep
+            time.sleep(SETTLE)  # the last contender's spinning pool threads go to sleep
             t = time.perf_counter()
             for _ in range(number):
                 fn()

@@ -20,6 +20,11 @@ GRID = [(64, 64, 64), (64, 128, 64), (128, 10, 64), (64, 10, 128), (128, 128, 12
         (784, 512, 128), (512, 512, 512), (1024, 1024, 1024), (64, 1024, 1024)]
 
 
+# OpenBLAS's threads spin for tens of milliseconds after a call, and would take a core from
+# the next measurement's own threads: each measurement waits for them to sleep first
+SETTLE = 0.2
+
+
 def measure(m: int, n: int, k: int, engine: str, repeat: int = 7) -> float:
     from ...ir import Builder, Graph, TensorType
     from ..interpreter import UnsupportedOpError  # noqa: F401  (import check)
@@ -41,6 +46,7 @@ def measure(m: int, n: int, k: int, engine: str, repeat: int = 7) -> float:
     a, bb = rng.standard_normal((m, k), np.float32), rng.standard_normal((k, n), np.float32)
     run = exe.bound([a, bb])
     number = max(1, int(2e8 / (2 * m * n * k)))
+    time.sleep(SETTLE)
     times = []
     for _ in range(repeat):
         t = time.perf_counter()
