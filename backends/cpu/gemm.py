@@ -39,7 +39,7 @@ I32 = ir.IntType(32)
 PACK_B_BYTES = 256 << 10
 PACK_A_BYTES = 512 << 10
 # ... and the rows of C are split across threads
-THREAD_FLOPS = 32 << 20  # ~0.3 ms on one core
+THREAD_FLOPS = 4 << 20  # ~40 us on one core (below, the pool's hand-off and spinning cost more)
 
 
 @dataclass(frozen=True)
