@@ -8,6 +8,7 @@ reference interpreter (backends/interpreter) builds its kernel table on them.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -19,6 +20,12 @@ Folder = Callable[..., np.ndarray]
 
 def _reduce(fn) -> Folder:
     return lambda a, x: fn(x, axis=tuple(a["axes"]), keepdims=a["keepdims"])
+
+
+def _mean(x, axis, keepdims):
+    """Sum over count, so that the mean of nothing is 0/0 = NaN without numpy's warning."""
+    count = math.prod(x.shape[d] for d in axis)
+    return np.sum(x, axis=axis, keepdims=keepdims) / count
 
 
 _CMP = {"eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal,
@@ -48,6 +55,6 @@ SIMPLE_OPS: dict[str, Folder] = {
     "ember.reshape": lambda a, x: x.reshape(a["shape"]),
     "ember.transpose": lambda a, x: x.transpose(a["perm"]),
     "ember.reduce_sum": _reduce(np.sum),
-    "ember.reduce_mean": _reduce(np.mean),
+    "ember.reduce_mean": _reduce(_mean),
     "ember.reduce_max": _reduce(np.max),
 }

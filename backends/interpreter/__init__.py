@@ -20,7 +20,14 @@ class UnsupportedOpError(NotImplementedError):
 
 
 def evaluate(op: Operation, args: list[np.ndarray], params: Mapping[str, np.ndarray]) -> list:
-    """Compute one op's results from its operands' values."""
+    """Compute one op's results from its operands' values. An Inf or NaN result is the
+    op's meaning (as in IEEE arithmetic and the compiled backends), so numpy's warnings
+    about them are silenced: `detect_anomaly` is how a user asks where one came from."""
+    with np.errstate(all="ignore"):
+        return _evaluate(op, args, params)
+
+
+def _evaluate(op: Operation, args: list[np.ndarray], params: Mapping[str, np.ndarray]) -> list:
     if op.name == "ember.param":
         pid = op.attributes["id"]
         if pid not in params:
