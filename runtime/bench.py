@@ -129,7 +129,7 @@ def torch_step(model: str, params: dict[str, np.ndarray], compiled: bool):
         loss = loss_fn(net(x), y)
         loss.backward()
         opt.step()
-        return loss
+        return loss.detach()
 
     fn = torch.compile(train) if compiled else train
 
