@@ -84,3 +84,27 @@ def test_digits_split_is_seeded_and_shaped_for_both_models():
     assert a.x_train.shape[1:] == (64,) and b.x_train.shape[1:] == (1, 8, 8)
     np.testing.assert_array_equal(a.y_test, b.y_test)
     assert not np.array_equal(a.y_test, digits(seed=1).y_test)
+
+
+def test_digits_are_read_from_a_cached_copy_after_the_first_load(tmp_path, monkeypatch):
+    """The copy in the cache directory holds scikit-learn's arrays exactly; a damaged copy
+    is loaded again from scikit-learn and rewritten; EMBER_CACHE=0 writes nothing."""
+    from sklearn.datasets import load_digits
+
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("EMBER_CACHE", "0")
+    first = digits(seed=3)
+    assert not list(tmp_path.iterdir())
+    monkeypatch.setenv("EMBER_CACHE", "1")
+    digits(seed=3)
+    (copy,) = tmp_path.glob("digits-scikit-learn-*.npz")
+    with np.load(copy, allow_pickle=False) as f:
+        np.testing.assert_array_equal(f["data"], load_digits().data)
+        np.testing.assert_array_equal(f["target"], load_digits().target)
+    cached = digits(seed=3)
+    np.testing.assert_array_equal(cached.x_train, first.x_train)
+    np.testing.assert_array_equal(cached.y_test, first.y_test)
+    copy.write_bytes(b"not an npz")
+    np.testing.assert_array_equal(digits(seed=3).x_test, first.x_test)
+    with np.load(copy, allow_pickle=False) as f:
+        assert f["data"].shape == (1797, 64)
