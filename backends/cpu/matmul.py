@@ -36,6 +36,7 @@ class MatmulPlan:
     gemm_scratch: int
     c_scratch: int  # bytes of a scratch product buffer (0 when in place)
     trivial: bool  # the epilogue only stores the product
+    swapped: bool = False  # the GEMM computes the product's transpose (see plan_matmul)
 
 
 def as_kernel(op):
@@ -79,6 +80,14 @@ def plan_matmul(op, isa: Isa, threads: int) -> MatmulPlan:
     ldc = (o[nb] if m > 1 else n) if in_place else n
     c_batch = o[:nb] if in_place else [s * m * n for s in contiguous_strides(batch)]
     p = GemmProblem(m, n, k, ma[nb], ma[nb + 2], mb[nb + 2], mb[nb + 1], ldc, dt)
+    # C narrower than a vector but tall, with A read down its columns (a weight gradient
+    # X^T dY of a classifier head): computing C^T = B^T A^T instead puts M in the vector
+    # lanes and reads A^T's rows contiguously; the epilogue reads the product transposed
+    lanes = isa.lanes(dt)
+    swapped = nb == 0 and ma[nb] == 1 and k > 1 and n < lanes and m >= 2 * lanes
+    if swapped:
+        in_place = False
+        p = GemmProblem(n, m, k, mb[nb + 1], mb[nb + 2], ma[nb + 2], ma[nb], m, dt)
     engine = engine_for(p, isa, threads)
     gs = gemm_scratch(p, engine, isa, threads)
     block = op.regions[0].blocks[0]
@@ -88,7 +97,7 @@ def plan_matmul(op, isa: Isa, threads: int) -> MatmulPlan:
     size = S.size(dt)
     c_scratch = 0 if in_place else _prod(batch) * m * n * size
     return MatmulPlan(nb, batch, p, ma[:nb], mb[:nb], c_batch, in_place, engine, gs,
-                      c_scratch, trivial)
+                      c_scratch, trivial, swapped)
 
 
 def engine_for(p: GemmProblem, isa: Isa, threads: int) -> str:
@@ -153,8 +162,9 @@ def emit_matmul(b: ir.IRBuilder, op, outs: list, ins: list, scratch, isa: Isa, t
                 for j, strides in enumerate((pl.a_batch, pl.b_batch, pl.c_batch)):
                     if strides[d]:
                         offs[j] = b.add(offs[j], b.mul(coord, i64(strides[d])))
+        first, second = (ins[1], ins[0]) if pl.swapped else (ins[0], ins[1])
         pa, pb, pc = (b.gep(ptr, [o], inbounds=True, source_etype=el)
-                      for ptr, o in zip((ins[0], ins[1], c), offs))
+                      for ptr, o in zip((first, second, c), offs))
         gemm_call(b, p, pl.engine, pa, pb, pc, gscr, isa, threads, name)
 
     loop(b, nbatch, one, name="batch")
@@ -162,7 +172,10 @@ def emit_matmul(b: ir.IRBuilder, op, outs: list, ins: list, scratch, isa: Isa, t
         return
     a = op.attributes
     space = a["space"][:-1]
-    c_map = list(pl.c_batch) + [p.ldc if p.m > 1 else 0, 1 if p.n > 1 else 0]
+    if pl.swapped:  # the product is C^T, row-major: element (i, j) at j * M + i
+        c_map = [1 if p.n > 1 else 0, p.ldc if p.m > 1 else 0]
+    else:
+        c_map = list(pl.c_batch) + [p.ldc if p.m > 1 else 0, 1 if p.n > 1 else 0]
     block = op.regions[0].blocks[0]
     em = FusedEmitter(block, space, [c_map] + [m[:-1] for m in a["maps"][2:]],
                       [m[:-1] for m in a["out_maps"]],

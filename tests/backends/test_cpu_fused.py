@@ -220,6 +220,28 @@ def test_thread_split_elementwise_and_reduction(monkeypatch):
     close(exe(rand((64, 50), (50,))), interpreter.run(g, rand((64, 50), (50,))))
 
 
+@pytest.mark.parametrize("engine", ["own", "blas"])
+@pytest.mark.parametrize("m,n,k,epilogue", [(37, 10, 29, True), (512, 10, 128, True),
+                                           (100, 1, 3, False), (31, 10, 29, True)])
+def test_narrow_gemm_with_transposed_a_runs_swapped(engine, m, n, k, epilogue, monkeypatch):
+    """x^T w with w narrower than a vector (a classifier head's weight gradient): the GEMM
+    computes (x^T w)^T = w^T x into scratch and the epilogue reads it transposed. Below
+    two vectors of rows (m=31) it is not swapped."""
+    from ember.backends.cpu.gemm import host_isa
+    from ember.backends.cpu.matmul import plan_matmul
+
+    monkeypatch.setenv("EMBER_GEMM", engine)
+
+    def fn(b, x, w, p):
+        prod = b.op("ember.matmul", b.op("ember.transpose", x, perm=[1, 0]), w)
+        return [b.op("ember.sub", p, b.op("ember.mul", prod, prod)) if epilogue else prod]
+
+    f = four_ways(graph([(k, m), (k, n), (m, n)], fn), rand((k, m), (k, n), (m, n)))
+    (mm,) = [op for op in f.ops if op.name == "kernel.matmul"]
+    lanes = host_isa().lanes("f32")
+    assert plan_matmul(mm, host_isa(), 1).swapped == (n < lanes and m >= 2 * lanes)
+
+
 @pytest.mark.parametrize("ta,tb", [(False, False), (True, False), (False, True), (True, True)])
 @pytest.mark.parametrize("m,n,k,split", [(157, 83, 301, "m"), (37, 150, 301, "n")])
 def test_packed_threaded_gemm_with_edges(ta, tb, m, n, k, split, monkeypatch):
