@@ -122,17 +122,19 @@ _END = object()
 
 
 class DataLoader:
-    """Batches of (x, y): seeded shuffling, drop_last, and a background prefetch thread.
+    """Batches of (x, y): seeded shuffling, drop_last, and an optional prefetch thread.
 
     Epoch `e` is shuffled by `np.random.default_rng([seed, e])`, so the order depends only
     on (seed, epoch): a resumed run (`set_epoch(e, batch)`) sees exactly the batches an
     uninterrupted one would. Each `iter()` serves the next epoch. With `prefetch > 0` a
     thread gathers up to that many batches ahead while the step runs (numpy's fancy
-    indexing releases the GIL for large copies).
+    indexing releases the GIL for large copies). It is off by default, as PyTorch's
+    workers are: for arrays in memory a batch takes ~3 us to gather, and handing it over
+    between threads cost more (a digits MLP step measured 47 us without, 67-160 with).
     """
 
     def __init__(self, x: np.ndarray, y: np.ndarray, batch_size: int, shuffle: bool = True,
-                 drop_last: bool = True, seed: int = 0, prefetch: int = 2):
+                 drop_last: bool = True, seed: int = 0, prefetch: int = 0):
         if len(x) != len(y):
             raise ValueError(f"x has {len(x)} rows but y has {len(y)}")
         if batch_size <= 0:

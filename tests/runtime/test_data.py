@@ -18,10 +18,10 @@ def epoch(loader):
 
 def test_prefetch_serves_exactly_the_batches_of_a_plain_loop():
     x, y = arrays()
-    plain, fetched = DataLoader(x, y, 10, seed=3, prefetch=0), DataLoader(x, y, 10, seed=3)
+    plain, fetched = DataLoader(x, y, 10, seed=3), DataLoader(x, y, 10, seed=3, prefetch=2)
     for _ in range(3):
         assert epoch(plain) == epoch(fetched)
-    for xb, yb in DataLoader(x, y, 10, seed=3):
+    for xb, yb in DataLoader(x, y, 10, seed=3, prefetch=2):
         np.testing.assert_array_equal(xb[:, 0] / 2, yb)  # rows stay paired
         assert xb.flags.c_contiguous
 
@@ -48,14 +48,15 @@ def test_stopping_early_ends_the_prefetch_thread():
     assert threading.active_count() == before
 
 
-def test_an_error_in_the_loader_reaches_the_consumer():
+@pytest.mark.parametrize("prefetch", [0, 2])
+def test_an_error_in_the_loader_reaches_the_consumer(prefetch):
     class Bad(np.ndarray):
         def __getitem__(self, idx):
             raise MemoryError("no room")
 
     x, y = arrays()
     with pytest.raises(MemoryError, match="no room"):
-        list(DataLoader(x.view(Bad), y, 10))
+        list(DataLoader(x.view(Bad), y, 10, prefetch=prefetch))
 
 
 def test_bad_data_is_rejected_clearly(tmp_path):
