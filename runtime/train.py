@@ -163,7 +163,7 @@ def _epoch(step: TrainStep, loader: DataLoader, state: FitState, epochs: int, pr
                 paths = step.dump_ir(dump_ir)
                 print(f"wrote {len(paths)} IR stages to {dump_ir}", file=out)
             start = time.perf_counter()  # steps/s without the compile
-        bar.set_postfix(loss=f"{losses[-1]:.4f}")
+        bar.set_postfix(loss=f"{losses[-1]:.4f}", refresh=False)  # drawn at tqdm's own pace
         if stop.is_set():
             break
     bar.close()
