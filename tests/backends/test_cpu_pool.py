@@ -65,7 +65,7 @@ def test_concurrent_calls_from_python_threads_are_exact(monkeypatch):
         except AssertionError as e:  # reported below, in the test's thread
             errors.append(e)
 
-    ts = [threading.Thread(target=work, args=(e, i)) for i, e in enumerate(exes)]
+    ts = [threading.Thread(target=work, args=(e, i), daemon=True) for i, e in enumerate(exes)]
     for t in ts:
         t.start()
     for t in ts:
