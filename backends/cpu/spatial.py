@@ -123,6 +123,22 @@ def _span(b, n: int, body, name: str, start: int = 0) -> None:
     loop(b, n, lambda i: body(b.add(i, i64(start)) if start else i), name)
 
 
+def _each_tap(b, cv: Conv, n, g, body) -> None:
+    """For each channel c of group g of image n and each kernel tap (i, j):
+    body(chan, i, j, vh, vw, row): `chan` the input channel's row of x, `vh`/`vw` the output
+    rows/columns whose tap lands inside the image, `row` the tap's row of the columns."""
+    def chan_body(c):
+        chan = b.add(b.mul(n, i64(cv.c)), b.add(b.mul(g, i64(cv.cg)), c))
+        for i in range(cv.kh):
+            vh = _valid(cv.oh, cv.h, cv.sh, cv.ph, i, cv.dh)
+            for j in range(cv.kw):
+                vw = _valid(cv.ow, cv.w, cv.sw, cv.pw, j, cv.dw)
+                row = b.add(b.mul(c, i64(cv.kh * cv.kw)), i64(i * cv.kw + j))
+                body(chan, i, j, vh, vw, row)
+
+    loop(b, cv.cg, chan_body, "c")
+
+
 def _im2col(b, cv: Conv, x, n, g, cols, transposed: bool = False):
     """cols[(c, i, j), (oh, ow)] = x[n, g*cg + c, tap] (0 outside), as K x P (or P x K when
     `transposed`). Taps are unrolled, so each piece of each row is a constant-bound loop:
@@ -131,62 +147,50 @@ def _im2col(b, cv: Conv, x, n, g, cols, transposed: bool = False):
     zero = S.const(dt, 0)
     ks, ps = _cols_layout(cv, transposed)
 
-    def chan_body(c):
-        chan = b.add(b.mul(n, i64(cv.c)), b.add(b.mul(g, i64(cv.cg)), c))
-        for i in range(cv.kh):
-            vh = _valid(cv.oh, cv.h, cv.sh, cv.ph, i, cv.dh)
-            for j in range(cv.kw):
-                vw = _valid(cv.ow, cv.w, cv.sw, cv.pw, j, cv.dw)
-                row = b.add(b.mul(c, i64(cv.kh * cv.kw)), i64(i * cv.kw + j))
-                base = b.mul(row, i64(ks))
-                for h0, h1, hin in _ranges(cv.oh, vh):
-                    def orow(oh, hin=hin, i=i, j=j, vw=vw, base=base, chan=chan):
-                        prow = b.add(base, b.mul(b.mul(oh, i64(cv.ow)), i64(ps)))
-                        if hin:
-                            h = b.add(b.mul(oh, i64(cv.sh)), i64(i * cv.dh - cv.ph))
-                            xrow = b.mul(b.add(b.mul(chan, i64(cv.h)), h), i64(cv.w))
-                        for w0, w1, win in _ranges(cv.ow, vw if hin else range(0)):
-                            def put(ow, win=win, prow=prow, j=j, xrow=xrow if hin else None):
-                                dst = b.add(prow, b.mul(ow, i64(ps)))
-                                if not win:
-                                    S.store(b, cols, dt, dst, zero)
-                                    return
-                                w = b.add(b.mul(ow, i64(cv.sw)), i64(j * cv.dw - cv.pw))
-                                S.store(b, cols, dt, dst, S.load(b, x, dt, b.add(xrow, w)))
-                            _span(b, w1 - w0, put, "ow", w0)
-                    _span(b, h1 - h0, orow, "oh", h0)
+    def tap(chan, i, j, vh, vw, row):
+        base = b.mul(row, i64(ks))
+        for h0, h1, hin in _ranges(cv.oh, vh):
+            def orow(oh, hin=hin):
+                prow = b.add(base, b.mul(b.mul(oh, i64(cv.ow)), i64(ps)))
+                if hin:
+                    h = b.add(b.mul(oh, i64(cv.sh)), i64(i * cv.dh - cv.ph))
+                    xrow = b.mul(b.add(b.mul(chan, i64(cv.h)), h), i64(cv.w))
+                for w0, w1, win in _ranges(cv.ow, vw if hin else range(0)):
+                    def put(ow, win=win, prow=prow, xrow=xrow if hin else None):
+                        dst = b.add(prow, b.mul(ow, i64(ps)))
+                        if not win:
+                            S.store(b, cols, dt, dst, zero)
+                            return
+                        w = b.add(b.mul(ow, i64(cv.sw)), i64(j * cv.dw - cv.pw))
+                        S.store(b, cols, dt, dst, S.load(b, x, dt, b.add(xrow, w)))
+                    _span(b, w1 - w0, put, "ow", w0)
+            _span(b, h1 - h0, orow, "oh", h0)
 
-    loop(b, cv.cg, chan_body, "c")
+    _each_tap(b, cv, n, g, tap)
 
 
 def _col2im(b, cv: Conv, cols, dx, n, g):
     """dx[n, g*cg + c, tap] += cols[(c, i, j), (oh, ow)] for taps inside (K x P cols)."""
     dt = cv.dtype
 
-    def chan_body(c):
-        chan = b.add(b.mul(n, i64(cv.c)), b.add(b.mul(g, i64(cv.cg)), c))
-        for i in range(cv.kh):
-            vh = _valid(cv.oh, cv.h, cv.sh, cv.ph, i, cv.dh)
-            for j in range(cv.kw):
-                vw = _valid(cv.ow, cv.w, cv.sw, cv.pw, j, cv.dw)
-                if not len(vh) or not len(vw):
-                    continue
-                row = b.add(b.mul(c, i64(cv.kh * cv.kw)), i64(i * cv.kw + j))
+    def tap(chan, i, j, vh, vw, row):
+        if not len(vh) or not len(vw):
+            return
 
-                def orow(oh, i=i, j=j, vw=vw, row=row, chan=chan):
-                    h = b.add(b.mul(oh, i64(cv.sh)), i64(i * cv.dh - cv.ph))
-                    xrow = b.mul(b.add(b.mul(chan, i64(cv.h)), h), i64(cv.w))
-                    prow = b.add(b.mul(row, i64(cv.p)), b.mul(oh, i64(cv.ow)))
+        def orow(oh):
+            h = b.add(b.mul(oh, i64(cv.sh)), i64(i * cv.dh - cv.ph))
+            xrow = b.mul(b.add(b.mul(chan, i64(cv.h)), h), i64(cv.w))
+            prow = b.add(b.mul(row, i64(cv.p)), b.mul(oh, i64(cv.ow)))
 
-                    def add(ow):
-                        w = b.add(b.mul(ow, i64(cv.sw)), i64(j * cv.dw - cv.pw))
-                        off = b.add(xrow, w)
-                        v = S.load(b, cols, dt, b.add(prow, ow))
-                        S.store(b, dx, dt, off, b.fadd(S.load(b, dx, dt, off), v))
-                    _span(b, len(vw), add, "ow", vw.start)
-                _span(b, len(vh), orow, "oh", vh.start)
+            def add(ow):
+                w = b.add(b.mul(ow, i64(cv.sw)), i64(j * cv.dw - cv.pw))
+                off = b.add(xrow, w)
+                v = S.load(b, cols, dt, b.add(prow, ow))
+                S.store(b, dx, dt, off, b.fadd(S.load(b, dx, dt, off), v))
+            _span(b, len(vw), add, "ow", vw.start)
+        _span(b, len(vh), orow, "oh", vh.start)
 
-    loop(b, cv.cg, chan_body, "c")
+    _each_tap(b, cv, n, g, tap)
 
 
 def emit_conv(b: ir.IRBuilder, op, outs, ins, scratch, isa: Isa, threads: int,
