@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from . import functional as F
-from .config import positive
+from .config import divides, positive
 from .linear import Linear
 from .module import Module
 
@@ -19,10 +19,8 @@ class MultiHeadAttention(Module):
     def __init__(self, d_model: int, num_heads: int, bias: bool = True, causal: bool = False):
         super().__init__()
         self.d_model = positive("MultiHeadAttention d_model", d_model)
-        self.num_heads = positive("MultiHeadAttention num_heads", num_heads)
-        if d_model % num_heads:
-            raise ValueError(f"MultiHeadAttention num_heads={num_heads} must divide "
-                             f"d_model={d_model}")
+        self.num_heads = divides("MultiHeadAttention", "num_heads", num_heads, "d_model",
+                                 d_model)
         self.causal = bool(causal)
         self.query, self.key, self.value, self.output = (Linear(d_model, d_model, bias)
                                                          for _ in range(4))

@@ -32,6 +32,15 @@ def number(name: str, value, lo: float, hi: float, hi_open: bool = False) -> flo
     return float(value)
 
 
+def divides(layer: str, name: str, value, of: str, whole: int) -> int:
+    """A positive integer `value` that divides `whole` (heads of a width, groups of
+    channels), else ValueError naming both."""
+    positive(f"{layer} {name}", value)
+    if whole % value:
+        raise ValueError(f"{layer} {name}={value} must divide {of}={whole}")
+    return value
+
+
 def groups_divide(layer: str, groups, c_in: int, c_out: int) -> int:
     positive(f"{layer} groups", groups)
     if c_in % groups or c_out % groups:

@@ -11,7 +11,7 @@ import math
 
 from . import context
 from . import functional as F
-from .config import number, positive
+from .config import divides, number, positive
 from .init import Ones, Zeros
 from .module import Module
 from .param import Param
@@ -70,11 +70,10 @@ class GroupNorm(Module):
     def __init__(self, num_groups: int, num_channels: int, eps: float = 1e-5,
                  affine: bool = True):
         super().__init__()
-        self.num_groups = positive("GroupNorm num_groups", num_groups)
+        positive("GroupNorm num_groups", num_groups)  # reported first when both are bad
         self.num_channels = positive("GroupNorm num_channels", num_channels)
-        if num_channels % num_groups:
-            raise ValueError(f"GroupNorm num_groups={num_groups} must divide "
-                             f"num_channels={num_channels}")
+        self.num_groups = divides("GroupNorm", "num_groups", num_groups, "num_channels",
+                                  num_channels)
         self.eps = _eps("GroupNorm", eps)
         self.gamma = Param((num_channels,), Ones()) if affine else None
         self.beta = Param((num_channels,), Zeros()) if affine else None
