@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -24,6 +23,7 @@ import numpy as np
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save as _serialize
 
+from ..files import write_atomically
 from ..ir import numpy_dtype
 from .linear import Linear, Sequential
 from .module import Module
@@ -45,32 +45,6 @@ def save(model: Module, path: str | os.PathLike) -> None:
     blob = _serialize(tensors, {"format": "ember", _IDS: json.dumps(
         {p: str(param.id) for p, param in records})})
     write_atomically(path, blob)
-
-
-def write_atomically(path: str, data: bytes) -> None:
-    """Write `data` to a temporary file beside `path`, fsync it, then rename it over `path`:
-    a crash at any point leaves either the old file or the new one, never a torn one."""
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    try:  # make the rename itself durable
-        dir_fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
-    except OSError:
-        pass
 
 
 def _read(path: str) -> tuple[dict[str, np.ndarray], dict[str, str]]:

@@ -21,7 +21,7 @@ import json
 
 import numpy as np
 
-from ..frontend.records import write_atomically
+from ..files import write_atomically
 from .backend import to_host
 
 FORMAT = 1

@@ -56,7 +56,7 @@ def _load_digits() -> tuple[np.ndarray, np.ndarray]:
 
     from ..backends.cpu.cache import enabled
     from ..backends.cpu.cost import cache_dir
-    from ..frontend.records import write_atomically
+    from ..files import write_atomically
 
     path = cache_dir() / f"digits-scikit-learn-{version('scikit-learn')}.npz"
     if enabled():

@@ -125,7 +125,7 @@ def test_truncated_checkpoint_is_detected_and_the_previous_one_still_loads(tmp_p
             super().write(b[:len(b) // 2])
             raise OSError("disk full")
 
-    # the atomic writer (ember.frontend.records.write_atomically) opens its temp file by fd
+    # the atomic writer (ember.files.write_atomically) opens its temp file by fd
     monkeypatch.setattr(os, "fdopen", lambda fd, mode: HalfWriter(fd, "w"))
     with pytest.raises(OSError, match="disk full"):
         step.save_checkpoint(str(path))
