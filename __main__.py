@@ -66,46 +66,50 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _opt(args: argparse.Namespace) -> int:
+    from ember.backends.interpreter import UnsupportedOpError
     from ember.ir import VerifyError, verify
-    from ember.ir.parser import ParseError, parse
+    from ember.ir.parser import ParseError, decode, parse
     from ember.passes.manager import PassManager, PipelineError, parse_pipeline
 
     name = "<stdin>" if args.file == "-" else args.file
     try:
-        text = sys.stdin.read() if args.file == "-" else open(args.file).read()
-        graph = verify(parse(text))
+        data = sys.stdin.buffer.read() if args.file == "-" else _read_bytes(args.file)
+        graph = verify(parse(decode(data)))
         manager = PassManager(parse_pipeline(args.passes or ""), verify_each=args.verify_each,
                               print_ir_after_all=args.print_ir_after_all,
                               print_ir_after=tuple(args.print_ir_after or ()),
                               timing=args.pass_timing)
         graph = verify(manager.run(graph))
-    except (OSError, ParseError, VerifyError, PipelineError) as e:
-        print(f"{name}:{e}" if isinstance(e, ParseError) else f"{name}: error: {e}",
-              file=sys.stderr)
+        text = _emit(graph, args.emit, args.debuginfo)
+    except (OSError, ParseError, VerifyError, PipelineError, UnsupportedOpError) as e:
+        located = getattr(e, "line", None) is not None  # "line:col: error: ..." already
+        print(f"{name}:{e}" if located else f"{name}: error: {e}", file=sys.stderr)
         return 1
-    if args.emit == "llvm":
-        from ember.backends.cpu import emit_llvm
-
-        print(emit_llvm(graph))
-    elif args.emit == "cuda":
-        from ember.backends.cuda import UnsupportedOpError, emit_cuda
-
-        try:
-            print(emit_cuda(graph), end="")
-        except UnsupportedOpError as e:
-            print(f"{name}: error: {e}", file=sys.stderr)
-            return 1
-    else:
-        print(graph.__str__() if not args.debuginfo else _debug_text(graph), end="")
+    print(text, end="")
     if args.pass_timing:
         print(manager.timing_report(), file=sys.stderr)
     return 0
 
 
-def _debug_text(graph) -> str:
+def _read_bytes(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def _emit(graph, emit: str, debuginfo: bool) -> str:
+    """What `ember opt` prints: the IR, or the LLVM IR or CUDA C a backend compiles from it
+    (UnsupportedOpError for ops it has no kernel for, such as nn.* before `decompose`)."""
+    if emit == "llvm":
+        from ember.backends.cpu import emit_llvm
+
+        return emit_llvm(graph) + "\n"
+    if emit == "cuda":
+        from ember.backends.cuda import emit_cuda
+
+        return emit_cuda(graph)
     from ember.ir.printer import print_graph
 
-    return print_graph(graph, debuginfo=True)
+    return print_graph(graph, debuginfo=debuginfo)
 
 
 def main(argv: list[str] | None = None) -> int:

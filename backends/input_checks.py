@@ -2,10 +2,11 @@
 
 `ember.finite_args = [i, ...]`: float inputs that must hold no NaN or Inf;
 `ember.label_args = [[i, c], ...]`: integer inputs (class labels) whose values must lie in
-[0, c). A backend that runs them itself (the cpu backend compiles them into its entry,
-before the first kernel) says so with `checks_inputs = True` on what it compiled and
-raises InputCheckError; the runtime then runs its numpy checks for the detailed message.
-Other backends leave them to the runtime.
+[0, c). `ir.verify` checks their form (indices of float or integer arguments, class counts
+that fit the labels' dtype), so what reads them here may trust it. A backend that runs them
+itself (the cpu backend compiles them into its entry, before the first kernel) says so with
+`checks_inputs = True` on what it compiled and raises InputCheckError; the runtime then runs
+its numpy checks for the detailed message. Other backends leave them to the runtime.
 """
 
 from __future__ import annotations

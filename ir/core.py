@@ -65,6 +65,9 @@ class Operation:
         self.regions: list[Region] = []
         self.parent: Block | None = None
         self.loc = loc
+        # (line, col) in the text it was parsed from, for error messages; unlike `loc`
+        # (the user's debug location, printed with --mlir-print-debuginfo) never printed
+        self.pos: tuple[int, int] | None = None
         for v in operands:
             self.add_operand(v)
         for r in regions:
@@ -189,6 +192,7 @@ class Graph:
         self.name = name
         self.body = Block(arg_types, arg_names)
         self.loc = loc
+        self.pos: tuple[int, int] | None = None  # where the parser read it, as Operation.pos
         self.attributes: dict[str, Any] = {}
 
     @property

@@ -13,9 +13,13 @@ by its name. Traits used by passes and backends:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from .types import ScalarType, TensorType, Type
+from .types import DTYPES, ScalarType, TensorType, Type
+
+I64_MIN, I64_MAX = -2**63, 2**63 - 1  # integer attributes are i64, as they are printed
 
 
 class InferenceError(ValueError):
@@ -23,7 +27,27 @@ class InferenceError(ValueError):
 
 
 class VerifyError(ValueError):
-    """A graph breaks an IR rule; the message names the op and what is wrong."""
+    """A graph breaks an IR rule; the message names the op and what is wrong. For an op
+    read from text, `str(e)` starts with its `line:col: error: `, as a ParseError's does."""
+
+    def __init__(self, message: str, line: int | None = None, col: int | None = None):
+        self.message, self.line, self.col = message, line, col
+        super().__init__(message if line is None else f"{line}:{col}: error: {message}")
+
+
+@dataclass(frozen=True)
+class Kind:
+    """An attribute kind stricter than its python type `base`: `attrs` may name one where
+    a type alone would let a value through that no backend can run (a dim of -1)."""
+
+    base: Any
+    ok: Callable[[Any], bool]
+    what: str
+
+
+SHAPE = Kind(list, lambda v: all(d >= 0 for d in v), "a list of dimensions >= 0")
+DTYPE = Kind(str, lambda v: v in DTYPES, f"one of {', '.join(DTYPES)}")
+COUNT = Kind(int, lambda v: v >= 0, "an integer >= 0")
 
 
 OPS: dict[str, type[OpDef]] = {}
@@ -92,18 +116,37 @@ class OpDef:
         cls.check_signature(operand_types, attrs)
         return cls.infer(operand_types, attrs)
 
+    @classmethod
+    def check_op(cls, op) -> None:
+        """The rules on the op itself that its operand types and attributes cannot show (a
+        kernel's body, a scalar constant against its result type): InferenceError if broken.
+        The verifier calls it once the op's types and regions are known to be valid."""
+
+
+def is_int(v: Any) -> bool:
+    """An integer attribute value (a bool is not one, though Python says it is)."""
+    return isinstance(v, int) and not isinstance(v, bool)
+
 
 def _check_attr(op: str, key: str, value: Any, kind: Any) -> None:
+    items = value if kind is list and isinstance(value, list) else [value]
+    big = [v for v in items if is_int(v) and not I64_MIN <= v <= I64_MAX]
+    if big:
+        raise InferenceError(f"{op} attribute '{key}': {big[0]} does not fit in 64 bits")
+    if isinstance(kind, Kind):
+        _check_attr(op, key, value, kind.base)
+        if not kind.ok(value):
+            raise InferenceError(f"{op} attribute '{key}' must be {kind.what}, got {value!r}")
+        return
     if kind is list:
-        ok = isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool)
-                                             for v in value)
+        ok = isinstance(value, list) and all(map(is_int, value))
         if not ok:
             raise InferenceError(f"{op} attribute '{key}' must be a list of integers, "
                                  f"got {value!r}")
         return
     if kind is int and isinstance(value, bool):
         raise InferenceError(f"{op} attribute '{key}' must be an integer, got {value!r}")
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+    if kind is float and is_int(value):
         return
     if not isinstance(value, kind):
         raise InferenceError(f"{op} attribute '{key}' must be {getattr(kind, '__name__', kind)},"
@@ -145,5 +188,6 @@ def normalize_axes(op: str, axes: list[int], rank: int) -> list[int]:
     return sorted(out)
 
 
-__all__ = ["OPS", "OpDef", "InferenceError", "VerifyError", "register", "lookup", "has_trait",
-           "broadcast_shapes", "same_dtype", "normalize_axes", "fmt_shape", "ScalarType"]
+__all__ = ["COUNT", "DTYPE", "OPS", "SHAPE", "Kind", "OpDef", "InferenceError", "VerifyError",
+           "register", "lookup", "has_trait", "is_int", "broadcast_shapes", "same_dtype",
+           "normalize_axes", "fmt_shape", "ScalarType"]

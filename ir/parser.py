@@ -98,6 +98,17 @@ def parse_module(text: str) -> list[Graph]:
     return _Parser(text).parse_module()
 
 
+def decode(data: bytes) -> str:
+    """The text of a file's bytes: what is not UTF-8 is a ParseError at its line and column."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        start = data.rfind(b"\n", 0, e.start) + 1
+        col = len(data[start:e.start].decode("utf-8")) + 1
+        raise ParseError(f"expected UTF-8 text, got byte 0x{data[e.start]:02X}",
+                         data.count(b"\n", 0, e.start) + 1, col) from None
+
+
 class _Parser:
     def __init__(self, text: str):
         self.text = text
@@ -111,9 +122,12 @@ class _Parser:
     # -- errors and tokens ----------------------------------------------------------------
 
     def error(self, message: str, pos: int | None = None) -> ParseError:
-        pos = self.tok.pos if pos is None else pos
+        return ParseError(message, *self.line_col(self.tok.pos if pos is None else pos))
+
+    def line_col(self, pos: int) -> tuple[int, int]:
+        """The 1-based line and column of offset `pos`."""
         line = bisect.bisect_right(self.lines, pos)
-        return ParseError(message, line, pos - self.lines[line - 1] + 1)
+        return line, pos - self.lines[line - 1] + 1
 
     def expected(self, what: str, tok: _Tok | None = None) -> ParseError:
         tok = tok or self.tok
@@ -287,6 +301,7 @@ class _Parser:
         name = self.symbol()
         self.scopes = [{}]
         g = Graph(name)
+        g.pos = self.line_col(self.func_pos[-1])
         self.expect("(")
         self.comma_list(")", lambda: self.block_arg(g.body))
         results = []
@@ -321,6 +336,7 @@ class _Parser:
                              f"function_type, got ({_types(a.type for a in body.args)})",
                              self.func_pos[-1])
         g = Graph(name, loc=op.loc)
+        g.pos = self.line_col(self.func_pos[-1])
         g.body, body.parent, g.attributes = body, None, attrs
         self.check_return(g, list(ft.outputs), self.func_pos[-1])
         return g
@@ -403,16 +419,21 @@ class _Parser:
         return region
 
     def op(self) -> Operation:
+        """One operation, remembering where it starts for the verifier's messages."""
+        start = self.line_col(self.tok.pos)
         results = []  # (name, count, pos)
         if self.tok.kind == "pct":
             results = self.comma_list("=", self.result_name)
         if self.tok.kind == "str":
-            return self.generic_op(results)
-        if self.at("func.return") or self.at("return"):
+            op = self.generic_op(results)
+        elif self.at("func.return") or self.at("return"):
             if results:
                 raise self.error("expected no results for func.return", results[0][2])
-            return self.custom_return()
-        raise self.expected('an operation (\'"dialect.op"(...)\' or \'func.return\')')
+            op = self.custom_return()
+        else:
+            raise self.expected('an operation (\'"dialect.op"(...)\' or \'func.return\')')
+        op.pos = start
+        return op
 
     def result_name(self) -> tuple[str, int, int]:
         tok = self.take("pct", "a result name '%name'")

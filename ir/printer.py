@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from .core import Block, Graph, Location, Operation, Region, Value
+from .dense import splat_element
 from .types import ScalarType, TensorType, dtype_of
 
 BARE_ID = re.compile(r"[A-Za-z_][A-Za-z0-9_$.]*")
@@ -66,20 +67,14 @@ def _elem(x: np.generic, dtype: str) -> str:
     return s if type(x)(float(s)) == x else fmt_float(float(x))
 
 
-def _is_splat(a: np.ndarray) -> bool:
-    if a.size == 1 or not any(a.strides):
-        return True
-    raw = np.ascontiguousarray(a).reshape(-1).view(np.uint8).reshape(a.size, -1)
-    return bool((raw == raw[0]).all())
-
-
 def fmt_dense(a: np.ndarray) -> str:
     """`dense<...> : tensor<2x3xf32>`: splat when all elements are equal, else nested lists."""
     dtype = dtype_of(a.dtype)
+    first = splat_element(a)
     if a.size == 0:
         body = ""
-    elif _is_splat(a):
-        body = _elem(a.reshape(-1)[0], dtype)
+    elif first is not None:
+        body = _elem(first, dtype)
     else:
         items = [_elem(x, dtype) for x in a.reshape(-1)]
         for d in reversed(a.shape[1:]):

@@ -28,6 +28,18 @@ def _mean(x, axis, keepdims):
     return np.sum(x, axis=axis, keepdims=keepdims) / count
 
 
+def _max(x, axis, keepdims):
+    """Starting from the lowest value, as the compiled backends' accumulators do, so that the
+    max of nothing is -inf (the lowest integer, false) instead of numpy's error."""
+    return np.max(x, axis=axis, keepdims=keepdims, initial=_lowest(x.dtype))
+
+
+def _lowest(dtype: np.dtype):
+    if dtype.kind == "f":
+        return -np.inf
+    return np.iinfo(dtype).min if dtype.kind == "i" else False
+
+
 _CMP = {"eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal,
         "gt": np.greater, "ge": np.greater_equal}
 
@@ -56,5 +68,5 @@ SIMPLE_OPS: dict[str, Folder] = {
     "ember.transpose": lambda a, x: x.transpose(a["perm"]),
     "ember.reduce_sum": _reduce(np.sum),
     "ember.reduce_mean": _reduce(_mean),
-    "ember.reduce_max": _reduce(np.max),
+    "ember.reduce_max": _reduce(_max),
 }

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
 DTYPES = ("f32", "f64", "f16", "bf16", "i64", "i32", "i1")
 FLOAT_DTYPES = frozenset({"f32", "f64", "f16", "bf16"})
+MAX_BYTES = 2**63 - 1  # every backend addresses a tensor's bytes with int64 offsets
 
 # bf16 has no numpy dtype; it is stored as f32 by the reference interpreter.
 _NUMPY = {"f32": np.float32, "f64": np.float64, "f16": np.float16, "bf16": np.float32,
@@ -50,7 +52,8 @@ class TensorType:
 
     @property
     def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
+        """The element count, exact (numpy's int64 product would wrap for absurd shapes)."""
+        return math.prod(self.shape)
 
     @property
     def nbytes(self) -> int:

@@ -17,12 +17,14 @@ from typing import ClassVar
 import numpy as np
 
 from ..ir import Graph, Operation, Value, dtype_of, numpy_dtype
+from ..ir.dense import splat_element
 from ..ir.rewriter import Rewriter, apply_patterns
 from .dce import is_dead
 from .fold import FOLDERS, fold
 from .manager import Pass, register_pass
 
 FOLD_LIMIT = 1024  # largest result (in elements) that folding materializes
+FOLD_INPUT_LIMIT = 1 << 20  # largest operand folding reads (a huge splat stays unread)
 
 
 def splat(v: Value) -> float | None:
@@ -33,8 +35,8 @@ def splat(v: Value) -> float | None:
         op = op.operands[0].op
     if op is None or op.name != "ember.constant":
         return None
-    a = op.attributes["value"]
-    return a.flat[0].item() if a.size and np.all(a == a.flat[0]) else None
+    first = splat_element(op.attributes["value"])
+    return None if first is None else first.item()
 
 
 def constant(rw: Rewriter, at: Operation, value, type) -> Value:
@@ -52,6 +54,7 @@ def same(op: Operation, v: Value) -> bool:
 def fold_constants(op: Operation, rw: Rewriter) -> bool:
     if (op.name not in FOLDERS or len(op.results) != 1 or op.regions or not op.operands
             or op.result.type.size > FOLD_LIMIT
+            or any(v.type.size > FOLD_INPUT_LIMIT for v in op.operands)
             or any(v.op is None or v.op.name != "ember.constant" for v in op.operands)):
         return False
     value = fold(op.name, op.attributes, *[v.op.attributes["value"] for v in op.operands])

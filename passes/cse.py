@@ -13,13 +13,15 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..ir import Block, Graph, Operation, has_trait
+from ..ir.dense import dense_key
 from .manager import Pass, register_pass
 
 
 def freeze(v: Any) -> Any:
-    """A hashable key for an attribute value; arrays compare by dtype, shape and bytes."""
+    """A hashable key for an attribute value; arrays compare by dtype, shape and bytes (a
+    splat by its one element, so a huge splat is never materialized)."""
     if isinstance(v, np.ndarray):
-        return ("ndarray", v.dtype.str, v.shape, v.tobytes())
+        return dense_key(v)
     if isinstance(v, list | tuple):
         return (type(v).__name__, *map(freeze, v))
     if isinstance(v, dict):

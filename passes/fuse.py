@@ -35,9 +35,8 @@ import math
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-import numpy as np
-
 from ..ir import Block, Graph, Operation, Region, ScalarType, Value, lookup
+from ..ir.dense import splat_element
 from ..ir.dialects.kernel import check_kernel
 from ..ir.opdef import has_trait, normalize_axes
 from .manager import Pass, register_pass
@@ -62,10 +61,8 @@ def splat_value(v: Value):
     op = v.op
     if op is None or op.name != "ember.constant":
         return None
-    a = op.attributes["value"]
-    if a.size == 0 or not np.all(a == a.flat[0]):
-        return None
-    return a.flat[0].item()
+    first = splat_element(op.attributes["value"])
+    return None if first is None else first.item()
 
 
 @dataclass

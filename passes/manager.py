@@ -157,7 +157,8 @@ class PassManager:
                 try:
                     verify(graph)
                 except VerifyError as e:
-                    raise VerifyError(f"after pass '{p.name}': {e}") from None
+                    raise VerifyError(f"after pass '{p.name}': {e.message}", e.line,
+                                      e.col) from None
             if self.print_ir_after_all or p.name in self.print_ir_after:
                 out = self.out or sys.stderr
                 out.write(f"// -----// IR Dump After {p.name} //----- //\n{graph}\n")

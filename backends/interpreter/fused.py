@@ -85,6 +85,8 @@ def store(values: list[np.ndarray], op: Operation, shape, out_maps) -> list[np.n
 def fused(op: Operation, *args: np.ndarray) -> list[np.ndarray]:
     at = op.attributes
     space = at["space"]
+    if 0 in space:  # nothing to compute (a reduce over nothing has no identity to run)
+        return [np.zeros(t.shape, numpy_dtype(t.dtype)) for t in at["out_types"]]
     return store(run_body(op, [view(x, space, m) for x, m in zip(args, at["maps"])], space),
                  op, space, at["out_maps"])
 

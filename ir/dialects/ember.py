@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..opdef import (
+    COUNT,
+    DTYPE,
+    SHAPE,
     InferenceError,
     OpDef,
     broadcast_shapes,
@@ -14,7 +19,7 @@ from ..opdef import (
     register,
     same_dtype,
 )
-from ..types import DTYPES, TensorType, dtype_of
+from ..types import TensorType, dtype_of, numpy_dtype
 
 ELEMENTWISE = frozenset({"pure", "elementwise", "memory_bound"})
 
@@ -30,14 +35,26 @@ class Param(OpDef):
 
 @register
 class Constant(OpDef):
+    """`constant {value = dense<...>}`; `dtype` names an element type that numpy stores as
+    another (bf16 values are held as f32)."""
+
     name = "ember.constant"
     traits = frozenset({"pure", "memory_bound", "constant"})
     attrs = {"value": np.ndarray}
+    optional_attrs = {"dtype": DTYPE}
 
     @classmethod
     def infer(cls, operand_types, attrs):
         v = attrs["value"]
-        return [TensorType(v.shape, attrs.get("dtype") or dtype_of(v.dtype))]
+        try:
+            own = dtype_of(v.dtype)
+        except TypeError as e:
+            raise InferenceError(f"ember.constant: {e}") from None
+        dtype = attrs.get("dtype", own)
+        if numpy_dtype(dtype) != v.dtype:
+            raise InferenceError(f"ember.constant: dtype {dtype} is not stored as its value's "
+                                 f"{own} elements")
+        return [TensorType(v.shape, dtype)]
 
 
 class Unary(OpDef):
@@ -110,12 +127,10 @@ class Cast(OpDef):
     name = "ember.cast"
     traits = ELEMENTWISE
     arity = (1, 1)
-    attrs = {"dtype": str}
+    attrs = {"dtype": DTYPE}
 
     @classmethod
     def infer(cls, operand_types, attrs):
-        if attrs["dtype"] not in DTYPES:
-            raise InferenceError(f"ember.cast to unknown dtype {attrs['dtype']!r}")
         return [operand_types[0].with_dtype(attrs["dtype"])]
 
 
@@ -144,7 +159,7 @@ class Broadcast(OpDef):
 
     name = "ember.broadcast"
     arity = (1, 1)
-    attrs = {"shape": list}
+    attrs = {"shape": SHAPE}
 
     @classmethod
     def infer(cls, operand_types, attrs):
@@ -160,13 +175,13 @@ class Broadcast(OpDef):
 class Reshape(OpDef):
     name = "ember.reshape"
     arity = (1, 1)
-    attrs = {"shape": list}
+    attrs = {"shape": SHAPE}
 
     @classmethod
     def infer(cls, operand_types, attrs):
         (t,) = operand_types
         shape = tuple(attrs["shape"])
-        if int(np.prod(shape, dtype=np.int64)) != t.size or any(d < 0 for d in shape):
+        if math.prod(shape) != t.size:
             raise InferenceError(f"ember.reshape: cannot reshape {fmt_shape(t.shape)} "
                                  f"to {fmt_shape(shape)}")
         return [t.with_shape(shape)]
@@ -214,7 +229,7 @@ class OneHot(OpDef):
     name = "ember.one_hot"
     traits = frozenset({"pure", "memory_bound"})
     arity = (1, 1)
-    attrs = {"num_classes": int, "dtype": str}
+    attrs = {"num_classes": COUNT, "dtype": DTYPE}
 
     @classmethod
     def infer(cls, operand_types, attrs):
@@ -301,7 +316,7 @@ class ScatterAdd(OpDef):
 
     name = "ember.scatter_add"
     arity = (2, 2)
-    attrs = {"shape": list}
+    attrs = {"shape": SHAPE}
 
     @classmethod
     def infer(cls, operand_types, attrs):
@@ -368,7 +383,7 @@ class Conv2dGradInput(ConvBase):
     ConvTranspose2d's forward)."""
 
     name = "ember.conv2d_grad_input"
-    attrs = {**ConvBase.attrs, "input_shape": list}
+    attrs = {**ConvBase.attrs, "input_shape": SHAPE}
 
     @classmethod
     def infer(cls, operand_types, attrs):
@@ -387,7 +402,7 @@ class Conv2dGradWeight(ConvBase):
     """`conv2d_grad_weight(x, g) {weight_shape}`: the gradient of conv2d wrt its weight."""
 
     name = "ember.conv2d_grad_weight"
-    attrs = {**ConvBase.attrs, "weight_shape": list}
+    attrs = {**ConvBase.attrs, "weight_shape": SHAPE}
 
     @classmethod
     def infer(cls, operand_types, attrs):
@@ -466,7 +481,7 @@ class AvgPool2dGrad(PoolBase):
 
     name = "ember.avg_pool2d_grad"
     arity = (1, 1)
-    attrs = {**PoolBase.attrs, "input_shape": list}
+    attrs = {**PoolBase.attrs, "input_shape": SHAPE}
 
     @classmethod
     def infer(cls, operand_types, attrs):

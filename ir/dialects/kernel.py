@@ -36,8 +36,18 @@ from __future__ import annotations
 
 import math
 
-from ..opdef import InferenceError, OpDef, declare, register, same_dtype
-from ..types import DTYPES, ScalarType, TensorType
+from ..opdef import (
+    DTYPE,
+    I64_MAX,
+    SHAPE,
+    InferenceError,
+    OpDef,
+    declare,
+    is_int,
+    register,
+    same_dtype,
+)
+from ..types import ScalarType, TensorType
 from .ember import CMP_PREDICATES
 
 SCALAR = frozenset({"pure", "scalar_operands"})
@@ -116,13 +126,11 @@ class KCast(OpDef):
     name = "kernel.cast"
     traits = SCALAR
     arity = (1, 1)
-    attrs = {"dtype": str}
+    attrs = {"dtype": DTYPE}
 
     @classmethod
     def infer(cls, operand_types, attrs):
         _scalars(cls.name, operand_types)
-        if attrs["dtype"] not in DTYPES:
-            raise InferenceError(f"kernel.cast to unknown dtype {attrs['dtype']!r}")
         return [ScalarType(attrs["dtype"])]
 
 
@@ -133,6 +141,21 @@ class KConstant(OpDef):
     name = "kernel.constant"
     traits = SCALAR
     attrs = {"value": (int, float, bool)}
+
+    @classmethod
+    def check_op(cls, op) -> None:
+        """The value must be one of the result's dtype: every backend stores it as that."""
+        v, dtype = op.attributes["value"], op.result.type.dtype
+        if dtype == "i1":
+            ok = v in (0, 1) and not isinstance(v, float)
+        elif dtype in ("i32", "i64"):
+            half = 2 ** (31 if dtype == "i32" else 63)
+            ok = is_int(v) and -half <= v < half
+        else:
+            ok = not isinstance(v, bool)
+        if not ok:
+            raise InferenceError(f"kernel.constant: value {v!r} does not fit its result type "
+                                 f"{dtype}")
 
 
 @register
@@ -179,8 +202,9 @@ class KReduce(OpDef):
         if attrs["kind"] not in REDUCE_KINDS:
             raise InferenceError(f"kernel.reduce kind {attrs['kind']!r} is not one of "
                                  f"{', '.join(REDUCE_KINDS)}")
-        if not attrs["dims"]:
-            raise InferenceError("kernel.reduce needs at least one dim")
+        dims = attrs["dims"]
+        if not dims or len(set(dims)) != len(dims):
+            raise InferenceError(f"kernel.reduce needs distinct dims, at least one, got {dims}")
         return list(operand_types)
 
 
@@ -205,18 +229,22 @@ def reach(space, strides) -> int:
 
 def check_map(op: str, what: str, space: list[int], strides, t: TensorType) -> None:
     if not isinstance(strides, list) or len(strides) != len(space) or not all(
-            isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in strides):
+            is_int(s) and 0 <= s <= I64_MAX for s in strides):
         raise InferenceError(f"{op}: the map of {what} must be {len(space)} strides >= 0 "
-                             f"(one per space dim), got {strides!r}")
+                             f"(one per space dim, each fitting in 64 bits), got {strides!r}")
     if reach(space, strides) >= t.size:
         raise InferenceError(f"{op}: the map {strides} of {what} ({t}) reads past its "
                              f"{t.size} elements over space {space}")
 
 
 def check_cover(op: str, k: int, space: list[int], strides: list[int], t: TensorType) -> None:
-    """Result k's map writes each of its elements (exactly once up to stride-0 dims)."""
-    if t.size == 0 or any(d == 0 for d in space):
+    """Result k's map over the space its body runs at writes each of its elements (exactly
+    once up to stride-0 dims); an empty space writes nothing, so the result must be empty."""
+    if t.size == 0:
         return
+    if any(d == 0 for d in space):
+        raise InferenceError(f"{op}: the body runs at no point of space {space}, so result {k} "
+                             f"({t}) is never written")
     step = 1
     for s, d in sorted((s, d) for s, d in zip(strides, space) if s and d > 1):
         if s != step:
@@ -231,13 +259,13 @@ def check_cover(op: str, k: int, space: list[int], strides: list[int], t: Tensor
 class KernelOp(OpDef):
     traits = frozenset({"pure", "memory_bound", "kernel"})
     arity = (0, None)
-    attrs = {"space": list, "maps": (list,), "out_maps": (list,), "out_types": (list,)}
+    attrs = {"space": SHAPE, "maps": (list,), "out_maps": (list,), "out_types": (list,)}
 
     @classmethod
     def infer(cls, operand_types, attrs):
         space, maps, outs = attrs["space"], attrs["maps"], attrs["out_types"]
-        if any(d < 0 for d in space):
-            raise InferenceError(f"{cls.name}: negative space dim in {space}")
+        if space_size(space) > I64_MAX:
+            raise InferenceError(f"{cls.name}: space {space} has more points than int64 counts")
         if len(maps) != len(operand_types):
             raise InferenceError(f"{cls.name}: {len(operand_types)} operands but {len(maps)} "
                                  "maps")
@@ -247,10 +275,20 @@ class KernelOp(OpDef):
                                  f"out map, got {outs!r}")
         for k, (m, t) in enumerate(zip(maps, operand_types)):
             check_map(cls.name, f"operand {k}", space, m, t)
+        body = cls.body_space(space)
         for k, (m, t) in enumerate(zip(attrs["out_maps"], outs)):
             check_map(cls.name, f"result {k}", space, m, t)
-            check_cover(cls.name, k, space, m, t)
+            check_cover(cls.name, k, body, m[:len(body)], t)
         return list(outs)
+
+    @classmethod
+    def body_space(cls, space: list[int]) -> list[int]:
+        """The points the body runs at, where it yields what the results store."""
+        return space
+
+    @classmethod
+    def check_op(cls, op) -> None:
+        check_kernel(op)
 
 
 @register
@@ -263,6 +301,10 @@ class Matmul(KernelOp):
     name = "kernel.matmul"
     traits = frozenset({"pure", "compute_bound", "kernel"})
     arity = (2, None)
+
+    @classmethod
+    def body_space(cls, space: list[int]) -> list[int]:
+        return space[:-1]  # the epilogue runs once the sum over K is done
 
     @classmethod
     def infer(cls, operand_types, attrs):
@@ -354,10 +396,9 @@ def check_kernel(op) -> None:
         raise InferenceError(f"{name}: every kernel.reduce must reduce the same dims, got "
                              f"{sorted(dims)}")
     for s in block.ops:
-        d = s.attributes.get("dims", []) + ([s.attributes["dim"]] if "dim" in s.attributes
-                                            else [])
-        if s.name in ("kernel.reduce", "kernel.index") and any(
-                not 0 <= x < rank for x in d):
+        d = (s.attributes["dims"] if s.name == "kernel.reduce" else
+             [s.attributes["dim"]] if s.name == "kernel.index" else [])
+        if any(not 0 <= x < rank for x in d):
             raise InferenceError(f"{name}: {s.name} dim out of range for a space of rank "
                                  f"{rank}")
         if s.name == "kernel.index" and s.result.type != ScalarType("i64"):

@@ -114,8 +114,8 @@ def graphs_equal(a: Graph, b: Graph, locs: bool | str = False) -> bool:
 
 # -- one graph per registered op --------------------------------------------------------------
 
-def _param(b: Builder, shape, path="fc.weight") -> Value:
-    return b.create("ember.param", [], {"id": "9199rs1gnooc6", "path": path,
+def _param(b: Builder, shape, path="fc.weight", pid="9199rs1gnooc6") -> Value:
+    return b.create("ember.param", [], {"id": pid, "path": path,
                                         "init": "kaiming_uniform"},
                     result_types=[TensorType(shape, F32)]).result
 
@@ -137,7 +137,7 @@ def _examples() -> dict[str, Any]:
         "ember.one_hot": lambda b, x, l: b.op("ember.one_hot", l, num_classes=5, dtype="f32"),
         "func.return": lambda b, x, l: x,
         "nn.linear": lambda b, x, l: b.op("nn.linear", x, _param(b, (3, 4)),
-                                          _param(b, (4,), "fc.bias")),
+                                          _param(b, (4,), "fc.bias", "tumvmkapa4mm2")),
         "nn.softmax": lambda b, x, l: b.op("nn.softmax", x, axis=1),
         "nn.log_softmax": lambda b, x, l: b.op("nn.log_softmax", x, axis=-1),
         "nn.cross_entropy": lambda b, x, l: b.op("nn.cross_entropy", x, l),
