@@ -1,30 +1,105 @@
-"""Host buffers for compiled graphs: 64-byte aligned storage and input conversion.
+"""Host buffers for compiled graphs: 64-byte aligned storage, the layout of scratch
+memory, guard pages and input conversion.
 
 numpy only guarantees 16-byte alignment; a cache-line aligned buffer keeps vector loads
 from splitting lines. Generated code declares no alignment beyond the element's, so
 caller arrays (inputs, params) are used in place whenever they are contiguous.
+
+Guard pages (for tests): inside `with guarded():` every buffer allocated here (an
+executable's temps, constants, scalar inputs, scratch and returned results) ends exactly
+where an inaccessible (PROT_NONE) page begins, so a kernel that reads or writes even one
+byte past a buffer's end segfaults instead of silently using a neighbour's memory. Such a
+buffer starts wherever its size puts it: element aligned (a page is a multiple of every
+element size), which is all generated code assumes. `guarded_copy(a)` makes an input that
+ends at a guard page (inputs are used in place, so kernels reading past them fault too).
+The mode is read when a buffer is allocated: build and call the executable inside it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import functools
 import math
+import mmap
+import os
+from collections.abc import Iterator
 
 import numpy as np
 
 from ...ir import TensorType, numpy_dtype
 
 ALIGN = 64
+_guards = 0  # how many `guarded()` blocks are open
+
+
+@contextlib.contextmanager
+def guarded() -> Iterator[None]:
+    """Allocate every buffer so that it ends at a guard page (see the module docstring)."""
+    global _guards
+    _guards += 1
+    try:
+        yield
+    finally:
+        _guards -= 1
+
+
+def regions(*nbytes: int) -> tuple[list[int], int]:
+    """Byte offsets of consecutive regions of `nbytes` bytes in one scratch buffer, each
+    starting on an ALIGN boundary, and the bytes they span: the one layout that both a
+    kernel's scratch size and its code read, so the two cannot disagree."""
+    offsets, end = [], 0
+    for n in nbytes:
+        offsets.append(end)
+        end += -(-n // ALIGN) * ALIGN
+    return offsets, end
+
+
+def raw_bytes(nbytes: int, align: int = ALIGN) -> np.ndarray:
+    """`nbytes` uninitialized bytes starting on an `align`-byte boundary, or ending at a
+    guard page inside `guarded()`."""
+    if _guards:
+        return _guarded_bytes(nbytes)
+    raw = np.empty(nbytes + align, np.uint8)
+    start = -raw.ctypes.data % align
+    return raw[start:start + nbytes]
+
+
+def _guarded_bytes(nbytes: int) -> np.ndarray:
+    """Bytes that end where a PROT_NONE page begins. The array's base is an array over the
+    whole mapping, which keeps the mapping alive (and unmapped once nothing refers to it)."""
+    page = mmap.PAGESIZE
+    size = -(-nbytes // page) * page + page
+    whole = np.frombuffer(mmap.mmap(-1, size), np.uint8)
+    guard = whole.ctypes.data + size - page
+    if _libc().mprotect(ctypes.c_void_p(guard), ctypes.c_size_t(page), 0) != 0:  # PROT_NONE
+        err = ctypes.get_errno()
+        raise OSError(err, f"mprotect of a guard page failed: {os.strerror(err)}")
+    return whole[size - page - nbytes:size - page]
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    lib = ctypes.CDLL(None, use_errno=True)
+    lib.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    return lib
 
 
 def aligned_empty(t: TensorType, align: int = ALIGN) -> tuple[np.ndarray, int]:
-    """An uninitialized array of type `t` starting on an `align`-byte boundary, and its
-    address."""
+    """An uninitialized array of type `t` starting on an `align`-byte boundary (ending at
+    a guard page inside `guarded()`), and its address."""
     dt = numpy_dtype(t.dtype)
-    nbytes = math.prod(t.shape) * dt.itemsize
-    raw = np.empty(nbytes + align, np.uint8)
-    addr = raw.ctypes.data
-    start = -addr % align
-    return raw[start:start + nbytes].view(dt).reshape(t.shape), addr + start
+    raw = raw_bytes(math.prod(t.shape) * dt.itemsize, align)
+    return raw.view(dt).reshape(t.shape), raw.ctypes.data
+
+
+def guarded_copy(a: np.ndarray) -> np.ndarray:
+    """A C-contiguous copy of `a` that ends at a guard page: an input that makes a kernel
+    reading past its end fault."""
+    a = np.asarray(a)
+    out = _guarded_bytes(a.nbytes).view(a.dtype).reshape(a.shape)
+    out[...] = a
+    return out
 
 
 def aligned_copy(a: np.ndarray, t: TensorType) -> np.ndarray:

@@ -8,6 +8,7 @@ import os
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
@@ -15,8 +16,8 @@ import numpy as np
 from ...ir import Graph, numpy_dtype, verify
 from ...ir.printer import print_graph
 from ..input_checks import InputCheckError, describe
-from . import cache
-from .buffers import aligned_copy, aligned_empty, as_input
+from . import blas, cache
+from .buffers import aligned_copy, aligned_empty, as_input, raw_bytes
 from .codegen import ENTRY, PROFILED, emit, plan
 from .jit import JitModule, fingerprint
 
@@ -25,14 +26,15 @@ class Executable:
     """`exe(inputs, params)` runs the graph natively and returns fresh arrays.
 
     Intermediate buffers are allocated once and overwritten by every call (a lock
-    serializes concurrent calls). An op result that the graph returns is instead written
-    straight into an array the caller then owns: one this executable returned before and
-    nobody holds any more (a training step's previous params), else a new one; no copy.
+    serializes concurrent calls; a forked child gets a new one). An op result that the
+    graph returns is instead written straight into an array the caller then owns: one
+    this executable returned before and nobody holds any more (a training step's previous
+    params), else a new one; no copy.
     Returned inputs, params and constants, and a buffer returned twice, are copied. Each
     call is exactly one native call (`native_calls` counts them). `timings` holds the
-    compile time per stage (printed with `EMBER_PASS_TIMING=1`) and `cached` whether the
-    object code came from the compile cache. `profile(inputs, params)` times each kernel
-    inside one native call.
+    compile time per stage (printed with `EMBER_PASS_TIMING=1`), `cached` whether the
+    object code came from the compile cache (under `cache_key`; None when not cached).
+    `profile(inputs, params)` times each kernel inside one native call.
     """
 
     def __init__(self, graph: Graph, threads: int | None = None, use_cache: bool | None = None):
@@ -91,6 +93,7 @@ class Executable:
             addr = self._jit.engine.get_global_value_address("ember_status")
             self._status = ctypes.c_int64.from_address(addr)
         self._lock = threading.Lock()
+        _live.add(self)
         self.native_calls = 0
         self.checks_inputs = bool(self.plan.checks)  # the graph's input checks run natively
         self.timings["total"] = time.perf_counter() - t0
@@ -100,7 +103,8 @@ class Executable:
     def _scalar_buffer(self, i, s) -> np.ndarray:
         """Scalar inputs (a learning rate, a step count) are copied into a buffer of their
         own, whose address the table keeps: cheaper than converting a new array per call."""
-        buf = np.zeros((), numpy_dtype(s.type.dtype))
+        buf = aligned_empty(s.type)[0]
+        buf[()] = 0
         self._arrays[i] = buf
         self._ptrs[i] = buf.ctypes.data
         return buf
@@ -112,8 +116,7 @@ class Executable:
         if s.kind == "temp" and i not in fresh:
             return aligned_empty(s.type)[0]
         if s.kind == "scratch":
-            raw = np.empty(s.key + 64, np.uint8)
-            return raw[-raw.ctypes.data % 64:]
+            return raw_bytes(s.key)
         return None
 
     @property
@@ -246,6 +249,28 @@ class Executable:
                 self._raise_status()
         return arrays
 
+
+_live: weakref.WeakSet[Executable] = weakref.WeakSet()
+
+
+def _unlock_in_child() -> None:
+    """A forked child has only the thread that forked: a lock another thread held while
+    inside a call would never be released, and the child's first call would hang (its
+    buffers are the child's own copies, so a new lock is all it needs). A call that was
+    in flight may also have been inside OpenBLAS, whose threaded GEMM holds a lock of its
+    own that nothing re-creates: then the child's BLAS runs on one thread, as its parallel
+    loops do (pool.py)."""
+    in_flight = False
+    for exe in _live:
+        in_flight |= exe._lock.locked()
+        exe._lock = threading.Lock()
+    lib = blas.find() if in_flight else None  # cached: every JitModule looked it up
+    if lib is not None and lib.set_threads is not None:
+        lib.set_threads(1)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_unlock_in_child)
 
 # references to a pooled (array, owner, address) entry's array and owner while only the
 # pool holds them: the entry tuple, (the array's .base,) getrefcount's argument

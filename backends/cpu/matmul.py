@@ -16,6 +16,7 @@ from llvmlite import ir
 from ..strides import contiguous_strides
 from . import blas as B
 from . import scalar as S
+from .buffers import regions
 from .cost import choose
 from .fused import FusedEmitter
 from .gemm import GemmProblem, Isa, emit_own, plan_own
@@ -33,10 +34,11 @@ class MatmulPlan:
     c_batch: list[int]
     in_place: bool  # accumulate into result 0
     engine: str  # "blas" | "own"
-    gemm_scratch: int
-    c_scratch: int  # bytes of a scratch product buffer (0 when in place)
     trivial: bool  # the epilogue only stores the product
-    swapped: bool = False  # the GEMM computes the product's transpose (see plan_matmul)
+    swapped: bool  # the GEMM computes the product's transpose (see plan_matmul)
+    # scratch: the product (unless in place), then the GEMM's packed panels (own engine)
+    gemm_offset: int  # bytes from the start of scratch to the GEMM's part
+    scratch: int  # bytes in all
 
 
 def as_kernel(op):
@@ -89,15 +91,14 @@ def plan_matmul(op, isa: Isa, threads: int) -> MatmulPlan:
         in_place = False
         p = GemmProblem(n, m, k, mb[nb + 1], mb[nb + 2], ma[nb + 2], ma[nb], m, dt)
     engine = engine_for(p, isa, threads)
-    gs = gemm_scratch(p, engine, isa, threads)
     block = op.regions[0].blocks[0]
     body = block.ops
     trivial = (in_place and len(body) == 1 and len(body[0].operands) == 1
                and body[0].operands[0] is block.args[0])
-    size = S.size(dt)
-    c_scratch = 0 if in_place else _prod(batch) * m * n * size
-    return MatmulPlan(nb, batch, p, ma[:nb], mb[:nb], c_batch, in_place, engine, gs,
-                      c_scratch, trivial, swapped)
+    c_bytes = 0 if in_place else _prod(batch) * m * n * S.size(dt)
+    (_, gemm_offset), total = regions(c_bytes, gemm_scratch(p, engine, isa, threads))
+    return MatmulPlan(nb, batch, p, ma[:nb], mb[:nb], c_batch, in_place, engine, trivial,
+                      swapped, gemm_offset, total)
 
 
 def engine_for(p: GemmProblem, isa: Isa, threads: int) -> str:
@@ -126,8 +127,17 @@ def gemm_call(b: ir.IRBuilder, p: GemmProblem, engine: str, pa, pb, pc, scratch,
 
 
 def scratch_bytes(op, isa: Isa, threads: int) -> int:
-    pl = plan_matmul(op, isa, threads)
-    return pl.gemm_scratch + pl.c_scratch + 64
+    return plan_matmul(op, isa, threads).scratch
+
+
+def byte_offset(b: ir.IRBuilder, ptr, nbytes) -> ir.Value:
+    """`ptr` advanced by `nbytes` (an int or an i64 value): scratch regions are laid out
+    in bytes (buffers.regions), whatever the element type."""
+    if isinstance(nbytes, int):
+        if not nbytes:
+            return ptr
+        nbytes = i64(nbytes)
+    return b.gep(ptr, [nbytes], inbounds=True, source_etype=ir.IntType(8))
 
 
 def _prod(xs) -> int:
@@ -142,13 +152,8 @@ def emit_matmul(b: ir.IRBuilder, op, outs: list, ins: list, scratch, isa: Isa, t
     pl = plan_matmul(op, isa, threads)
     p, dt = pl.problem, pl.problem.dtype
     el = S.REG[dt]
-    if pl.in_place:
-        c = outs[0]
-        gscr = scratch
-    else:
-        c = scratch
-        gscr = b.gep(scratch, [i64(pl.c_scratch // S.size(dt) + 16)], inbounds=True,
-                     source_etype=el)
+    c = outs[0] if pl.in_place else scratch
+    gscr = byte_offset(b, scratch, pl.gemm_offset)
     nbatch = _prod(pl.batch)
     bstr = contiguous_strides(pl.batch)
 

@@ -18,6 +18,7 @@ machine without futexes run the loop on the calling thread instead: slower, neve
 
 from __future__ import annotations
 
+import os
 import threading
 
 import llvmlite.binding as llvm
@@ -38,6 +39,17 @@ WAIT, WAKE = 128, 129  # FUTEX_WAIT_PRIVATE, FUTEX_WAKE_PRIVATE
 
 _lock = threading.Lock()
 _loaded = None  # the JitModule holding the pool's code, alive for the process
+
+
+def _unlock_in_child() -> None:
+    """A child forked while another thread was compiling the pool inherits `_lock` held
+    by a thread that does not exist there."""
+    global _lock
+    _lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_unlock_in_child)
 
 
 def load() -> None:

@@ -21,9 +21,10 @@ import math
 from llvmlite import ir
 
 from . import scalar as S
+from .buffers import regions
 from .gemm import GemmProblem, Isa, _for
 from .loops import loop
-from .matmul import engine_for, gemm_call, gemm_scratch
+from .matmul import byte_offset, engine_for, gemm_call, gemm_scratch
 from .scalar import I64, i64
 from .threads import parallel_chunks, parallel_region
 
@@ -79,17 +80,18 @@ class Conv:
         work = 2 * self.n * self.o * self.p * self.k
         return parallel_chunks(work / 8, self.n, threads)
 
-    def cols_bytes(self) -> int:
-        return self.k * self.p * S.size(self.dtype)
+    def scratch(self, isa: Isa) -> tuple[int, int]:
+        """(bytes of one thread's scratch, where its GEMM's part starts after its columns
+        buffer); threads' parts follow each other."""
+        p = self.problem()
+        cols = self.k * self.p * S.size(self.dtype)
+        (_, gemm), per = regions(cols, gemm_scratch(p, engine_for(p, isa, 1), isa, 1))
+        return per, gemm
 
 
 def conv_scratch(op, isa: Isa, threads: int) -> int:
     cv = Conv(op)
-    p = cv.problem()
-    engine = engine_for(p, isa, 1)
-    t = cv.threads(threads)
-    per = cv.cols_bytes() + gemm_scratch(p, engine, isa, 1) + 128
-    return t * per
+    return cv.threads(threads) * cv.scratch(isa)[0]
 
 
 def _taps(b, cv: Conv, oh, ow, i, j):
@@ -204,16 +206,15 @@ def emit_conv(b: ir.IRBuilder, op, outs, ins, scratch, isa: Isa, threads: int,
     engine = engine_for(p, isa, 1)
     out = outs[0]
     a_in, b_in = ins
-    size = S.size(dt)
-    per = (cv.cols_bytes() + gemm_scratch(p, engine, isa, 1) + 128) // size
+    per, gemm_offset = cv.scratch(isa)
     if op.name != "ember.conv2d":  # both gradients accumulate: start from zero
         total = math.prod(op.result.type.shape)
         loop(b, total, lambda i: S.store(b, out, dt, i, S.const(dt, 0)), "z")
 
     def image(bb, ptrs, n, chunk):
         x_or_g, w_or_g, y, scr = ptrs
-        cols = bb.gep(scr, [bb.mul(chunk, i64(per))], inbounds=True, source_etype=el)
-        gscr = bb.gep(cols, [i64(cv.k * cv.p + 16)], inbounds=True, source_etype=el)
+        cols = byte_offset(bb, scr, bb.mul(chunk, i64(per)))
+        gscr = byte_offset(bb, cols, gemm_offset)
 
         def group(g):
             if op.name == "ember.conv2d":

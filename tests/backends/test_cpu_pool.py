@@ -5,13 +5,16 @@ not survive the fork, so its loops run on the calling thread)."""
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
 
 from ember.backends import cpu
+from ember.backends.cpu import blas
 from ember.backends.cpu import threads as cpu_threads
 from ember.ir import Builder, Graph, TensorType, verify
 from ember.passes import PassManager, parse_pipeline
@@ -78,19 +81,62 @@ def test_a_forked_child_runs_its_loops_on_its_own_thread(monkeypatch):
     exe = parallel_exe(monkeypatch)
     x = np.random.default_rng(0).standard_normal((257, 33)).astype(np.float32)
     check(exe, x)  # the pool is running in the parent
+    in_child(lambda: check(exe, x), "the forked child hung in a parallel loop")
+
+
+def in_child(fn, hung: str, timeout: float = 30.0) -> None:
+    """Run `fn` in a forked child; fail with `hung` if it has not exited after `timeout`
+    seconds (the child is killed), or if `fn` raised there."""
     pid = os.fork()
-    if pid == 0:  # the child: a hang here would fail the test by timeout in waitpid below
+    if pid == 0:  # the child: never returns into pytest
         try:
-            check(exe, x)
+            fn()
             os._exit(0)
         except BaseException:  # noqa: BLE001
             os._exit(1)
-    for _ in range(600):
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            break
-        threading.Event().wait(0.05)
-    else:
-        os.kill(pid, 9)
-        pytest.fail("the forked child hung in a parallel loop")
-    assert os.waitstatus_to_exitcode(status) == 0
+    deadline = time.monotonic() + timeout
+    while not (done := os.waitpid(pid, os.WNOHANG))[0]:
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail(hung)
+        threading.Event().wait(0.02)
+    assert os.waitstatus_to_exitcode(done[1]) == 0
+
+
+@pytest.mark.skipif(not hasattr(os, "fork") or sys.platform != "linux", reason="needs fork")
+@pytest.mark.parametrize("engine", ["own", "blas"])
+def test_a_child_forked_during_a_call_on_another_thread_can_call(monkeypatch, engine):
+    """The child inherits the executable's lock (and, inside OpenBLAS, its GEMM's lock) as
+    the calling thread held it, and that thread does not exist in the child: the child's
+    first call must not wait for it."""
+    if engine == "blas" and blas.find() is None:
+        pytest.skip("no OpenBLAS")
+    monkeypatch.setenv("EMBER_GEMM", engine)
+    rng = np.random.default_rng(0)
+    x, w = (rng.standard_normal((256, 256)).astype(np.float32) for _ in range(2))
+    g = Graph("f", [TensorType((256, 256), "f32")] * 2)
+    b = Builder(g.body)
+    b.create("func.return", [b.op("ember.matmul", *g.args)])
+    exe = cpu.Executable(verify(g), threads=2, use_cache=False)
+    want = x @ w
+    stop = threading.Event()
+
+    def calls():
+        while not stop.is_set():
+            exe([x, w])
+
+    t = threading.Thread(target=calls, daemon=True)
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(100.0)  # from the check to the fork this thread keeps the GIL,
+    t.start()  # which the other needs to release the lock: it is inside a call
+    try:
+        while not exe._lock.locked():
+            threading.Event().wait(0.001)
+        in_child(lambda: np.testing.assert_allclose(exe([x, w])[0], want, rtol=1e-4,
+                                                    atol=1e-3),
+                 "the forked child hung on the lock another thread held")
+    finally:
+        sys.setswitchinterval(interval)
+        stop.set()
+        t.join(30)
