@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import queue
 import threading
+import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -51,7 +52,8 @@ def digits(seed: int = 0, test_fraction: float = 0.2, image: bool = False) -> Da
 def _load_digits() -> tuple[np.ndarray, np.ndarray]:
     """scikit-learn's digits as (data, target). Importing sklearn.datasets takes ~0.8 s, a
     third of `ember train`, so after the first load the arrays are read from a copy in
-    ember's cache directory (keyed by scikit-learn's version; `EMBER_CACHE=0`: never)."""
+    ember's cache directory (keyed by scikit-learn's version; `EMBER_CACHE=0`: never). A
+    copy that is damaged or not what scikit-learn gives is loaded again and rewritten."""
     from importlib.metadata import version
 
     from ..backends.cpu.cache import enabled
@@ -60,11 +62,9 @@ def _load_digits() -> tuple[np.ndarray, np.ndarray]:
 
     path = cache_dir() / f"digits-scikit-learn-{version('scikit-learn')}.npz"
     if enabled():
-        try:
-            with np.load(path, allow_pickle=False) as f:
-                return f["data"], f["target"]
-        except (OSError, KeyError, ValueError):  # none yet, or damaged: load it again
-            pass
+        cached = _cached_digits(str(path))
+        if cached is not None:
+            return cached
     from sklearn.datasets import load_digits
 
     d = load_digits()
@@ -78,39 +78,104 @@ def _load_digits() -> tuple[np.ndarray, np.ndarray]:
     return d.data, d.target
 
 
+def _cached_digits(path: str) -> tuple[np.ndarray, np.ndarray] | None:
+    """The cached (data, target) if the copy holds what scikit-learn's digits are: 1797
+    images of 64 pixels in 0..16, labels 0..9. None if it is missing or anything is off."""
+    try:
+        arrays = _read_npz(path)
+    except (OSError, ValueError):
+        return None
+    data, target = arrays.get("data"), arrays.get("target")
+    if data is None or target is None or data.shape != (1797, 64) or data.dtype.kind != "f" \
+            or target.shape != (1797,) or target.dtype.kind not in "iu":
+        return None
+    if not (((data >= 0) & (data <= 16)).all() and ((target >= 0) & (target <= 9)).all()):
+        return None
+    return data, target
+
+
+# np.load's errors for a cut or damaged archive (fuzzed: every truncation, every byte flipped)
+_DAMAGED_NPZ = (ValueError, EOFError, zipfile.BadZipFile, NotImplementedError, RuntimeError)
+
+
+def _read_npz(path: str) -> dict[str, np.ndarray]:
+    """Every array of an `.npz`, read now (a damaged member fails its CRC here, not later);
+    ValueError naming the file when it is not a readable `.npz` of plain arrays."""
+    try:
+        loaded = np.load(path, allow_pickle=False)  # a pickle never runs: no object arrays
+        if not isinstance(loaded, np.lib.npyio.NpzFile):
+            raise ValueError("it holds a single .npy array")
+        with loaded:
+            return {k: loaded[k] for k in loaded.files}
+    except _DAMAGED_NPZ as e:
+        raise ValueError(f"{path}: cannot read it as an .npz of plain arrays ({e})") from None
+
+
+MAX_CLASSES = 100_000  # a label is a class id: one of 10**12 would size a 10**12-wide one-hot
+_SPLIT = ("x_train", "y_train", "x_test", "y_test")
+
+
 def load_npz(path: str, seed: int = 0, test_fraction: float = 0.2) -> Dataset:
-    """An `.npz` with arrays `x` and `y` (or `x_train`, `y_train`, `x_test`, `y_test`)."""
-    with np.load(path, allow_pickle=False) as f:
-        if "x_train" in f:
-            parts = [f[k] for k in ("x_train", "y_train", "x_test", "y_test")]
-            _check(path, "train", *parts[:2])
-            _check(path, "test", *parts[2:])
-        elif "x" in f and "y" in f:
-            _check(path, "", f["x"], f["y"])
-            parts = split(f["x"], f["y"], test_fraction, seed)
-        else:
-            raise ValueError(f"{path}: expected arrays 'x' and 'y' (or 'x_train', 'y_train', "
-                             f"'x_test', 'y_test'), found {sorted(f.files)}")
-    x_tr, y_tr, x_te, y_te = parts
-    y_tr, y_te = y_tr.astype(np.int64), y_te.astype(np.int64)
-    return Dataset(x_tr.astype(np.float32), y_tr, x_te.astype(np.float32), y_te,
-                   num_classes=int(max(y_tr.max(), y_te.max())) + 1)
+    """An `.npz` with arrays `x` and `y` (or `x_train`, `y_train`, `x_test`, `y_test`):
+    x numeric with one example per row, y class ids 0..MAX_CLASSES-1. Anything else is a
+    ValueError that names the file and what is wrong with it."""
+    arrays = _read_npz(path)
+    if set(_SPLIT) <= arrays.keys():
+        x_tr, y_tr = _checked(path, "train ", arrays["x_train"], arrays["y_train"])
+        x_te, y_te = _checked(path, "test ", arrays["x_test"], arrays["y_test"])
+        if x_tr.shape[1:] != x_te.shape[1:]:
+            raise ValueError(f"{path}: x_train rows have shape {x_tr.shape[1:]} but x_test "
+                             f"rows {x_te.shape[1:]}")
+    elif {"x", "y"} <= arrays.keys():
+        x, y = _checked(path, "", arrays["x"], arrays["y"])
+        x_tr, y_tr, x_te, y_te = split(x, y, test_fraction, seed)
+        if not len(x_tr) or not len(x_te):
+            raise ValueError(f"{path}: {len(x)} rows are too few to hold out a test fraction "
+                             f"of {test_fraction}")
+    else:
+        raise ValueError(f"{path}: expected arrays 'x' and 'y' (or 'x_train', 'y_train', "
+                         f"'x_test', 'y_test'), found {sorted(arrays)}")
+    return Dataset(x_tr, y_tr, x_te, y_te, num_classes=int(max(y_tr.max(), y_te.max())) + 1)
 
 
-def _check(path: str, part: str, x: np.ndarray, y: np.ndarray) -> None:
-    """What would otherwise fail deep inside a step: row counts, NaN/Inf, label values."""
-    part = f"{part} " if part else ""
+def _checked(path: str, part: str, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(x as float32, y as int64) after checking what would otherwise fail deep inside a
+    step: shapes, row counts, dtypes, NaN/Inf, label values."""
+    where = f"{path}: {part}"
+    if x.ndim < 2 or 0 in x.shape[1:]:
+        raise ValueError(f"{where}x must be [rows, features...] with at least one feature, "
+                         f"got shape {x.shape}")
+    if y.ndim != 1:
+        raise ValueError(f"{where}y must be a vector of class labels, got shape {y.shape}")
     if len(x) != len(y):
-        raise ValueError(f"{path}: {part}x has {len(x)} rows but y has {len(y)}")
+        raise ValueError(f"{where}x has {len(x)} rows but y has {len(y)}")
+    if not len(x):
+        raise ValueError(f"{where}x and y have no rows")
     if x.dtype.kind not in "fiub":
-        raise ValueError(f"{path}: x must be numeric, got dtype {x.dtype}")
-    if x.dtype.kind == "f" and not np.isfinite(x).all():
-        rows = np.unique(np.nonzero(~np.isfinite(x.reshape(len(x), -1)))[0])[:5].tolist()
-        raise ValueError(f"{path}: {part}x contains NaN or Inf (rows {rows})")
-    if y.dtype.kind not in "iu" and not (y.dtype.kind == "f" and np.all(y == np.round(y))):
-        raise ValueError(f"{path}: y must hold integer class labels, got dtype {y.dtype}")
-    if len(y) and y.min() < 0:
-        raise ValueError(f"{path}: {part}y has negative labels ({int(y.min())})")
+        raise ValueError(f"{where}x must be numeric, got dtype {x.dtype}")
+    with np.errstate(over="ignore"):  # a float64 beyond float32's range becomes Inf
+        x = x.astype(np.float32, copy=False)
+    bad = ~np.isfinite(x.reshape(len(x), -1))
+    if bad.any():
+        rows = np.unique(np.nonzero(bad)[0])[:5].tolist()
+        raise ValueError(f"{where}x contains NaN or Inf (rows {rows})")
+    return x, _labels(where, y)
+
+
+def _labels(where: str, y: np.ndarray) -> np.ndarray:
+    """y as int64 class ids; whole-number floats (labels saved as float64) are accepted."""
+    if y.dtype.kind == "f":
+        fractional = y[~(np.isfinite(y) & (y == np.round(y)))]
+        if len(fractional):
+            raise ValueError(f"{where}y must hold whole-number class labels, got "
+                             f"{fractional[0]} (dtype {y.dtype})")
+    elif y.dtype.kind not in "iu":
+        raise ValueError(f"{where}y must hold integer class labels, got dtype {y.dtype}")
+    if y.min() < 0:
+        raise ValueError(f"{where}y has negative labels ({y.min()})")
+    if y.max() >= MAX_CLASSES:
+        raise ValueError(f"{where}y has label {y.max()}: class labels must be 0..{MAX_CLASSES - 1}")
+    return y.astype(np.int64, copy=False)
 
 
 class _Raised:

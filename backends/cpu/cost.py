@@ -13,6 +13,7 @@ import functools
 import json
 import math
 import os
+import warnings
 from pathlib import Path
 
 from . import blas as B
@@ -46,12 +47,35 @@ def table_path(cpu: str, threads: int) -> Path:
 
 @functools.cache
 def load_table(cpu: str, threads: int) -> dict:
+    """This machine's measured table, else DEFAULT_TABLE. The table only chooses between two
+    correct GEMMs, so a damaged file is ignored with a warning (the tuner rewrites it)."""
     path = table_path(cpu, threads)
     try:
-        raw = json.loads(path.read_text())
-        return {tuple(map(int, k.split("x"))): tuple(v) for k, v in raw.items()}
-    except (OSError, ValueError):
+        return _parse_table(json.loads(path.read_text(), parse_int=float))
+    except FileNotFoundError:
         return DEFAULT_TABLE
+    except (OSError, ValueError, RecursionError) as e:
+        warnings.warn(f"ignoring the damaged GEMM table {path} ({e}); "
+                      "`python -m ember.backends.cpu.tune` measures it again", stacklevel=2)
+        return DEFAULT_TABLE
+
+
+def _parse_table(raw) -> dict[tuple[int, int, int], tuple[float, float]]:
+    """{"MxNxK": [own, blas], ...} as DEFAULT_TABLE's type; ValueError for anything else."""
+    if not isinstance(raw, dict) or not raw:
+        raise ValueError("not a non-empty JSON object")
+    table = {}
+    for name, speeds in raw.items():
+        size = tuple(map(int, name.split("x")))
+        if len(size) != 3 or min(size) < 1 or not isinstance(speeds, list) \
+                or len(speeds) != 2 or not all(map(_is_speed, speeds)):
+            raise ValueError(f"bad entry {name!r}: {speeds!r}")
+        table[size] = tuple(speeds)
+    return table
+
+
+def _is_speed(v) -> bool:
+    return isinstance(v, float) and math.isfinite(v) and v > 0  # ints are read as floats
 
 
 def choose(p, isa, threads: int) -> str:

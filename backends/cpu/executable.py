@@ -44,14 +44,14 @@ class Executable:
         self.timings: dict[str, float] = {"plan": time.perf_counter() - t0}
         use_cache = cache.enabled() if use_cache is None else use_cache
         use_cache = use_cache and not os.environ.get("EMBER_DUMP_LLVM")  # dumps need a build
-        k = cache.key(print_graph(graph), fingerprint(), cache.options(self.plan.threads)) \
-            if use_cache else None
-        obj = cache.load(k) if k else None
-        self.cached = obj is not None
+        # the input checks are compiled in, but live in the func attributes the key blanks
+        options = f"{cache.options(self.plan.threads)} checks={self.plan.checks}"
+        k = cache.key(print_graph(graph), fingerprint(), options) if use_cache else None
+        self.cache_key = k
+        self._jit = cache.load_jit(k) if k else None
+        self.cached = self._jit is not None
         self._module = None
-        if obj is not None:
-            self._jit = JitModule.from_object(obj)
-        else:
+        if self._jit is None:
             t = time.perf_counter()
             self._module = emit(self.plan, graph.name)
             self.timings["emit"] = time.perf_counter() - t

@@ -145,3 +145,22 @@ def test_ember_dump_ir_env_and_step_ir(tmp_path, monkeypatch):
     assert "ember.updates" in step.ir()
     with pytest.raises(KeyError, match="stages are traced, decompose"):
         step.ir("nope")
+
+
+@pytest.mark.parametrize(("label", "keep", "match"), [
+    (3, 1000, "cannot read it as an .npz"),  # cut short: the zip's directory is lost
+    (10**12, None, "class labels must be 0..99999")])
+def test_a_bad_data_file_is_one_line_and_exit_status_1_without_a_traceback(tmp_path, label,
+                                                                           keep, match):
+    import sys
+
+    bad = tmp_path / "bad.npz"
+    y = np.arange(50) % 10
+    np.savez(bad, x=np.zeros((50, 64), np.float32), y=np.where(y == 3, label, y))
+    bad.write_bytes(bad.read_bytes()[:keep])
+    proc = subprocess.run([sys.executable, "-m", "ember", "train", "--data", str(bad),
+                           "--epochs", "1", "--no-progress"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1
+    (line,) = proc.stderr.splitlines()
+    assert line.startswith(f"ember train: error: {bad}: ") and match in line, line

@@ -1,5 +1,7 @@
-"""The DataLoader: seeded per-epoch shuffling, resuming mid-epoch, background prefetch."""
+"""The DataLoader (seeded per-epoch shuffling, resuming mid-epoch, background prefetch),
+`.npz` files and the digits: bad or damaged data is a clear error or is loaded again."""
 
+import io
 import threading
 
 import numpy as np
@@ -59,25 +61,81 @@ def test_an_error_in_the_loader_reaches_the_consumer(prefetch):
         list(DataLoader(x.view(Bad), y, 10, prefetch=prefetch))
 
 
-def test_bad_data_is_rejected_clearly(tmp_path):
+def test_bad_loader_arguments_are_rejected_clearly():
     x, y = arrays()
     with pytest.raises(ValueError, match="x has 103 rows but y has 100"):
         DataLoader(x, y[:100], 10)
     with pytest.raises(ValueError, match="larger than the data"):
         DataLoader(x, y, 500)
-    np.savez(tmp_path / "bad.npz", x=x, y=y[:100])
-    with pytest.raises(ValueError, match="103 rows but y has 100"):
-        load_npz(str(tmp_path / "bad.npz"))
-    x[7, 1] = np.inf
-    np.savez(tmp_path / "inf.npz", x=x, y=y)
-    with pytest.raises(ValueError, match=r"x contains NaN or Inf \(rows \[7\]\)"):
-        load_npz(str(tmp_path / "inf.npz"))
-    np.savez(tmp_path / "neg.npz", x=x[:3] * 0, y=np.array([0, -1, 2]))
-    with pytest.raises(ValueError, match="negative labels"):
-        load_npz(str(tmp_path / "neg.npz"))
-    np.savez(tmp_path / "other.npz", a=x)
-    with pytest.raises(ValueError, match="expected arrays 'x' and 'y'"):
-        load_npz(str(tmp_path / "other.npz"))
+
+
+def npz(**named) -> bytes:
+    buf = io.BytesIO()
+    np.savez(buf, **named)
+    return buf.getvalue()
+
+
+def flip(data: bytes, i: int) -> bytes:
+    b = bytearray(data)
+    b[i] ^= 0x40
+    return bytes(b)
+
+
+X, Y = arrays(20)
+X_INF = X.copy()
+X_INF[7, 1] = np.inf
+X_BIG = X.astype(np.float64)
+X_BIG[3, 0] = 1e39  # Inf as float32
+NPY = io.BytesIO()
+np.save(NPY, X)
+# what lands in the file, and what the error must say after "<file>: "
+BAD_NPZ = {
+    "truncated": (npz(x=X, y=Y)[:300], "cannot read it as an .npz of plain arrays"),
+    "not an npz": (b"x,y\n1,2\n", "cannot read it as an .npz of plain arrays"),
+    "a bare npy": (NPY.getvalue(), "it holds a single .npy array"),
+    "object arrays": (npz(x=np.array([{}, 1], dtype=object), y=Y[:2]), "Object arrays"),
+    "no x and y": (npz(a=X), "expected arrays 'x' and 'y'"),
+    "no y_test": (npz(x_train=X, y_train=Y, x_test=X), "found ['x_test', 'x_train', 'y_train']"),
+    "x of one dim": (npz(x=Y.astype(np.float32), y=Y), "x must be [rows, features...]"),
+    "y of two dims": (npz(x=X, y=Y.reshape(20, 1)), "y must be a vector of class labels"),
+    "rows differ": (npz(x=X, y=Y[:17]), "x has 20 rows but y has 17"),
+    "no rows": (npz(x=X[:0], y=Y[:0]), "x and y have no rows"),
+    "too few rows to split": (npz(x=X[:2], y=Y[:2]), "2 rows are too few"),
+    "text x": (npz(x=X.astype(str), y=Y), "x must be numeric, got dtype <U"),
+    "inf in x": (npz(x=X_INF, y=Y), r"x contains NaN or Inf (rows [7])"),
+    "nan in test x": (npz(x_train=X, y_train=Y, x_test=X * np.nan, y_test=Y),
+                      "test x contains NaN or Inf (rows [0, 1, 2, 3, 4])"),
+    "beyond float32": (npz(x=X_BIG, y=Y), "x contains NaN or Inf (rows [3])"),
+    "features differ": (npz(x_train=X, y_train=Y, x_test=X[:, :1], y_test=Y),
+                        "x_train rows have shape (2,) but x_test rows (1,)"),
+    "negative label": (npz(x=X[:5], y=np.array([0, -1, 2, 1, 0])), "y has negative labels (-1)"),
+    "a label of 10**12": (npz(x=X, y=np.where(Y == 3, 10**12, Y)),
+                          "y has label 1000000000000: class labels must be 0..99999"),
+    "fractional labels": (npz(x=X, y=Y + 0.5), "whole-number class labels, got 0.5"),
+    "nan label": (npz(x=X, y=np.where(Y == 3, np.nan, Y)), "whole-number class labels, got nan"),
+    "text labels": (npz(x=X, y=Y.astype(str)), "y must hold integer class labels, got dtype <U"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_NPZ)
+def test_a_bad_npz_is_a_value_error_naming_the_file_and_the_fault(case, tmp_path):
+    content, message = BAD_NPZ[case]
+    path = tmp_path / "bad.npz"
+    path.write_bytes(content)
+    with pytest.raises(ValueError) as e:
+        load_npz(str(path))
+    assert str(e.value).startswith(f"{path}: ") and message in str(e.value), str(e.value)
+
+
+def test_npz_labels_become_class_ids_and_x_float32(tmp_path):
+    np.savez(tmp_path / "xy.npz", x=X.astype(np.float64), y=(Y % 4).astype(np.float64))
+    d = load_npz(str(tmp_path / "xy.npz"))
+    assert d.num_classes == 4 and d.y_train.dtype == np.int64 and d.x_train.dtype == np.float32
+    assert len(d.x_train) == 16 and len(d.x_test) == 4 and d.input_shape == (2,)
+    np.savez(tmp_path / "split.npz", x_train=X, y_train=Y.astype(np.uint8) % 3,
+             x_test=X[:2], y_test=np.array([6, 0]))
+    d = load_npz(str(tmp_path / "split.npz"))
+    assert d.num_classes == 7 and len(d.x_train) == 20 and d.y_test.tolist() == [6, 0]
 
 
 def test_digits_split_is_seeded_and_shaped_for_both_models():
@@ -109,3 +167,34 @@ def test_digits_are_read_from_a_cached_copy_after_the_first_load(tmp_path, monke
     np.testing.assert_array_equal(digits(seed=3).x_test, first.x_test)
     with np.load(copy, allow_pickle=False) as f:
         assert f["data"].shape == (1797, 64)
+
+
+DIGITS_DAMAGES = {
+    "empty": lambda good, d: b"",
+    "cut in half": lambda good, d: good[:len(good) // 2],
+    "a flipped pixel byte": lambda good, d: flip(good, len(good) // 2),  # fails the zip CRC
+    "other arrays": lambda good, d: npz(x=d.data, y=d.target),
+    "too few images": lambda good, d: npz(data=d.data[:100], target=d.target[:100]),
+    "pixels as text": lambda good, d: npz(data=d.data.astype(str), target=d.target),
+    "pixels beyond 16": lambda good, d: npz(data=d.data * 2, target=d.target),
+    "labels beyond 9": lambda good, d: npz(data=d.data, target=d.target + 10),
+    "float labels": lambda good, d: npz(data=d.data, target=d.target + 0.5),
+}
+
+
+@pytest.mark.parametrize("damage", DIGITS_DAMAGES)
+def test_a_damaged_digits_copy_is_loaded_again_and_rewritten(damage, tmp_path, monkeypatch):
+    from sklearn.datasets import load_digits
+
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("EMBER_CACHE", "1")
+    want = digits(seed=3)
+    (copy,) = tmp_path.glob("digits-scikit-learn-*.npz")
+    ref = load_digits()
+    copy.write_bytes(DIGITS_DAMAGES[damage](copy.read_bytes(), ref))
+    got = digits(seed=3)
+    np.testing.assert_array_equal(got.x_train, want.x_train)
+    np.testing.assert_array_equal(got.y_test, want.y_test)
+    with np.load(copy, allow_pickle=False) as f:
+        np.testing.assert_array_equal(f["data"], ref.data)
+        np.testing.assert_array_equal(f["target"], ref.target)
