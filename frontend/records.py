@@ -3,20 +3,25 @@
 `save(model, path)` writes every param and buffer (flags are modes, not state) under its
 path, each ParamId in the metadata, atomically: a temporary file in the same directory,
 fsynced, then `os.replace`, so a crash mid-save leaves the old file intact.
-`load(model, path, strict=True)` checks everything first (a truncated file, dtype and
-shape mismatches, and under `strict` missing and unexpected keys, every one by path) and
-changes nothing unless all is well; then it sets the values and restores the ParamIds,
-so optimizer state keyed by id stays attached. `load_torch` imports a PyTorch state
-dict (Linear weights transposed, norm `weight`/`bias` as `gamma`/`beta`, Sequential's
-`layers.` segment dropped, `num_batches_tracked` reported and ignored); a file is only
-ever read through `torch.load(weights_only=True)`.
+`load(model, path, strict=True)` checks everything first (a file that is truncated,
+damaged or not safetensors, damaged ParamId metadata, dtype and shape mismatches, and
+under `strict` missing and unexpected keys, every one by path) and raises RecordError,
+changing nothing, unless all is well; then it sets the values and restores the ParamIds,
+so optimizer state keyed by id stays attached. Values are data: NaN and Inf load as
+they are. The readers of damaged files at the end are shared with training checkpoints.
+
+`load_torch` imports a PyTorch state dict (Linear weights transposed, norm `weight`/`bias`
+as `gamma`/`beta`, Sequential's `layers.` segment dropped, `num_batches_tracked` reported
+and ignored); a file is only ever read through `torch.load(weights_only=True)`, and a
+damaged one, or a value that is not an array of numbers, is a RecordError too.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -31,6 +36,9 @@ from .norm import BatchNorm, GroupNorm, LayerNorm, RMSNorm
 from .param import ParamId
 
 _IDS = "ember.param_ids"  # metadata key: JSON {path: ParamId string}
+# the safetensors dtypes ember has (BF16, F8_*, U8, ... have no ember dtype)
+_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "I64": np.int64,
+           "I32": np.int32, "BOOL": np.bool_}
 
 
 class RecordError(ValueError):
@@ -47,15 +55,6 @@ def save(model: Module, path: str | os.PathLike) -> None:
     write_atomically(path, blob)
 
 
-def _read(path: str) -> tuple[dict[str, np.ndarray], dict[str, str]]:
-    try:
-        with safe_open(path, framework="np") as f:
-            return {k: f.get_tensor(k) for k in f.keys()}, dict(f.metadata() or {})
-    except (SafetensorError, OSError, ValueError) as e:
-        raise RecordError(f"cannot read the record {path}: {e} (truncated or not a "
-                          "safetensors file?); the model is unchanged") from None
-
-
 def load(model: Module, path: str | os.PathLike, strict: bool = True) -> Module:
     """Set the model's params and buffers from `save`'s file; returns the model.
 
@@ -63,36 +62,150 @@ def load(model: Module, path: str | os.PathLike, strict: bool = True) -> Module:
     missing/unexpected key (when strict), by path, and leaves the model unchanged.
     """
     path = os.fspath(path)
-    tensors, meta = _read(path)
-    try:
-        ids = json.loads(meta.get(_IDS, "{}"))
-        ids = {k: ParamId.parse(v) for k, v in ids.items()}
-    except (ValueError, AttributeError) as e:
-        raise RecordError(f"{path}: bad ParamId metadata ({e}); the model is unchanged") from None
     targets = model._records()
-    problems = []
+    with open_safetensors(path, RecordError, "record") as f:
+        ids = _param_ids(f)
+        if problems := _problems(targets, f.header, strict):
+            raise RecordError(f"cannot load {path} into {type(model).__name__}: "
+                              + "; ".join(problems) + " (the model is unchanged)")
+        values = {p: f.tensor(p) for p, _ in targets if p in f.header}
     for p, param in targets:
-        if p in tensors:
-            a = tensors[p]
-            want = numpy_dtype(param.dtype)
-            if a.shape != param.shape or a.dtype != want:
-                problems.append(f"mismatch at {p}: the file has {list(a.shape)} {a.dtype}, "
-                                f"the model has {list(param.shape)} {want}")
-    if strict:
-        known = {p for p, _ in targets}
-        if missing := [p for p, _ in targets if p not in tensors]:
-            problems.append(f"missing: {', '.join(missing)}")
-        if unexpected := [k for k in tensors if k not in known]:
-            problems.append(f"unexpected: {', '.join(unexpected)}")
-    if problems:
-        raise RecordError(f"cannot load {path} into {type(model).__name__}: "
-                          + "; ".join(problems) + " (the model is unchanged)")
-    for p, param in targets:
-        if p in tensors:
-            param.set_value(tensors[p])
+        if p in values:
+            param.set_value(values[p])
             if p in ids:
                 param.id = ids[p]
     return model
+
+
+def _param_ids(f: Archive) -> dict[str, ParamId]:
+    """The ParamIds `save` wrote ({} for a safetensors file from elsewhere), all checked."""
+    text = f.meta.get(_IDS)
+    if text is None:
+        return {}
+    try:
+        ids = parse_json(text)
+        if not isinstance(ids, dict):
+            raise ValueError(f"it is a JSON {json_type(ids)}, not a JSON object of path: "
+                             "ParamId")
+        return {k: _param_id(k, v, f.header) for k, v in ids.items()}
+    except ValueError as e:
+        raise RecordError(f"{f.path} has damaged {_IDS} metadata: {e} (the model is "
+                          "unchanged)") from None
+
+
+def _param_id(path: str, text: object, header: dict) -> ParamId:
+    if path not in header:
+        raise ValueError(f"it names {shown(path)}, which has no tensor in the file")
+    if not isinstance(text, str):
+        raise ValueError(f"the id of {shown(path)} is a JSON {json_type(text)}, not a string")
+    try:
+        return ParamId.parse(text)
+    except ValueError:
+        raise ValueError(f"the id of {shown(path)} is {shown(text)}, not a ParamId (13 "
+                         "characters of 0-9a-v)") from None
+
+
+def _problems(targets: list, header: dict, strict: bool) -> list[str]:
+    """Every dtype/shape mismatch and, when strict, the missing and unexpected paths."""
+    problems = []
+    for p, param in targets:
+        if p in header:
+            dtype, shape = header[p]
+            want = numpy_dtype(param.dtype)
+            if shape != param.shape or dtype != want:
+                problems.append(f"mismatch at {p}: the file has {list(shape)} {dtype}, "
+                                f"the model has {list(param.shape)} {want}")
+    if strict:
+        known = {p for p, _ in targets}
+        if missing := [p for p, _ in targets if p not in header]:
+            problems.append(f"missing: {listing(missing)}")
+        if unexpected := [k for k in header if k not in known]:
+            problems.append(f"unexpected: {listing(unexpected)}")
+    return problems
+
+
+# -- reading files that may be damaged (records and training checkpoints) -----------------
+
+class Archive:
+    """An open safetensors file: its metadata, and per tensor the numpy dtype (or, for one
+    ember has no dtype for, the safetensors name) and shape its header declares."""
+
+    def __init__(self, f, path: str, error: type[ValueError]):
+        self.path, self.error, self._file = path, error, f
+        self.meta: dict[str, str] = dict(f.metadata() or {})
+        self.header: dict[str, tuple[np.dtype | str, tuple[int, ...]]] = {}
+        for name in f.keys():
+            info = f.get_slice(name)
+            code = info.get_dtype()
+            self.header[name] = (np.dtype(_DTYPES[code]) if code in _DTYPES else code,
+                                 tuple(info.get_shape()))
+
+    def tensor(self, name: str) -> np.ndarray:
+        """The tensor's data; one of a dtype ember has no dtype for is an error, not a crash
+        inside safetensors (which raises TypeError or AttributeError for those)."""
+        dtype, _ = self.header[name]
+        if not isinstance(dtype, np.dtype):
+            raise self.error(f"{self.path}: tensor {shown(name)} has dtype {dtype}, which "
+                             "ember does not use; nothing was changed")
+        return self._file.get_tensor(name)
+
+
+@contextmanager
+def open_safetensors(path: str, error: type[ValueError], what: str) -> Iterator[Archive]:
+    """`safe_open` (memory-mapped: a header that claims gigabytes allocates nothing) with
+    every failure to read the file raised as `error`, naming the file."""
+    try:
+        with safe_open(path, framework="np") as f:
+            yield Archive(f, path, error)
+    except OSError as e:
+        raise error(f"cannot read the {what} {path}: {e.strerror or e}") from None
+    except SafetensorError as e:
+        raise error(f"cannot read the {what} {path}: {one_line(str(e))}; it is truncated or "
+                    "damaged, or not a safetensors file, and nothing was changed") from None
+
+
+def _unique(pairs: list[tuple[str, object]]) -> dict:
+    out = {}
+    for k, v in pairs:
+        if k in out:
+            raise ValueError(f"duplicate key {shown(k)}")
+        out[k] = v
+    return out
+
+
+def parse_json(text: str) -> object:
+    """`json.loads` for metadata that may be damaged: duplicate keys and nesting too deep for
+    Python raise ValueError (as every other defect does), never RecursionError."""
+    try:
+        return json.loads(text, object_pairs_hook=_unique)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
+
+
+def json_type(v: object) -> str:
+    """The JSON name of a parsed value's type, for messages."""
+    names = {dict: "object", list: "array", str: "string", bool: "boolean", int: "number",
+             float: "number", type(None): "null"}
+    return names.get(type(v), type(v).__name__)
+
+
+def shown(s: str, limit: int = 60) -> str:
+    """`s` for a one-line message: as is when short and printable, else quoted and cut."""
+    if len(s) <= limit and s.isprintable():
+        return s
+    return repr(s[:limit]) + ("..." if len(s) > limit else "")
+
+
+def one_line(text: str, limit: int = 300) -> str:
+    """A library's error text (which may quote the file, newlines included) as one line."""
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def listing(names: list[str], limit: int = 10) -> str:
+    """At most `limit` names, comma-separated, and how many more."""
+    out = ", ".join(shown(n, 200) for n in names[:limit])
+    return out + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
 # -- PyTorch ------------------------------------------------------------------------------
@@ -144,13 +257,42 @@ def _apply_key_map(key: str, key_map) -> str | None:
     return key
 
 
+_TORCH_FLOATS = ("torch.float16", "torch.float32", "torch.float64")  # those numpy has
+
+
 def _to_numpy(v) -> np.ndarray:
+    """A state dict value as an array of numbers; ValueError or TypeError for anything else."""
     if hasattr(v, "detach"):  # a torch tensor
         v = v.detach().cpu()
-        if str(v.dtype) == "torch.bfloat16":
+        if v.is_floating_point() and str(v.dtype) not in _TORCH_FLOATS:  # bf16, float8
             v = v.float()
-        return v.numpy()
-    return np.asarray(v)
+        v = v.numpy()
+    a = np.asarray(v)
+    if a.dtype.kind not in "biuf":
+        raise ValueError(f"a {type(v).__name__} of {a.dtype}, not an array of real numbers")
+    return a
+
+
+def _read_torch(path: str):
+    """`torch.load(weights_only=True)`: plain data only, never code; any failure (a damaged
+    file, a pickle asking for a class) is a RecordError."""
+    import torch
+
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # torch raises a different type for each kind of damage
+        raise RecordError(f"cannot read the PyTorch file {path} with torch.load(weights_only="
+                          f"True): {type(e).__name__}: {_reason(e)} (the model is "
+                          "unchanged)") from None
+
+
+def _reason(e: Exception) -> str:
+    """The line of an error that says what is wrong: torch's weights_only errors put it
+    last, after advice (to load with weights_only=False, which runs code) and before a
+    pointer to its documentation."""
+    lines = [s.strip() for s in str(e).splitlines()
+             if s.strip() and not s.startswith("Check the documentation")]
+    return one_line(lines[-1]) if lines else "no message"
 
 
 def load_torch(model: Module, state_dict_or_file, key_map: Mapping[str, str | None]
@@ -165,9 +307,7 @@ def load_torch(model: Module, state_dict_or_file, key_map: Mapping[str, str | No
     unknown keys, missing paths when strict) raise RecordError and change nothing.
     """
     if isinstance(state_dict_or_file, (str, os.PathLike)):
-        import torch
-
-        state = torch.load(os.fspath(state_dict_or_file), map_location="cpu", weights_only=True)
+        state = _read_torch(os.fspath(state_dict_or_file))
     else:
         state = state_dict_or_file
     if not isinstance(state, Mapping):
@@ -176,6 +316,9 @@ def load_torch(model: Module, state_dict_or_file, key_map: Mapping[str, str | No
     paths = {p for p, _ in model._records()}
     report, values, problems = TorchImport(), {}, []
     for key, v in state.items():
+        if not isinstance(key, str):
+            problems.append(f"a key that is not a string: {shown(repr(key))}")
+            continue
         new = _apply_key_map(key, key_map)
         if new is None:
             report.ignored[key] = "dropped by key_map"
@@ -188,7 +331,11 @@ def load_torch(model: Module, state_dict_or_file, key_map: Mapping[str, str | No
         if path is None:
             problems.append(f"unexpected: {key}" + (f" (as {new})" if new != key else ""))
             continue
-        a = _to_numpy(v)
+        try:
+            a = _to_numpy(v)
+        except (ValueError, TypeError) as e:
+            problems.append(f"at {key}: {e}")
+            continue
         values[path] = a.T if transpose and a.ndim == 2 else a
     targets = dict(model._records())
     for p, a in values.items():
@@ -196,7 +343,7 @@ def load_torch(model: Module, state_dict_or_file, key_map: Mapping[str, str | No
             problems.append(f"mismatch at {p}: PyTorch has {list(a.shape)}, the model has "
                             f"{list(targets[p].shape)}")
     if strict and (missing := [p for p in targets if p not in values]):
-        problems.append(f"missing: {', '.join(missing)}")
+        problems.append(f"missing: {listing(missing)}")
     if problems:
         raise RecordError(f"cannot import PyTorch weights into {type(model).__name__}: "
                           + "; ".join(problems) + " (the model is unchanged)")

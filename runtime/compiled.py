@@ -449,12 +449,13 @@ class TrainStep(_Training):
 
         return save(self, path, extra)
 
-    def load_checkpoint(self, path: str) -> dict:
-        """Restore what `save_checkpoint` wrote; returns its `extra`. Nothing changes when
-        the file is damaged or belongs to another model (the error lists the paths)."""
+    def load_checkpoint(self, path: str, parse_extra: Callable | None = None):
+        """Restore what `save_checkpoint` wrote; returns its `extra` (through `parse_extra`,
+        which may refuse it). Nothing changes when the file is damaged or belongs to another
+        model (the error lists the paths)."""
         from .checkpoint import load
 
-        return load(self, path)
+        return load(self, path, parse_extra)
 
 
 __all__ = ["AnomalyError", "CompiledFunction", "Entry", "ExecutionError", "GradFunction",

@@ -49,8 +49,16 @@ class FitState:
 
     @classmethod
     def from_extra(cls, extra: dict) -> FitState:
-        return cls(int(extra.get("epoch", 0)), int(extra.get("batch", 0)),
-                   [EpochResult(**r) for r in extra.get("history", [])])
+        """The run's position from a checkpoint; TypeError/ValueError when it is malformed."""
+        epoch, batch, history = extra.get("epoch", 0), extra.get("batch", 0), \
+            extra.get("history", [])
+        if not (_count(epoch) and _count(batch) and isinstance(history, list)):
+            raise ValueError(f"epoch {epoch!r}, batch {batch!r} and a list of epochs expected")
+        return cls(epoch, batch, [EpochResult(**r) for r in history])
+
+
+def _count(x) -> bool:
+    return type(x) is int and x >= 0
 
 
 def accuracy(forward: CompiledFunction, x: np.ndarray, y: np.ndarray) -> float:
@@ -107,7 +115,7 @@ def fit(model: nn.Module, data: Dataset, optimizer, epochs: int = 10, batch_size
     state = FitState()
     if resume:
         asked, asked_text = step.optimizer.config(), repr(step.optimizer)
-        state = FitState.from_extra(step.load_checkpoint(resume))
+        state = step.load_checkpoint(resume, FitState.from_extra)
         if step.optimizer.config() != asked:
             print(f"note: continuing with the checkpoint's optimizer {step.optimizer}, not "
                   f"{asked_text}", file=out)

@@ -3,9 +3,11 @@ and PyTorch imports."""
 
 import json
 import os
+import re
 
 import numpy as np
 import pytest
+from file_damage import join, split
 from safetensors import safe_open
 
 from ember import nn
@@ -68,7 +70,7 @@ def test_truncated_file_is_a_clear_error_and_changes_nothing(tmp_path):
     for cut in (len(data) - 7, 20, 3):
         path.write_bytes(data[:cut])
         with pytest.raises(RecordError, match=r"cannot read the record .*net.safetensors.*"
-                                              r"model is unchanged"):
+                                              r"nothing was changed"):
             load(model, path)
     after = values(model)
     assert all(np.array_equal(before[k], after[k]) for k in before)
@@ -147,5 +149,98 @@ def test_load_torch_reads_files_only_with_weights_only(tmp_path):
 
     path = tmp_path / "evil.pt"
     torch.save({"x": Evil()}, path)
-    with pytest.raises(Exception, match="(?i)weights_only|unsupported|global"):
+    with pytest.raises(RecordError, match="weights_only=True.*unsupported GLOBAL posix.system"):
         load_torch(nn.Linear(2, 2), path)
+
+
+def _with_ids(path, text):
+    """The record at `path` with its ember.param_ids metadata replaced by `text`."""
+    header, body = split(path.read_bytes())
+    header["__metadata__"]["ember.param_ids"] = text
+    path.write_bytes(join(header, body))
+
+
+@pytest.mark.parametrize("ids,why", [
+    ('["layers.0.weight"]', "a JSON array, not a JSON object"),
+    ("[" * 5000 + "]" * 5000, "nested too deeply"),
+    ('{"layers.0.weight": 7}', "the id of layers.0.weight is a JSON number"),
+    ('{"layers.0.weight": {"a": [1]}}', "the id of layers.0.weight is a JSON object"),
+    ('{"layers.0.weight": "not-a-param-id"}', "is not-a-param-id, not a ParamId"),
+    ('{"layers.0.weight": "' + "v" * 14 + '"}', "not a ParamId"),
+    ('{"layers.0.weight": ' + "9" * 5000 + "}", "digits"),
+    ('{"layers.0.weight": 1e999}', "a JSON number"),
+    ('{"layers.0.bias": "0000000000000", "layers.0.bias": "0000000000001"}',
+     "duplicate key layers.0.bias"),
+    ('{"\\u2603\\n": "0000000000000"}', "names '\u2603\\n', which has no tensor"),
+    ("{not json", "Expecting property name"),
+])
+def test_damaged_param_ids_are_a_record_error_and_change_nothing(tmp_path, ids, why):
+    path = tmp_path / "net.safetensors"
+    save(Net(), path)
+    _with_ids(path, ids)
+    model = Net()
+    before, before_ids = values(model), [p.id for _, p in model.all_params()]
+    with pytest.raises(RecordError, match="damaged ember.param_ids metadata") as e:
+        load(model, path)
+    assert why in str(e.value) and "\n" not in str(e.value)
+    assert all(np.array_equal(before[k], v) for k, v in values(model).items())
+    assert [p.id for _, p in model.all_params()] == before_ids
+
+
+def test_other_dtypes_and_non_records_are_record_errors_and_nan_is_data(tmp_path):
+    path = tmp_path / "net.safetensors"
+    save(Net(), path)
+    good = path.read_bytes()
+    model = Net()
+    before = values(model)
+
+    def fails(data, match):
+        path.write_bytes(data)
+        with pytest.raises(RecordError, match=match):
+            load(model, path)
+        assert all(np.array_equal(before[k], v) for k, v in values(model).items())
+
+    header, body = split(good)
+    for dtype, shape, shown in [("I32", [4, 8], "int32"), ("BF16", [4, 16], "BF16"),
+                                ("F8_E4M3", [128], "F8_E4M3"), ("F32", [8, 4], "float32")]:
+        edited = json.loads(json.dumps(header))
+        edited["layers.0.weight"].update(dtype=dtype, shape=shape)
+        fails(join(edited, body), re.escape(f"mismatch at layers.0.weight: the file has {shape} "
+                                            f"{shown}, the model has [4, 8] float32"))
+    fails(b"\x00" * 64, "cannot read the record")
+    fails((2 ** 40).to_bytes(8, "little") + good[8:], "header too large")  # mmap: no allocation
+    fails(good + b"garbage", "not fully covered")
+    duplicated = join(json.dumps(header).replace('"layers.0.bias"', '"layers.0.weight"'), body)
+    fails(duplicated, "cannot read the record")
+    fails(b"", "cannot read the record")
+
+    nan = Net()
+    nan.layers[0].bias.set_value(np.full(8, np.nan, np.float32))
+    save(nan, path)
+    assert np.isnan(load(model, path).layers[0].bias.val()).all()
+
+
+def test_damaged_torch_files_and_odd_state_dicts_are_record_errors(tmp_path):
+    torch = pytest.importorskip("torch")
+    model = nn.Linear(2, 2)
+    before = values(model)
+    path = tmp_path / "t.pt"
+    torch.save({"weight": torch.zeros(2, 2), "bias": torch.zeros(2)}, path)
+    data = path.read_bytes()
+    for damaged in (data[:len(data) // 2], b"garbage" * 10, b""):
+        path.write_bytes(damaged)
+        with pytest.raises(RecordError, match="cannot read the PyTorch file") as e:
+            load_torch(model, path)
+        assert "\n" not in str(e.value)
+    for state, match in [({"weight": {"a": 1}, "bias": torch.zeros(2)}, "at weight: a dict"),
+                         ({"weight": "abc", "bias": torch.zeros(2)}, "not an array of real"),
+                         ({"weight": [[1, 2], [3]], "bias": torch.zeros(2)}, "at weight"),
+                         ({3: torch.zeros(2)}, "a key that is not a string: 3"),
+                         ({"weight": torch.zeros(2, 2, dtype=torch.complex64),
+                           "bias": torch.zeros(2)}, "complex64")]:
+        with pytest.raises(RecordError, match=match):
+            load_torch(model, state)
+    assert all(np.array_equal(before[k], v) for k, v in values(model).items())
+    load_torch(model, {"weight": torch.ones(2, 2, dtype=torch.bfloat16),
+                       "bias": torch.ones(2, dtype=torch.float8_e4m3fn)})
+    assert (model.weight.val() == 1).all() and (model.bias.val() == 1).all()

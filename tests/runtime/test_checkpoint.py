@@ -1,15 +1,19 @@
 """Checkpoints: resume is bit-exact, writes are atomic, damage and mismatches are caught."""
 
 import io
+import json
 import os
 import signal
 
 import numpy as np
 import pytest
+from file_damage import metadata, reseal
+from safetensors.numpy import load as st_load
+from safetensors.numpy import save as st_save
 
 import ember as em
 from ember import nn, optim
-from ember.runtime.checkpoint import CheckpointError, read
+from ember.runtime.checkpoint import KEY, CheckpointError, read
 from ember.runtime.compiled import TrainStep
 from ember.runtime.data import digits
 from ember.runtime.train import fit
@@ -179,3 +183,158 @@ def test_checkpoint_of_another_optimizer_is_refused(tmp_path, data):
     sgd = em.compile_train_step(model, nn.functional.cross_entropy, optim.SGD(lr=0.1))
     with pytest.raises(CheckpointError, match="trained with adam, not sgd"):
         sgd.load_checkpoint(path)
+
+
+@pytest.mark.parametrize("extra", [{"epoch": "1"}, {"history": [{"loss": 1.0}]},
+                                   {"epoch": -1}, {"history": {}}])
+def test_extra_data_the_run_cannot_read_is_refused_before_anything_changes(tmp_path, data,
+                                                                          extra):
+    from ember.runtime.train import FitState
+
+    path = str(tmp_path / "run.ckpt")
+    model, step = make("interpreter")
+    run_fit(step, data, 1)
+    step.save_checkpoint(path, extra)
+    model2, step2 = make("interpreter")
+    before = state(model2, step2)
+    with pytest.raises(CheckpointError, match="extra data"):
+        step2.load_checkpoint(path, FitState.from_extra)
+    assert_same(state(model2, step2), before)
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory, data):
+    """A checkpoint after an epoch of Adam (interpreter backend, dropout and a frozen layer)."""
+    path = str(tmp_path_factory.mktemp("ckpt") / "run.ckpt")
+    model, step = make("interpreter", p=0.5)
+    model.fc1.freeze()
+    run_fit(step, data, 1, save=path)
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def _doc_edit(edit):
+    """A re-sealed checkpoint whose document `edit` changed: it passes the checksum."""
+    def damage(data):
+        meta = metadata(data)
+        doc = json.loads(meta[KEY])
+        edit(doc)
+        meta[KEY] = json.dumps(doc)
+        return reseal(data, meta)
+    return damage
+
+
+def _tensor_edit(edit):
+    def damage(data):
+        tensors = st_load(data)
+        edit(tensors)
+        return reseal(data, tensors=tensors)
+    return damage
+
+
+def _format_1(data):
+    """What an older ember wrote: the format and a tensor-only checksum inside the document."""
+    meta = metadata(data)
+    doc = json.loads(meta.pop(KEY))
+    doc.update(format=1, sha256="0" * 64)
+    return st_save(st_load(data), metadata={KEY: json.dumps(doc)})
+
+
+def _set(*keys, value):
+    def edit(doc):
+        for k in keys[:-1]:
+            doc = doc[k]
+        doc[keys[-1]] = value
+    return edit
+
+
+def _drop(*keys):
+    def edit(doc):
+        for k in keys[:-1]:
+            doc = doc[k]
+        del doc[keys[-1]]
+    return edit
+
+
+DAMAGE = {
+    "unsealed metadata edit": (lambda d: d.replace(b'rng_step\\": 10', b'rng_step\\": 11'),
+                               "does not match the checksum"),
+    "format 1": (_format_1, "no ember.format: an older ember wrote it"),
+    "format 3": (lambda d: reseal(d, {**metadata(d), "ember.format": "3"}),
+                 "has format 3; this ember reads format 2 only"),
+    "no document": (lambda d: reseal(d, {"ember.format": "2"}), "has no 'ember' document"),
+    # the three defects that used to overwrite params before their error
+    "flag without value": (_doc_edit(_drop("flags", "drop.training", "value")),
+                           r"flags\[drop.training\] lacks value"),
+    "param without requires_grad": (_doc_edit(_drop("params", "fc2.bias", "requires_grad")),
+                                    r"params\[fc2.bias\] lacks requires_grad"),
+    "step count of another type": (_doc_edit(_set("optimizer_step", value="10")),
+                                   "optimizer_step is a JSON string, not a JSON number"),
+    "rng step null": (_doc_edit(_set("rng_step", value=None)), "rng_step is a JSON null"),
+    "negative step": (_doc_edit(_set("optimizer_step", value=-1)), r"not in \[0, 2\*\*63\)"),
+    "rng step past int64": (_doc_edit(_set("rng_step", value=2 ** 63)), r"not in \[0, 2\*\*63\)"),
+    "boolean step": (_doc_edit(_set("rng_step", value=True)), "a JSON boolean"),
+    "empty document": (_doc_edit(lambda doc: doc.clear()), "the document lacks model, params"),
+    "document is a list": (lambda d: reseal(d, {**metadata(d), KEY: "[1]"}),
+                           "its document is a JSON array, not a JSON object"),
+    "extra key": (_doc_edit(_set("params", "fc1.weight", "zz", value=1)), "unexpected keys zz"),
+    "bad ParamId": (_doc_edit(_set("params", "fc1.weight", "id", value="x" * 13)),
+                    "not a ParamId"),
+    "negative size": (_doc_edit(_set("params", "fc1.weight", "shape", value=[64, -32])),
+                      "not an array of sizes"),
+    "kind of another param": (_doc_edit(_set("params", "fc1.bias", "kind", value="buffer")),
+                              r"kind or dtype mismatch: fc1.bias \(checkpoint buffer f32"),
+    "buffer that requires grad": (_doc_edit(_set("params", "fc2.bias", "kind", value="buffer")),
+                                  "is a buffer param that requires gradients"),
+    "unknown dtype": (_doc_edit(_set("params", "fc1.bias", "dtype", value="f128")),
+                      "dtype is f128, not one of"),
+    "unknown slot": (_doc_edit(_set("optimizer_state", "fc2.bias", value=["exp_avg", "zz"])),
+                     "optimizer state zz of fc2.bias: adam keeps exp_avg, exp_avg_sq"),
+    "slot without its tensor": (_tensor_edit(lambda t: t.pop("optim/fc2.bias/exp_avg")),
+                                "tensors missing: optim/fc2.bias/exp_avg"),
+    "state of a flag": (_doc_edit(_set("optimizer_state", "drop.training", value=[])),
+                        "optimizer state for drop.training, which is not a param"),
+    "slot named twice": (_doc_edit(_set("optimizer_state", "fc2.bias",
+                                        value=["exp_avg", "exp_avg"])), "names a slot twice"),
+    "NaN hyper-parameter": (_doc_edit(_set("optimizer", "options", "eps", value=float("nan"))),
+                            "bad optimizer config: ValueError: Out of range float"),
+    "int hyper-parameter": (_doc_edit(_set("optimizer", "options", "eps", value=1)),
+                            "not one this ember writes"),
+    "unknown option": (_doc_edit(_set("optimizer", "options", "zz", value=1.0)),
+                       "unexpected keyword argument 'zz'"),
+    "deep schedule": (_doc_edit(_set("optimizer", "schedule", value=json.loads(
+        "{" + '"after": {' * 400 + '"kind": "Constant", "lr": 1' + "}" * 401))),
+        "bad optimizer config"),
+    "negative lr": (_doc_edit(_set("optimizer", "schedule", "after", "lr", value=-1.0)),
+                    "lr must be positive"),
+    "extra not an object": (_doc_edit(_set("extra", value=[1])), "extra is a JSON array"),
+    "tensor missing": (_tensor_edit(lambda t: t.pop("param/fc2.bias")),
+                       "tensors missing: param/fc2.bias"),
+    "tensor unexpected": (_tensor_edit(lambda t: t.update({"param/zz": np.zeros(2)})),
+                          "unexpected tensors: param/zz"),
+    "tensor of another dtype": (
+        _tensor_edit(lambda t: t.update({"optim/fc2.bias/exp_avg": np.zeros(10)})),
+        r"tensor optim/fc2.bias/exp_avg is \[10\] float64, the model's param is \[10\] float32"),
+    "tensor of another shape": (
+        _tensor_edit(lambda t: t.update({"param/fc2.bias": np.zeros(11, np.float32)})),
+        r"tensor param/fc2.bias is \[11\] float32"),
+}
+
+
+@pytest.mark.parametrize("name", DAMAGE)
+def test_every_defect_is_one_checkpoint_error_and_changes_nothing(tmp_path, saved, name):
+    damage, match = DAMAGE[name]
+    path = tmp_path / "bad.ckpt"
+    path.write_bytes(damage(saved))
+    model, step = make("interpreter", p=0.5)
+    step.rng_step = 3
+    before = state(model, step)
+    modes = [(p.requires_grad, p.frozen) for _, p in model.all_params()]
+    with pytest.raises(CheckpointError, match=match) as e:
+        step.load_checkpoint(str(path))
+    assert "\n" not in str(e.value)
+    assert_same(before, state(model, step))
+    assert modes == [(p.requires_grad, p.frozen) for _, p in model.all_params()]
+    assert step.optimizer.config() == make("interpreter", p=0.5)[1].optimizer.config()
+    path.write_bytes(saved)
+    assert step.load_checkpoint(str(path))["batch"] == 0 and step.optimizer.step_count == 10
