@@ -186,6 +186,9 @@ def adaptive_avg_pool2d(x, output_size) -> Tensor:
     oh, ow = _pair("output_size", output_size)
     if x.ndim != 4:
         raise x.trace.error(f"adaptive_avg_pool2d: input must be NCHW, got {list(x.shape)}")
+    if 0 in x.shape[1:]:  # no window to average (torch's check too)
+        raise x.trace.error(f"adaptive_avg_pool2d: input {list(x.shape)} is empty in a "
+                            "non-batch dimension")
     h, w = x.shape[2:]
     if h % oh == 0 and w % ow == 0:
         return avg_pool2d(x, (h // oh, w // ow))
@@ -244,7 +247,7 @@ def group_norm(x, num_groups: int, gamma=None, beta=None, eps: float = 1e-5) -> 
         raise x.trace.error(f"group_norm: {num_groups} groups do not divide the channels of "
                             f"input {list(x.shape)}")
     n, c = x.shape[:2]
-    xr = x.reshape(n, num_groups, -1)
+    xr = x.reshape(n, num_groups, math.prod(x.shape[1:]) // num_groups)  # no -1: n may be 0
     d = xr - xr.mean(2, keepdims=True)
     y = (d * _rsqrt((d * d).mean(2, keepdims=True) + float(eps))).reshape(x.shape)
     bshape = (1, c) + (1,) * (x.ndim - 2)

@@ -81,6 +81,11 @@ class Tensor:
         return self._reduce("ember.reduce_mean", axis, keepdims)
 
     def max(self, axis=None, keepdims=False):
+        """Over an empty axis there is no max: rejected (as torch and numpy do) rather than
+        left to backends that would disagree (-inf on cpu, an error on the interpreter)."""
+        empty = [a for a in _axes(axis, self.ndim) if 0 <= a < self.ndim and not self.shape[a]]
+        if empty:
+            raise self.trace.error(f"max: axis {empty[0]} of {list(self.shape)} is empty")
         return self._reduce("ember.reduce_max", axis, keepdims)
 
     def reshape(self, *shape) -> Tensor:

@@ -43,8 +43,10 @@ def shifted(b: Builder, x: Value, axis: int) -> tuple[Value, Value, Value]:
     The max only keeps exp from overflowing and cancels out of the result, so it is marked
     `stop_gradient` (as JAX does): autodiff emits no backward ops for it.
     """
-    m = b.op("ember.reduce_max", x, axes=[axis], keepdims=True, stop_gradient=True)
-    s = b.op("ember.sub", x, m)
+    s = x  # over an empty axis nothing can overflow, and there is no max of nothing
+    if x.type.shape[axis]:
+        m = b.op("ember.reduce_max", x, axes=[axis], keepdims=True, stop_gradient=True)
+        s = b.op("ember.sub", x, m)
     e = b.op("ember.exp", s)
     return s, e, b.op("ember.reduce_sum", e, axes=[axis], keepdims=True)
 

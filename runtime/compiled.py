@@ -26,7 +26,7 @@ import numpy as np
 from ..backends.input_checks import InputCheckError
 from ..frontend.module import Module
 from ..frontend.trace import TensorSpec, trace_function
-from ..ir import Graph
+from ..ir import Graph, Operation
 from .backend import DEVICE_BACKENDS, get_backend, to_host
 from .debug import AnomalyError, ExecutionError, describe, find_anomaly, locate_error
 from .params import GradientsParams, ParamTable, param_values, state_key
@@ -43,7 +43,7 @@ class Entry:
     stages: Stages
     compile_seconds: float
     specs: tuple = field(default_factory=tuple)
-    labels: tuple = ()  # (input index, number of classes) of each cross-entropy's labels
+    labels: tuple = ()  # (input index, number of classes) of each input of labels
     _replay: Graph | None = None
 
     def replay_graph(self) -> Graph:
@@ -90,10 +90,21 @@ class Entry:
 
 
 def _label_inputs(graph: Graph) -> tuple:
-    """Cross-entropy labels that come straight from an input: checked before each run."""
+    """Class labels that come straight from an input, with their number of classes: checked
+    before each run, since an out-of-range label would otherwise drop out of the loss."""
     args = {a: i for i, a in enumerate(graph.args)}
-    return tuple((args[op.operands[1]], op.operands[0].type.shape[-1]) for op in graph.ops
-                 if op.name == "nn.cross_entropy" and op.operands[1] in args)
+    found = dict.fromkeys(label for op in graph.ops
+                          if (label := _label_of(op)) is not None and label[0] in args)
+    return tuple((args[value], c) for value, c in found)
+
+
+def _label_of(op: Operation) -> tuple | None:
+    """(labels value, number of classes) of an op that takes class labels, else None."""
+    if op.name == "nn.cross_entropy":
+        return op.operands[1], op.operands[0].type.shape[-1]
+    if op.name == "ember.one_hot":  # cross_entropy with label smoothing, nll_loss
+        return op.operands[0], op.attributes["num_classes"]
+    return None
 
 
 class Compiled:

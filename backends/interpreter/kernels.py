@@ -12,13 +12,15 @@ from . import rng
 
 
 def _log_softmax(x, axis):
-    shifted = x - x.max(axis=axis, keepdims=True)
+    """The max starts from -inf, so that over an empty axis the result is empty, as torch's."""
+    shifted = x - x.max(axis=axis, keepdims=True, initial=-np.inf)
     return shifted - np.log(np.exp(shifted).sum(axis=axis, keepdims=True))
 
 
 def _cross_entropy(attrs, logits, labels):
+    """The mean as sum / rows: over no rows 0/0 = NaN (as torch), without numpy's warning."""
     logp = _log_softmax(logits, 1)
-    return -logp[np.arange(len(labels)), labels].mean()
+    return -logp[np.arange(len(labels)), labels].sum() / len(labels)
 
 
 def _one_hot(attrs, labels):

@@ -224,8 +224,11 @@ def _reduce_sum(b, g, x, out):
 
 @unary("ember.reduce_mean")
 def _reduce_mean(b, g, x, out):
+    """g / count, broadcast; over nothing (count 0) the mean is NaN and its gradient empty,
+    so the scale is NaN (as torch) rather than a division by zero at compile time."""
     count = x.type.size // max(out.type.size, 1)
-    return b.op("ember.mul", _reduce_sum(b, g, x, out), const(b, 1 / count, x.type.dtype))
+    scale = 1 / count if count else math.nan
+    return b.op("ember.mul", _reduce_sum(b, g, x, out), const(b, scale, x.type.dtype))
 
 
 @unary("ember.reduce_max")
@@ -266,7 +269,7 @@ def _matmul(b, op, gs, needs):
 def _linear(b, op, gs, needs):
     """x[..., d] @ w[d, o] + b[o]: leading dims of x and g are flattened into rows."""
     (g,), (x, w, *_) = gs, op.operands
-    rows = x.type.size // x.type.shape[-1]
+    rows = math.prod(x.type.shape[:-1])  # not size // d: d may be 0
 
     def flat(v: Value) -> Value:
         shape = [rows, v.type.shape[-1]]

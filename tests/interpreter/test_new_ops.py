@@ -330,3 +330,23 @@ def test_attention(causal):
         lookup("nn.attention").result_types(
             [TensorType((5, 4), "f32"), TensorType((5, 3), "f32"), TensorType((5, 6), "f32")],
             {"causal": False, "scale": 1.0})
+
+
+# -- empty inputs: torch's results, without numpy's warnings (errors under -W error) --------
+
+def empty(*shape):
+    return np.zeros(shape, np.float32)
+
+
+EMPTY = [("nn.softmax", lambda x: x.softmax(1), [empty(3, 0)], {"axis": 1}),
+         ("nn.log_softmax", lambda x: x.log_softmax(1), [empty(3, 0)], {"axis": 1}),
+         ("nn.softmax", lambda x: x.softmax(1), [empty(0, 3)], {"axis": 1}),
+         ("nn.cross_entropy", lambda x, y: torch().nn.functional.cross_entropy(x, y),
+          [empty(0, 5), np.zeros(0, np.int64)], {})]
+
+
+@pytest.mark.filterwarnings("error")
+@pytest.mark.parametrize("name, ref, args, attrs", EMPTY)
+def test_nn_kernels_on_empty_inputs(name, ref, args, attrs):
+    want = ref(*map(t, args)).numpy()
+    np.testing.assert_array_equal(run(name, *args, **attrs), want)  # shapes; NaN where torch's
