@@ -7,6 +7,17 @@ import os
 import sys
 
 
+def _count(least: int):
+    """An argparse type: an integer >= `least` (argparse then reports a bad one in one line)."""
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < least:
+            raise argparse.ArgumentTypeError(f"must be at least {least}, got {value}")
+        return value
+    parse.__name__ = "integer"  # argparse names the type in its message
+    return parse
+
+
 def _optimizer(args: argparse.Namespace, steps_per_epoch: int):
     from ember.runtime import optim
 
@@ -66,7 +77,7 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _opt(args: argparse.Namespace) -> int:
-    from ember.backends.interpreter import UnsupportedOpError
+    from ember.backends.errors import CodegenError, UnsupportedOpError
     from ember.ir import VerifyError, verify
     from ember.ir.parser import ParseError, decode, parse
     from ember.passes.manager import PassManager, PipelineError, parse_pipeline
@@ -81,7 +92,8 @@ def _opt(args: argparse.Namespace) -> int:
                               timing=args.pass_timing)
         graph = verify(manager.run(graph))
         text = _emit(graph, args.emit, args.debuginfo)
-    except (OSError, ParseError, VerifyError, PipelineError, UnsupportedOpError) as e:
+    except (OSError, ParseError, VerifyError, PipelineError, UnsupportedOpError,
+            CodegenError) as e:
         located = getattr(e, "line", None) is not None  # "line:col: error: ..." already
         print(f"{name}:{e}" if located else f"{name}: error: {e}", file=sys.stderr)
         return 1
@@ -125,15 +137,15 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--lr", type=float, default=None, help="default: 0.05 for sgd, else 1e-3")
     t.add_argument("--schedule", choices=("constant", "step", "cosine"), default="constant",
                    help="lr schedule over the run (step: x0.1 at each third)")
-    t.add_argument("--warmup", type=int, default=0, metavar="STEPS", help="linear lr warmup")
+    t.add_argument("--warmup", type=_count(0), default=0, metavar="STEPS", help="linear lr warmup")
     t.add_argument("--momentum", type=float, default=0.9, help="for sgd")
     t.add_argument("--weight-decay", type=float, default=None,
                    help="default: 0, or 1e-2 for adamw (PyTorch's)")
     t.add_argument("--clip-norm", type=float, default=0.0,
                    help="clip gradients to this global L2 norm (0: off)")
-    t.add_argument("--epochs", type=int, default=10, help="epochs in the whole run (resume "
+    t.add_argument("--epochs", type=_count(1), default=10, help="epochs in the whole run (resume "
                    "counts those already done)")
-    t.add_argument("--batch-size", type=int, default=32)
+    t.add_argument("--batch-size", type=_count(1), default=32)
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--backend", choices=("cpu", "interpreter", "cuda"), default="cpu")
     t.add_argument("--checkpoint", default="none", choices=checkpoint_strategies(),
@@ -150,8 +162,8 @@ def main(argv: list[str] | None = None) -> int:
 
     bn = sub.add_parser("bench", help="step time of the built-in models vs numpy and PyTorch")
     bn.add_argument("--models", default="mlp,cnn", help="comma-separated: mlp, cnn")
-    bn.add_argument("--batch-size", type=int, default=32)
-    bn.add_argument("--steps", type=int, default=200, help="timed steps per row")
+    bn.add_argument("--batch-size", type=_count(1), default=32)
+    bn.add_argument("--steps", type=_count(1), default=200, help="timed steps per row")
     bn.add_argument("--backend", choices=("cpu", "interpreter", "cuda"), default="cpu")
     bn.add_argument("--no-torch", action="store_true", help="skip PyTorch rows")
     bn.add_argument("--no-torch-compile", action="store_true", help="skip torch.compile rows")

@@ -22,7 +22,7 @@ Environment:
 from __future__ import annotations
 
 from ...ir import Graph
-from ..interpreter import UnsupportedOpError
+from ..errors import UnsupportedOpError
 from .codegen import lower
 from .executable import Executable
 from .fused import KernelCompileError

@@ -16,11 +16,13 @@ cache, `EMBER_CACHE_DIR` moves it (~/.cache/ember).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
 import re
 import struct
+import time
 from pathlib import Path
 
 from ...files import write_atomically
@@ -137,5 +139,19 @@ def store(k: str, obj: bytes) -> None:
             entries.sort(key=lambda e: e.stat().st_mtime)
             for e in entries[:len(entries) // 4]:
                 e.unlink(missing_ok=True)
+        _sweep_orphans(p.parent)
     except OSError:
         pass  # a read-only or full disk only costs the next process a compile
+
+
+ORPHAN_SECONDS = 3600  # a temp file this old was left by a writer that was killed
+
+
+def _sweep_orphans(directory: Path) -> None:
+    """Remove the temp files of writers killed mid-write (write_atomically removes its own
+    on any error it sees, but not on SIGKILL)."""
+    old = time.time() - ORPHAN_SECONDS
+    for t in directory.glob(".*.tmp"):
+        with contextlib.suppress(OSError):
+            if t.stat().st_mtime < old:
+                t.unlink()

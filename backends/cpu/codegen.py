@@ -21,8 +21,8 @@ from llvmlite import ir
 
 from ...ir import Graph, Operation, TensorType, Value, numpy_dtype
 from ...ir.printer import print_graph
+from ..errors import UnsupportedOpError
 from ..input_checks import input_checks
-from ..interpreter import UnsupportedOpError
 from . import scalar as S
 from .checks import emit_checks
 from .fused import KernelCompileError, emit_fused

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from llvmlite import ir
 
 from ...ir import Value
+from ..errors import CodegenError
 from . import scalar as S
 from .gemm import _for
 from .loops import loop
@@ -39,7 +40,7 @@ PTR = ir.PointerType()
 ACC_STACK_LIMIT = 1 << 18  # bytes of column accumulators kept on the stack
 
 
-class KernelCompileError(RuntimeError):
+class KernelCompileError(CodegenError):
     """Code generation failed for one kernel op (the message names it)."""
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from ..interpreter import UnsupportedOpError
+from ..errors import UnsupportedOpError
 from . import vmath
 
 I64 = ir.IntType(64)

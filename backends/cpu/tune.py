@@ -15,6 +15,8 @@ import time
 
 import numpy as np
 
+from ...files import write_atomically
+
 GRID = [(64, 64, 64), (64, 128, 64), (128, 10, 64), (64, 10, 128), (128, 128, 128),
         (256, 256, 256), (128, 512, 512), (512, 512, 128), (128, 512, 784),
         (784, 512, 128), (512, 512, 512), (1024, 1024, 1024), (64, 1024, 1024)]
@@ -27,7 +29,6 @@ SETTLE = 0.2
 
 def measure(m: int, n: int, k: int, engine: str, repeat: int = 7) -> float:
     from ...ir import Builder, Graph, TensorType
-    from ..interpreter import UnsupportedOpError  # noqa: F401  (import check)
     from . import Executable
 
     g = Graph("tune", [TensorType((m, k), "f32"), TensorType((k, n), "f32")])
@@ -71,8 +72,7 @@ def main() -> None:
         print(f"{m:5d} x {n:5d} x {k:5d}: own {own:7.1f}  blas {bl:7.1f} GFLOP/s "
               f"-> {'own' if own >= bl else 'blas'}", flush=True)
     path = table_path(host_cpu(), num_threads())
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(table, indent=1))
+    write_atomically(str(path), json.dumps(table, indent=1).encode())
     print(f"wrote {path}")
 
 

@@ -10,7 +10,7 @@ the cause, when cupy or a usable GPU is missing.
 from __future__ import annotations
 
 from ...ir import Graph
-from ..interpreter import UnsupportedOpError
+from ..errors import UnsupportedOpError
 from .codegen import CudaCompileError, Program, emit_cuda, lower
 from .device import CudaUnavailableError, check_available, parse_device
 

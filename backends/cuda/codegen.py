@@ -23,7 +23,7 @@ import numpy as np
 
 from ...ir import Graph, Operation, TensorType, Value, numpy_dtype, verify
 from ...ir.printer import GraphPrinter
-from ..interpreter import UnsupportedOpError
+from ..errors import CodegenError, UnsupportedOpError
 from ..strides import broadcast_strides, contiguous_strides
 from . import conv as C
 from . import launch as L
@@ -41,7 +41,7 @@ from .kernels import (
 from .scalar import CTYPE, ELEMENTWISE, PRELUDE, ctype, dropout, expr, literal
 
 
-class CudaCompileError(RuntimeError):
+class CudaCompileError(CodegenError):
     """NVRTC rejected the generated source; the message shows the line and its IR op."""
 
 

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 
 from ...ir import Operation, Value
 from ...ir.dialects.kernel import varying
-from ..interpreter import UnsupportedOpError
+from ..errors import UnsupportedOpError
 from ..strides import collapse
 from . import launch as L
 from .kernels import (

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 
-from ..interpreter import UnsupportedOpError
+from ..errors import UnsupportedOpError
 
 CTYPE = {"f32": "float", "f64": "double", "i64": "long long", "i32": "int", "i1": "bool"}
 FLOATS = ("f32", "f64")

@@ -11,12 +11,9 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from ...ir import Graph, Operation, numpy_dtype, verify
+from ..errors import UnsupportedOpError
 from .fused import FUSED
 from .kernels import KERNELS
-
-
-class UnsupportedOpError(NotImplementedError):
-    """The backend has no kernel for an op."""
 
 
 def evaluate(op: Operation, args: list[np.ndarray], params: Mapping[str, np.ndarray]) -> list:

@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import time
 
 import llvmlite.binding as llvm
 import numpy as np
@@ -220,3 +221,14 @@ def test_input_checks_are_part_of_the_key(cache_dir):
     assert not exe.cached and exe.checks_inputs
     with pytest.raises(InputCheckError):
         exe([np.array([0, 1, 7, 2])])
+
+
+def test_a_killed_writer_s_old_temp_file_is_swept_by_the_next_store(cache_dir):
+    cache_dir.mkdir(parents=True)
+    old, fresh = cache_dir / ".a.o.x1.tmp", cache_dir / ".b.o.x2.tmp"
+    for t in (old, fresh):
+        t.write_bytes(b"half an object")
+    hour_ago = time.time() - cache.ORPHAN_SECONDS - 1
+    os.utime(old, (hour_ago, hour_ago))
+    cache.store("k", b"object code")
+    assert not old.exists() and fresh.exists()  # a fresh one may be another writer's

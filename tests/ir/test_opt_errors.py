@@ -119,3 +119,17 @@ def test_huge_splats_are_never_materialized(mlir):
     assert out.count('"ember.constant"') == 1  # merged by cse
     assert "ember.mul" not in out  # x * 1 is x
     assert '"ember.reduce_sum"' in out  # too big an operand to fold
+
+
+def test_a_backend_that_cannot_generate_code_is_one_line(capsys, mlir, monkeypatch):
+    """KernelCompileError is a backend bug, but `ember opt` still reports it as one line."""
+    from ember.backends import cpu
+    from ember.backends.cpu import KernelCompileError
+
+    def fail(graph):
+        raise KernelCompileError("kernel.fused #3: no vector form")
+
+    monkeypatch.setattr(cpu, "emit_llvm", fail)
+    path = mlir(GOOD)
+    err = opt(capsys, path, "-p", "decompose", "--emit", "llvm")
+    assert err == f"{path}: error: kernel.fused #3: no vector form"

@@ -164,3 +164,15 @@ def test_a_bad_data_file_is_one_line_and_exit_status_1_without_a_traceback(tmp_p
     assert proc.returncode == 1
     (line,) = proc.stderr.splitlines()
     assert line.startswith(f"ember train: error: {bad}: ") and match in line, line
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--batch-size", "0"), ("--epochs", "0"),
+                                             ("--warmup", "-1")])
+def test_counts_below_their_least_value_are_a_usage_error(capsys, flag, value):
+    from ember.__main__ import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(["train", flag, value])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and "Traceback" not in err
+    assert f"argument {flag}: must be at least" in err.splitlines()[-1]
