@@ -1,10 +1,27 @@
-"""Durable file writes, shared by every layer that saves something (records, training
-checkpoints, the compile cache, the data cache): a leaf module that imports nothing of ember."""
+"""Durable file writes and the cache directory, shared by every layer that saves something
+(records, training checkpoints, the compile cache, the GEMM table, the data cache): a leaf
+module that imports nothing of ember."""
 
 from __future__ import annotations
 
 import os
 import tempfile
+from pathlib import Path
+
+
+def cache_dir() -> Path:
+    """Where ember keeps what it can rebuild: EMBER_CACHE_DIR, else ~/.cache/ember (or
+    $XDG_CACHE_HOME/ember)."""
+    d = os.environ.get("EMBER_CACHE_DIR")
+    if d:
+        return Path(d)
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "ember"
+
+
+def cache_enabled() -> bool:
+    """False under `EMBER_CACHE=0`: compiled code and data copies are then neither read
+    nor written (the GEMM table, written only by the tuner, is still read)."""
+    return os.environ.get("EMBER_CACHE", "1") != "0"
 
 
 def write_atomically(path: str, data: bytes) -> None:

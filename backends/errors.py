@@ -11,3 +11,7 @@ class UnsupportedOpError(NotImplementedError):
 class CodegenError(RuntimeError):
     """A backend could not generate code for a graph that verified (its message names the
     op); a bug in the backend, reported as one line rather than a traceback."""
+
+
+class KernelCompileError(CodegenError):
+    """The cpu backend failed to generate code for one kernel op (the message names it)."""

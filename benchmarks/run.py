@@ -69,7 +69,7 @@ def fma_throughput() -> float:
     from llvmlite import ir
 
     from ember.backends.cpu import scalar as S
-    from ember.backends.cpu.gemm import host_isa
+    from ember.backends.cpu.host import host_isa
     from ember.backends.cpu.jit import JitModule
 
     lanes = host_isa().bits // 32
@@ -108,10 +108,10 @@ def fma_throughput() -> float:
 
 
 def machine() -> dict:
-    from ember.backends.cpu import blas, gemm, jit, threads
+    from ember.backends.cpu import blas, host
 
-    cpu = jit.host_cpu()
-    isa = gemm.host_isa()
+    cpu = host.host_cpu()
+    isa = host.host_isa()
     units, width = FMA_UNITS.get(cpu, (2, isa.bits))
     mhz = 0.0
     try:
@@ -124,7 +124,7 @@ def machine() -> dict:
                 mhz = max(mhz, float(line.split(":")[1]))
     except (OSError, ValueError):
         pass
-    cores = threads.num_threads()
+    cores = host.num_threads()
     core = fma_throughput()
     clock = core / (units * (width // 32) * 2)
     b = blas.find()

@@ -77,6 +77,13 @@ def silu(x) -> Tensor:
     return x * x.sigmoid()
 
 
+def softplus(x, beta: float = 1.0, threshold: float = 20.0) -> Tensor:
+    """log(1 + exp(beta x)) / beta, and x where beta x > threshold, as PyTorch's: one
+    primitive (`ember.softplus`), so it stays stable where exp(beta x) overflows."""
+    x = _t(x)
+    return x.trace.op("ember.softplus", x, beta=float(beta), threshold=float(threshold))
+
+
 def erf(x) -> Tensor:
     x = _t(x)
     return x.trace.op("ember.erf", x)
@@ -399,4 +406,4 @@ __all__ = ["adaptive_avg_pool2d", "avg_pool2d", "batch_norm", "binary_cross_entr
            "conv1d", "conv2d", "conv_transpose2d", "cross_entropy", "dropout", "embedding", "erf",
            "flatten", "gelu", "group_norm", "layer_norm", "leaky_relu", "linear", "log_softmax",
            "max_pool2d", "mse_loss", "multi_head_attention", "nll_loss", "relu", "rms_norm",
-           "scaled_dot_product_attention", "sigmoid", "silu", "softmax", "tanh"]
+           "scaled_dot_product_attention", "sigmoid", "silu", "softmax", "softplus", "tanh"]

@@ -77,6 +77,12 @@ def has_trait(op_name: str, trait: str) -> bool:
     return d is not None and trait in d.traits
 
 
+def ops_with(trait: str, dialect: str) -> tuple[str, ...]:
+    """The ops of `dialect` with `trait`, in registration order: what a backend's op set or
+    a dialect's derived ops are computed from, never a list of names kept by hand."""
+    return tuple(n for n, d in OPS.items() if n.startswith(dialect + ".") and trait in d.traits)
+
+
 class OpDef:
     """Base of every op definition. Subclasses set the class variables and `infer`."""
 
@@ -189,5 +195,5 @@ def normalize_axes(op: str, axes: list[int], rank: int) -> list[int]:
 
 
 __all__ = ["COUNT", "DTYPE", "OPS", "SHAPE", "Kind", "OpDef", "InferenceError", "VerifyError",
-           "register", "lookup", "has_trait", "is_int", "broadcast_shapes", "same_dtype",
-           "normalize_axes", "fmt_shape", "ScalarType"]
+           "register", "lookup", "has_trait", "ops_with", "is_int", "broadcast_shapes",
+           "same_dtype", "normalize_axes", "fmt_shape", "ScalarType"]

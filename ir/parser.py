@@ -1,86 +1,27 @@
 """Parses MLIR text into graphs: ember's own output and what `mlir-opt` prints back.
 
-A hand-written lexer and recursive-descent parser over MLIR's generic op form, the custom
-`module`/`func.func`/`return` forms, `<{properties}>`, `loc(...)` and `#loc` aliases. It
-builds `Operation`s directly: types are explicit in the text, so nothing is inferred, and
-nothing is verified (that is `ir.verify`'s job). Any malformed input raises `ParseError`
-naming the line and column and what was expected.
+A hand-written lexer (`ir/lexer.py`) and recursive-descent parser over MLIR's generic op
+form, the custom `module`/`func.func`/`return` forms, `<{properties}>`, `loc(...)` and
+`#loc` aliases. Types, attributes, dense elements and locations are read by
+`ir/attributes.py`; this module reads modules, functions, blocks, regions and operations,
+and keeps the SSA scopes and location aliases. It builds `Operation`s directly: types are
+explicit in the text, so nothing is inferred, and nothing is verified (that is
+`ir.verify`'s job). Any malformed input raises `ParseError` naming the line and column
+and what was expected.
 """
 
 from __future__ import annotations
 
-import bisect
-import math
 import re
-import struct
-from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
+from .attributes import Alias, AttributeParser, FuncType
 from .core import Block, Graph, Location, Operation, Region, Value
-from .types import DTYPES, FLOAT_DTYPES, ScalarType, TensorType, numpy_dtype
+from .lexer import ParseError, Token, decode
 
-MAX_DEPTH = 100  # nesting of regions, arrays and dicts: deeper input is an error, not a crash
-_LAZY_SPLAT = 1 << 20  # bigger splats stay read-only broadcast views instead of allocating
+__all__ = ["ParseError", "decode", "parse", "parse_module"]
 
-_TOKEN = re.compile(r"""
-    (?P<pct>%[A-Za-z0-9_$.\-]+(?:\#[0-9]+)?)
-  | (?P<at>@(?:[A-Za-z_][A-Za-z0-9_$.]*)?)
-  | (?P<caret>\^[A-Za-z0-9_$.\-]+)
-  | (?P<hash>\#[A-Za-z0-9_$.\-]+)
-  | (?P<float>[0-9]+\.[0-9]*(?:[eE][-+]?[0-9]+)?)
-  | (?P<hex>0x[0-9A-Fa-f]+)
-  | (?P<int>[0-9]+)
-  | (?P<id>[A-Za-z_][A-Za-z0-9_$.]*)
-  | (?P<arrow>->)
-  | (?P<punct>[(){}\[\]<>,:=\-*?!+|])
-""", re.VERBOSE)
-_SPACE = re.compile(r"(?:\s+|//[^\n]*)*")
-_DIM = re.compile(r"([0-9]+)x")
-_WORD = re.compile(r"[A-Za-z0-9_]+")
 _SSA_NAME = re.compile(r"%([0-9]+|[A-Za-z_$.\-][A-Za-z0-9_$.\-]*)(?:#([0-9]+))?")
-_ESCAPES = {'"': 0x22, "\\": 0x5C, "n": 0x0A, "t": 0x09}
-_INT_TYPES = frozenset({"i64", "i32", "i1", "index"})
-_HEX_FLOAT = {"f64": ("<Q", "<d"), "f32": ("<I", "<f"), "f16": ("<H", "<e")}
-
-
-def _show(text: str) -> str:
-    """A token for an error message: quoted, with line ends and tabs named."""
-    if text.isspace():
-        return {"\n": "end of line", "\t": "a tab"}.get(text, repr(text))
-    return f"'{text}'"
-
-
-class ParseError(ValueError):
-    """Malformed text: `str(e)` is `"<line>:<col>: error: <what was expected>"`."""
-
-    def __init__(self, message: str, line: int, col: int):
-        self.message, self.line, self.col = message, line, col
-        super().__init__(f"{line}:{col}: error: {message}")
-
-
-@dataclass
-class _Tok:
-    kind: str  # pct at caret hash float hex int id arrow punct str eof
-    text: str
-    pos: int
-    value: Any = None
-
-
-@dataclass
-class _Alias:
-    """A `loc(#loc3)` reference, resolved once the `#loc3 = loc(...)` lines are all read."""
-
-    name: str
-    pos: int
-
-
-@dataclass(frozen=True)
-class _FuncType:
-    inputs: tuple
-    outputs: tuple
 
 
 def parse(text: str) -> Graph:
@@ -98,129 +39,15 @@ def parse_module(text: str) -> list[Graph]:
     return _Parser(text).parse_module()
 
 
-def decode(data: bytes) -> str:
-    """The text of a file's bytes: what is not UTF-8 is a ParseError at its line and column."""
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        start = data.rfind(b"\n", 0, e.start) + 1
-        col = len(data[start:e.start].decode("utf-8")) + 1
-        raise ParseError(f"expected UTF-8 text, got byte 0x{data[e.start]:02X}",
-                         data.count(b"\n", 0, e.start) + 1, col) from None
+class _Parser(AttributeParser):
+    """Modules, functions, blocks and ops, with the SSA scopes (one per region) and the
+    `#loc` aliases."""
 
-
-class _Parser:
     def __init__(self, text: str):
-        self.text = text
-        self.lines = [0] + [m.end() for m in re.finditer("\n", text)]
         self.scopes: list[dict[str, list[Value]]] = []
         self.aliases: dict[str, Any] = {}
         self.func_pos: list[int] = []
-        self.depth = 0
-        self.lex(0)
-
-    # -- errors and tokens ----------------------------------------------------------------
-
-    def error(self, message: str, pos: int | None = None) -> ParseError:
-        return ParseError(message, *self.line_col(self.tok.pos if pos is None else pos))
-
-    def line_col(self, pos: int) -> tuple[int, int]:
-        """The 1-based line and column of offset `pos`."""
-        line = bisect.bisect_right(self.lines, pos)
-        return line, pos - self.lines[line - 1] + 1
-
-    def expected(self, what: str, tok: _Tok | None = None) -> ParseError:
-        tok = tok or self.tok
-        got = "end of input" if tok.kind == "eof" else _show(tok.text)
-        return self.error(f"expected {what}, got {got}", tok.pos)
-
-    def lex(self, pos: int) -> None:
-        """Make the token at `pos` (after spaces and comments) the current one."""
-        pos = _SPACE.match(self.text, pos).end()
-        if pos >= len(self.text):
-            self.tok = _Tok("eof", "", pos)
-        elif self.text[pos] == '"':
-            self.tok = self.lex_string(pos)
-        else:
-            m = _TOKEN.match(self.text, pos)
-            if m is None:
-                raise self.error(f"unexpected character '{self.text[pos]}'", pos)
-            self.tok = _Tok(m.lastgroup, m.group(), pos)
-
-    def lex_string(self, start: int) -> _Tok:
-        out, i, text = bytearray(), start + 1, self.text
-        while i < len(text) and text[i] not in '"\n':
-            c = text[i]
-            if c != "\\":
-                out += c.encode("utf-8", "surrogatepass")
-                i += 1
-            elif text[i + 1:i + 2] in _ESCAPES:
-                out.append(_ESCAPES[text[i + 1]])
-                i += 2
-            elif re.fullmatch(r"[0-9A-Fa-f]{2}", text[i + 1:i + 3]):
-                out.append(int(text[i + 1:i + 3], 16))
-                i += 3
-            else:
-                raise self.error("expected an escape (\\\\, \\\", \\n, \\t or two hex digits) "
-                                 f"after '\\', got {text[i + 1:i + 2]!r}", i)
-        if i >= len(text) or text[i] != '"':
-            raise self.error("unterminated string: expected '\"' before end of line", start)
-        try:
-            value = out.decode("utf-8")
-        except UnicodeDecodeError:
-            raise self.error("expected a UTF-8 string", start) from None
-        return _Tok("str", text[start:i + 1], start, value)
-
-    def advance(self) -> _Tok:
-        tok = self.tok
-        self.lex(tok.pos + len(tok.text))
-        return tok
-
-    def at(self, text: str) -> bool:
-        return self.tok.text == text and self.tok.kind not in ("str", "eof")
-
-    def accept(self, text: str) -> bool:
-        if self.at(text):
-            self.advance()
-            return True
-        return False
-
-    def expect(self, text: str, what: str | None = None) -> _Tok:
-        if not self.at(text):
-            raise self.expected(what or f"'{text}'")
-        return self.advance()
-
-    def take(self, kind: str, what: str) -> _Tok:
-        if self.tok.kind != kind:
-            raise self.expected(what)
-        return self.advance()
-
-    def integer(self, tok: _Tok) -> int:
-        try:
-            return int(tok.text, 16 if tok.kind == "hex" else 10)
-        except ValueError:
-            raise self.error("integer literal too long", tok.pos) from None
-
-    @contextmanager
-    def nested(self, opening: _Tok):
-        """Counts nesting depth so that hostile input cannot exhaust Python's stack."""
-        self.depth += 1
-        if self.depth > MAX_DEPTH:
-            raise self.error(f"nesting deeper than {MAX_DEPTH} levels", opening.pos)
-        try:
-            yield
-        finally:
-            self.depth -= 1
-
-    def comma_list(self, close: str, item) -> list:
-        """`item (',' item)* close`, or just `close`."""
-        out = []
-        if not self.accept(close):
-            out.append(item())
-            while self.accept(","):
-                out.append(item())
-            self.expect(close, f"',' or '{close}'")
-        return out
+        super().__init__(text)
 
     # -- module structure -----------------------------------------------------------------
 
@@ -324,7 +151,7 @@ class _Parser:
         op = self.generic_op(results=[], in_func=True)
         attrs, ft = op.attributes, op.attributes.pop("function_type", None)
         name = attrs.pop("sym_name", None)
-        if not isinstance(ft, _FuncType) or not isinstance(name, str):
+        if not isinstance(ft, FuncType) or not isinstance(name, str):
             raise self.error("expected func.func properties 'function_type' and 'sym_name'",
                              self.func_pos[-1])
         if len(op.regions) != 1 or len(op.regions[0].blocks) != 1 or op.operands or op.results:
@@ -368,7 +195,7 @@ class _Parser:
             raise self.error(f"redefinition of value '%{name}'", pos)
         self.scopes[-1][name] = values
 
-    def use(self) -> tuple[Value, _Tok]:
+    def use(self) -> tuple[Value, Token]:
         tok = self.take("pct", "a value '%name'")
         m = _SSA_NAME.fullmatch(tok.text)
         if m is None:
@@ -502,353 +329,11 @@ class _Parser:
             i += n
         return op
 
-    # -- types ----------------------------------------------------------------------------
-
-    def type(self) -> TensorType | ScalarType:
-        tok = self.tok
-        if tok.kind != "id":
-            raise self.expected("a type")
-        if tok.text == "tensor" and self.text.startswith("<", tok.pos + 6):
-            return self.tensor_type()
-        if tok.text in DTYPES:
-            self.advance()
-            return ScalarType(tok.text)
-        raise self.error(f"expected a type (tensor<...> or one of {', '.join(DTYPES)}), "
-                         f"got unknown type '{tok.text}'", tok.pos)
-
-    def tensor_type(self) -> TensorType:
-        """`tensor<2x3xf32>`, read character-wise (the lexer would split `3xf32` oddly)."""
-        pos, dims = self.tok.pos + 7, []
-        while m := _DIM.match(self.text, pos):
-            if len(m.group(1)) > 18:
-                raise self.error("dimension too large", pos)
-            dims.append(int(m.group(1)))
-            pos = m.end()
-        m = _WORD.match(self.text, pos)
-        word = m.group() if m else self.text[pos:pos + 1]
-        if word not in DTYPES:
-            what = "a static dimension or dtype" if word in ("?", "*") else "a dtype"
-            got = _show(word) if word else "end of input"
-            raise self.error(f"expected {what} ({', '.join(DTYPES)}), got {got}", pos)
-        pos += len(word)
-        if not self.text.startswith(">", pos):
-            got = _show(self.text[pos]) if pos < len(self.text) else "end of input"
-            raise self.error(f"expected '>' to close tensor type, got {got}", pos)
-        self.lex(pos + 1)
-        return TensorType(tuple(dims), word)
-
-    def type_list(self) -> list:
-        self.expect("(")
-        return self.comma_list(")", self.type)
-
-    def func_type(self) -> _FuncType:
-        if not self.at("("):
-            raise self.expected("'(' and operand types")
-        ins = self.type_list()
-        self.expect("->")
-        outs = self.type_list() if self.at("(") else [self.type()]
-        return _FuncType(tuple(ins), tuple(outs))
-
-    # -- attributes -----------------------------------------------------------------------
-
-    def attr_dict(self, allow_func_type: bool = False) -> dict[str, Any]:
-        opening = self.expect("{")
-        out: dict[str, Any] = {}
-        with self.nested(opening):
-            def entry():
-                tok = self.tok
-                if tok.kind not in ("id", "str"):
-                    raise self.expected("an attribute name")
-                key = self.advance().value if tok.kind == "str" else self.advance().text
-                if key in out:
-                    raise self.error(f"duplicate attribute '{key}'", tok.pos)
-                if not key:
-                    raise self.error("expected a non-empty attribute name", tok.pos)
-                out[key] = self.attr(allow_func_type) if self.accept("=") else True
-            self.comma_list("}", entry)
-        return out
-
-    def attr(self, allow_func_type: bool = False) -> Any:
-        tok = self.tok
-        if tok.kind == "str":
-            return self.advance().value
-        if tok.kind in ("int", "float", "hex") or self.at("-"):
-            return self.number()
-        if self.at("["):
-            with self.nested(self.advance()):
-                return self.comma_list("]", self.attr)
-        if self.at("{"):
-            return self.attr_dict()
-        if self.at("("):
-            if not allow_func_type:
-                raise self.error("function types are only supported as func.func's "
-                                 "function_type")
-            return self.func_type()
-        if tok.kind == "id":
-            words = {"true": True, "false": False, "unit": True}
-            if tok.text in words:
-                self.advance()
-                return words[tok.text]
-            if tok.text == "dense":
-                return self.dense()
-            if tok.text == "tensor" or tok.text in DTYPES:
-                return self.type()
-        raise self.expected("an attribute value")
-
-    def number(self) -> int | float:
-        """`3`, `-2 : i32`, `0.5 : f64`, `1.0e-05`, `0x7FF0000000000000 : f64`."""
-        neg = self.accept("-")
-        tok = self.tok
-        if tok.kind not in ("int", "float", "hex"):
-            raise self.expected("a number")
-        self.advance()
-        value = float(tok.text) if tok.kind == "float" else self.integer(tok)
-        dtype = None
-        if self.accept(":"):
-            dtok = self.tok
-            if self.accept("index"):
-                dtype = "index"
-            else:
-                t = self.type()
-                if not isinstance(t, ScalarType):
-                    raise self.error(f"expected a scalar type after a number, got {t}", dtok.pos)
-                dtype = t.dtype
-            if dtype in _INT_TYPES and tok.kind == "float":
-                raise self.error(f"expected a float type for {tok.text}, got {dtype}", dtok.pos)
-        if tok.kind == "hex" and dtype in FLOAT_DTYPES:
-            if neg:
-                raise self.error("expected a float bit pattern without '-'", tok.pos)
-            return self.hex_float(value, dtype, tok.pos)
-        if dtype in FLOAT_DTYPES:
-            value = self.to_float(value, tok)
-        return -value if neg else value
-
-    def to_float(self, v: int | float, tok: _Tok) -> float:
-        try:
-            return float(v)
-        except OverflowError:
-            raise self.error(f"expected a number in float range, got {tok.text}", tok.pos) from None
-
-    def hex_float(self, bits: int, dtype: str, pos: int) -> float:
-        """A float from its IEEE bit pattern (`0x7FC00000` for an f32 NaN)."""
-        width = 16 if dtype == "bf16" else 8 * struct.calcsize(_HEX_FLOAT[dtype][0])
-        if bits >= 1 << width:
-            raise self.error(f"expected a {dtype} bit pattern of at most {width // 4} hex "
-                             "digits", pos)
-        if dtype == "bf16":
-            dtype, bits = "f32", bits << 16
-        ifmt, ffmt = _HEX_FLOAT[dtype]
-        return struct.unpack(ffmt, struct.pack(ifmt, bits))[0]
-
-    # -- dense elements -------------------------------------------------------------------
-
-    def dense(self) -> np.ndarray:
-        """`dense<...> : tensor<...>`: splat, nested lists, `dense<>` or `dense<"0xHEX">`."""
-        self.advance()
-        self.expect("<")
-        start = self.tok
-        if start.kind == "str":
-            body = ("hex", self.advance())
-        elif self.at(">"):
-            body = ("empty", None)
-        elif self.at("["):
-            body = ("list", self.dense_list())
-        else:
-            body = ("splat", self.dense_elem())
-        self.expect(">")
-        self.expect(":")
-        ttok = self.tok
-        t = self.type()
-        if not isinstance(t, TensorType):
-            raise self.expected("a tensor type for dense elements", ttok)
-        try:
-            return self.dense_value(body, t, start.pos)
-        except ParseError:
-            raise
-        except (ValueError, MemoryError, OverflowError) as e:  # numpy: too big to represent
-            raise self.error(f"cannot hold dense elements of {t}: {e}", ttok.pos) from None
-
-    def dense_list(self) -> tuple[list, tuple[int, ...]]:
-        """Nested `[...]` of elements: the flat elements and the shape they form."""
-        start = self.expect("[")
-        with self.nested(start):
-            if self.at("["):
-                subs = self.comma_list("]", self.dense_list)
-                shapes = {s for _, s in subs}
-                if len(shapes) != 1:
-                    raise self.error("expected nested lists of equal shape", start.pos)
-                return [x for flat, _ in subs for x in flat], (len(subs),) + shapes.pop()
-            flat = self.comma_list("]", self.dense_elem)
-            return flat, (len(flat),)
-
-    def dense_elem(self) -> tuple[_Tok, Any]:
-        tok = self.tok
-        if self.at("true") or self.at("false"):
-            self.advance()
-            return tok, tok.text == "true"
-        if tok.kind in ("int", "float", "hex") or self.at("-"):
-            neg = self.accept("-")
-            num = self.tok
-            if num.kind not in ("int", "float", "hex"):
-                raise self.expected("a number")
-            self.advance()
-            value = float(num.text) if num.kind == "float" else self.integer(num)
-            return num, (-value if neg else value)
-        raise self.expected("a dense element (a number, true or false)")
-
-    def dense_value(self, body: tuple, t: TensorType, pos: int) -> np.ndarray:
-        kind, data = body
-        size = math.prod(t.shape)
-        if kind == "empty":
-            if size:
-                raise self.error(f"expected elements for {t}, got none", pos)
-            return np.zeros(t.shape, numpy_dtype(t.dtype))
-        if kind == "hex":
-            return self.dense_hex(data, t, size)
-        if kind == "splat":
-            elem = self.convert([data], t.dtype)
-            if size <= _LAZY_SPLAT:
-                return np.full(t.shape, elem[0], elem.dtype)
-            return np.broadcast_to(elem.reshape(()), t.shape)
-        flat, shape = data
-        if shape != t.shape:
-            raise self.error(f"expected dense shape {list(t.shape)} for {t}, got {list(shape)}",
-                             pos)
-        return self.convert(flat, t.dtype).reshape(t.shape)
-
-    def convert(self, elems: list[tuple[_Tok, Any]], dtype: str) -> np.ndarray:
-        """Literal elements as a numpy array of `dtype`, checking each fits."""
-        np_dtype = numpy_dtype(dtype)
-        if dtype in FLOAT_DTYPES:
-            out = np.array([self.float_elem(tok, v, dtype) for tok, v in elems], np.float64)
-            with np.errstate(over="ignore", invalid="ignore"):
-                cast = out.astype(np_dtype)
-            bad = np.flatnonzero(np.isfinite(out) & ~np.isfinite(cast))
-            if bad.size:
-                tok = elems[bad[0]][0]
-                raise self.error(f"expected a value in {dtype}'s range, got {tok.text}", tok.pos)
-            bits = cast.view(f"u{cast.itemsize}")  # bit patterns keep NaN payloads exactly
-            for i, (tok, v) in enumerate(elems):
-                if tok.kind == "hex":
-                    bits[i] = v << 16 if dtype == "bf16" else v
-            return cast
-        lo, hi = (0, 1) if dtype == "i1" else (np.iinfo(np_dtype).min, np.iinfo(np_dtype).max)
-        for tok, v in elems:
-            if tok.kind == "float" or (isinstance(v, bool) and dtype != "i1"):
-                raise self.error(f"expected an integer for {dtype}, got {tok.text}", tok.pos)
-            if not lo <= v <= hi:
-                raise self.error(f"expected a value in {dtype}'s range, got {v}", tok.pos)
-        return np.array([v for _, v in elems], np_dtype)
-
-    def float_elem(self, tok: _Tok, v: Any, dtype: str) -> float:
-        if isinstance(v, bool):
-            raise self.error(f"expected a number for {dtype}, got {tok.text}", tok.pos)
-        if tok.kind == "hex":
-            if v < 0:
-                raise self.error("expected a float bit pattern without '-'", tok.pos)
-            self.hex_float(v, dtype, tok.pos)  # checks the width; the bits are set as they are
-            return 0.0
-        return self.to_float(v, tok)
-
-    def dense_hex(self, tok: _Tok, t: TensorType, size: int) -> np.ndarray:
-        """MLIR's raw little-endian bytes; i1 is bit-packed, and one element means a splat."""
-        s = tok.value
-        if not re.fullmatch(r"0x([0-9A-Fa-f]{2})*", s):
-            raise self.error(f"expected a hex string \"0x...\" of whole bytes, got {tok.text}",
-                             tok.pos)
-        raw = bytes.fromhex(s[2:])
-        if t.dtype == "i1":
-            if len(raw) == 1 and raw[0] in (0, 0xFF):
-                return self.splat_array(np.array(bool(raw[0])), t.shape, size)
-            if len(raw) != (size + 7) // 8:
-                raise self.error(f"expected {(size + 7) // 8} bytes of hex data for {t}, "
-                                 f"got {len(raw)}", tok.pos)
-            bits = np.unpackbits(np.frombuffer(raw, np.uint8), bitorder="little")
-            return bits[:size].astype(bool).reshape(t.shape)
-        item = 2 if t.dtype == "bf16" else numpy_dtype(t.dtype).itemsize
-        if len(raw) not in (item, item * size):
-            raise self.error(f"expected {item * size} bytes of hex data for {t}, got {len(raw)}",
-                             tok.pos)
-        if t.dtype == "bf16":
-            a = (np.frombuffer(raw, "<u2").astype(np.uint32) << 16).view(np.float32)
-        else:
-            a = np.frombuffer(raw, numpy_dtype(t.dtype).newbyteorder("<"))
-            a = a.astype(numpy_dtype(t.dtype))
-        if len(raw) == item and size != 1:
-            return self.splat_array(a[0], t.shape, size)
-        return a.reshape(t.shape).copy()
-
-    @staticmethod
-    def splat_array(v: np.ndarray, shape: tuple, size: int) -> np.ndarray:
-        v = np.asarray(v)
-        return np.full(shape, v, v.dtype) if size <= _LAZY_SPLAT else np.broadcast_to(v, shape)
-
-    # -- locations ------------------------------------------------------------------------
-
-    def opt_loc(self) -> Location | _Alias | None:
-        return self.loc() if self.at("loc") else None
-
-    def loc(self) -> Location | _Alias | None:
-        """`loc("f.py":1:2)`, `loc(#alias)`; other forms (unknown, callsite, ...) give None."""
-        self.advance()
-        self.expect("(")
-        tok = self.tok
-        result = None
-        if tok.kind == "hash":
-            self.advance()
-            result = _Alias(tok.text, tok.pos)
-        elif tok.kind == "str":
-            self.advance()
-            if self.accept(":"):
-                line = self.integer(self.take("int", "a line number"))
-                self.expect(":")
-                col = self.integer(self.take("int", "a column number"))
-                result = Location(tok.value, line, col)
-            elif self.at("("):  # a named location wrapping a child location
-                self.advance()
-                result = self.loc_body()
-                self.expect(")")
-        else:
-            self.skip_balanced()
-        self.expect(")", "')' to close loc(...)")
-        return result
-
-    def loc_body(self) -> Location | _Alias | None:
-        """The inside of a named location: like `loc(...)`'s, without the keyword."""
-        tok = self.tok
-        if tok.kind == "hash":
-            self.advance()
-            return _Alias(tok.text, tok.pos)
-        if tok.kind == "str" and self.text.startswith(":", tok.pos + len(tok.text)):
-            self.advance()
-            self.expect(":")
-            line = self.integer(self.take("int", "a line number"))
-            self.expect(":")
-            return Location(tok.value, line, self.integer(self.take("int", "a column number")))
-        self.skip_balanced()
-        return None
-
-    def skip_balanced(self) -> None:
-        """Skip tokens up to the ')' that closes the current group."""
-        closing = {"(": ")", "[": "]", "{": "}", "<": ">"}
-        stack: list[str] = []
-        while stack or not self.at(")"):
-            tok = self.tok
-            if tok.kind == "eof":
-                raise self.expected("')' to close loc(...)")
-            if tok.kind == "punct" and tok.text in closing:
-                stack.append(closing[tok.text])
-            elif tok.kind == "punct" and tok.text in ")]}>":
-                want = stack.pop() if stack else ")"
-                if tok.text != want:
-                    raise self.expected(f"'{want}'")
-            if len(stack) > MAX_DEPTH:
-                raise self.error(f"nesting deeper than {MAX_DEPTH} levels")
-            self.advance()
+    # -- location aliases -----------------------------------------------------------------
 
     def resolve(self, loc: Any) -> Location | None:
         seen = set()
-        while isinstance(loc, _Alias):
+        while isinstance(loc, Alias):
             if loc.name not in self.aliases:
                 raise self.error(f"use of undefined location alias '{loc.name}'", loc.pos)
             if loc.name in seen:
@@ -866,5 +351,5 @@ def _types(types) -> str:
     return ", ".join(map(str, types))
 
 
-def _fmt_ft(ft: _FuncType) -> str:
+def _fmt_ft(ft: FuncType) -> str:
     return f"({_types(ft.inputs)}) -> ({_types(ft.outputs)})"

@@ -1,9 +1,10 @@
 """The numpy meaning of the simple core ops: elementwise arithmetic, casts, shape ops and
 reductions, as `(attrs, *operands) -> array`.
 
-Declared once, next to the op definitions, because two layers need it and may not import
-each other: constant folding (passes/fold.py) evaluates these at compile time, and the
-reference interpreter (backends/interpreter) builds its kernel table on them.
+Kept in `ir`, next to the op definitions (an elementwise op's is its declaration's `ref`),
+because two layers need it and may not import each other: constant folding
+(passes/fold.py) evaluates these at compile time, and the reference interpreter
+(backends/interpreter) builds its kernel table on them.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .types import numpy_dtype
+from . import dialects  # noqa: F401  (registers the ops whose references this reads)
+from .opdef import OPS, ops_with
 
 Folder = Callable[..., np.ndarray]
 
@@ -40,29 +42,8 @@ def _lowest(dtype: np.dtype):
     return np.iinfo(dtype).min if dtype.kind == "i" else False
 
 
-_CMP = {"eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal,
-        "gt": np.greater, "ge": np.greater_equal}
-
 SIMPLE_OPS: dict[str, Folder] = {
-    "ember.add": lambda a, x, y: x + y,
-    "ember.sub": lambda a, x, y: x - y,
-    "ember.mul": lambda a, x, y: x * y,
-    "ember.div": lambda a, x, y: x / y,
-    "ember.max": lambda a, x, y: np.maximum(x, y),
-    "ember.min": lambda a, x, y: np.minimum(x, y),
-    "ember.pow": lambda a, x, y: np.power(x, y),
-    "ember.neg": lambda a, x: -x,
-    "ember.abs": lambda a, x: np.abs(x),
-    "ember.exp": lambda a, x: np.exp(x),
-    "ember.log": lambda a, x: np.log(x),
-    "ember.sqrt": lambda a, x: np.sqrt(x),
-    "ember.rsqrt": lambda a, x: 1 / np.sqrt(x),
-    "ember.tanh": lambda a, x: np.tanh(x),
-    "ember.sigmoid": lambda a, x: 1 / (1 + np.exp(-x)),
-    "ember.relu": lambda a, x: np.maximum(x, 0),
-    "ember.cmp": lambda a, x, y: _CMP[a["predicate"]](x, y),
-    "ember.select": lambda a, c, x, y: np.where(c, x, y),
-    "ember.cast": lambda a, x: x.astype(numpy_dtype(a["dtype"])),
+    **{n: OPS[n].ref for n in ops_with("elementwise", "ember")},  # each declared with its op
     "ember.broadcast": lambda a, x: np.broadcast_to(x, a["shape"]),
     "ember.reshape": lambda a, x: x.reshape(a["shape"]),
     "ember.transpose": lambda a, x: x.transpose(a["perm"]),

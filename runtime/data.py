@@ -56,19 +56,17 @@ def _load_digits() -> tuple[np.ndarray, np.ndarray]:
     copy that is damaged or not what scikit-learn gives is loaded again and rewritten."""
     from importlib.metadata import version
 
-    from ..backends.cpu.cache import enabled
-    from ..backends.cpu.cost import cache_dir
-    from ..files import write_atomically
+    from ..files import cache_dir, cache_enabled, write_atomically
 
     path = cache_dir() / f"digits-scikit-learn-{version('scikit-learn')}.npz"
-    if enabled():
+    if cache_enabled():
         cached = _cached_digits(str(path))
         if cached is not None:
             return cached
     from sklearn.datasets import load_digits
 
     d = load_digits()
-    if enabled():
+    if cache_enabled():
         buf = io.BytesIO()
         np.savez(buf, data=d.data, target=d.target)
         try:

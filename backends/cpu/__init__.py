@@ -4,8 +4,8 @@
 `exe(inputs, params) -> list of arrays`, params keyed by the `ember.param` op's `id`.
 nn.* ops must be decomposed first (UnsupportedOpError at compile time otherwise). Core
 `ember.*` ops each get a loop nest; `kernel.*` ops (the `fuse` pass) get fused loops and
-GEMMs (fused.py, matmul.py, gemm.py); convolutions, pools, gather/scatter and dropout
-are in spatial.py. One LLVM module per graph, one native call per run.
+GEMMs (fused.py, matmul.py, gemm.py); convolutions, pools and gather/scatter are in
+spatial.py, dropout in dropout.py. One LLVM module per graph, one native call per run.
 
 Environment:
 - EMBER_NUM_THREADS: threads for large kernels (default: the CPUs this process may use)
@@ -22,10 +22,9 @@ Environment:
 from __future__ import annotations
 
 from ...ir import Graph
-from ..errors import UnsupportedOpError
+from ..errors import KernelCompileError, UnsupportedOpError
 from .codegen import lower
 from .executable import Executable
-from .fused import KernelCompileError
 
 
 def compile(graph: Graph, threads: int | None = None) -> Executable:  # noqa: A001

@@ -16,10 +16,11 @@ import os
 from dataclasses import dataclass
 
 import llvmlite.binding as llvm
+import numpy as np
 from llvmlite import ir
 
-PTR = ir.PointerType()
-I32, I64 = ir.IntType(32), ir.IntType(64)
+from .scalar import I32, I64, PTR
+
 ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112
 
 
@@ -35,17 +36,11 @@ class Blas:
 
 
 def _candidates() -> list[str]:
-    out = []
-    try:
-        import numpy as np  # noqa: PLC0415
-
-        root = os.path.dirname(os.path.dirname(np.__file__))
-        out += sorted(glob.glob(os.path.join(root, "numpy.libs", "libscipy_openblas*.so*")))
-        out += sorted(glob.glob(os.path.join(root, "scipy_openblas*", "lib", "*.so*")))
-        out += sorted(glob.glob(os.path.join(os.path.dirname(np.__file__), ".dylibs",
-                                             "libscipy_openblas*.dylib")))
-    except ImportError:
-        pass
+    root = os.path.dirname(os.path.dirname(np.__file__))
+    out = sorted(glob.glob(os.path.join(root, "numpy.libs", "libscipy_openblas*.so*")))
+    out += sorted(glob.glob(os.path.join(root, "scipy_openblas*", "lib", "*.so*")))
+    out += sorted(glob.glob(os.path.join(os.path.dirname(np.__file__), ".dylibs",
+                                         "libscipy_openblas*.dylib")))
     return out
 
 

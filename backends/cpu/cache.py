@@ -25,16 +25,13 @@ import struct
 import time
 from pathlib import Path
 
-from ...files import write_atomically
-from .cost import cache_dir, load_table
-from .jit import JitModule, host_cpu
+from ...files import cache_dir, write_atomically
+from .cost import load_table
+from .host import host_cpu
+from .jit import JitModule
 
 _PARAM = re.compile(r'"ember\.param"\(\) \{[^}]*\}')
 _FUNC_ATTRS = re.compile(r"^(\s*func\.func .*?) attributes \{.*\} \{$", re.M)
-
-
-def enabled() -> bool:
-    return os.environ.get("EMBER_CACHE", "1") != "0"
 
 
 @functools.cache

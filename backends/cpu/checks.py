@@ -10,9 +10,8 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from .kernels import PTR
 from .loops import loop
-from .scalar import MEM, i64
+from .scalar import MEM, PTR, i64
 
 # the exponent bits of a float: all set means Inf or NaN
 _EXPONENT = {"f32": (32, 0x7F800000), "f64": (64, 0x7FF0000000000000)}

@@ -21,17 +21,17 @@ from llvmlite import ir
 
 from ...ir import Graph, Operation, TensorType, Value, numpy_dtype
 from ...ir.printer import print_graph
-from ..errors import UnsupportedOpError
+from ..errors import KernelCompileError, UnsupportedOpError
 from ..input_checks import input_checks
 from . import scalar as S
 from .checks import emit_checks
-from .fused import KernelCompileError, emit_fused
-from .gemm import Isa, host_isa
-from .kernels import KERNELS, PTR, emit_kernel
+from .dropout import emit_dropout
+from .fused import emit_fused
+from .host import Isa, host_isa, num_threads
+from .kernels import KERNELS, emit_kernel
 from .matmul import as_kernel, emit_matmul, scratch_bytes
-from .scalar import REG, i64
-from .spatial import conv_scratch, emit_conv, emit_dropout, emit_gather_scatter, emit_pool, status
-from .threads import num_threads
+from .scalar import PTR, REG, i64
+from .spatial import conv_scratch, emit_conv, emit_gather_scatter, emit_pool, status
 
 ENTRY = "ember_entry"
 PROFILED = "ember_entry_profiled"  # (buffers, i64* ticks): the cycle counter after each kernel

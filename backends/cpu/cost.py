@@ -16,7 +16,9 @@ import os
 import warnings
 from pathlib import Path
 
+from ...files import cache_dir
 from . import blas as B
+from .host import host_cpu
 
 # (m, n, k): (own GFLOP/s, blas GFLOP/s), measured by tune.py on a 2-core znver4 (AVX-512)
 # with the own GEMM's threads on the process's pool; the mean of two runs (each moves by
@@ -32,13 +34,6 @@ DEFAULT_TABLE: dict[tuple[int, int, int], tuple[float, float]] = {
 # ember's own GEMM is kept unless OpenBLAS is clearly faster (no foreign threads spinning
 # between kernels, the same code everywhere)
 MARGIN = 1.05
-
-
-def cache_dir() -> Path:
-    d = os.environ.get("EMBER_CACHE_DIR")
-    if d:
-        return Path(d)
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "ember"
 
 
 def table_path(cpu: str, threads: int) -> Path:
@@ -84,8 +79,6 @@ def choose(p, isa, threads: int) -> str:
         return "own"
     if os.environ.get("EMBER_GEMM") == "blas":
         return "blas"
-    from .jit import host_cpu  # noqa: PLC0415
-
     table = load_table(host_cpu(), threads)
     size = (max(p.m, 1), max(p.n, 1), max(p.k, 1))
     best = min(table, key=lambda g: sum((math.log2(a) - math.log2(b)) ** 2

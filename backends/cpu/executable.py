@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
+from ...files import cache_enabled
 from ...ir import Graph, numpy_dtype, verify
 from ...ir.printer import print_graph
 from ..input_checks import InputCheckError, describe
@@ -42,7 +43,7 @@ class Executable:
         self.graph = verify(graph)
         self.plan = plan(graph, threads)
         self.timings: dict[str, float] = {"plan": time.perf_counter() - t0}
-        use_cache = cache.enabled() if use_cache is None else use_cache
+        use_cache = cache_enabled() if use_cache is None else use_cache
         use_cache = use_cache and not os.environ.get("EMBER_DUMP_LLVM")  # dumps need a build
         # the input checks are compiled in, but live in the func attributes the key blanks
         options = f"{cache.options(self.plan.threads)} checks={self.plan.checks}"

@@ -23,25 +23,14 @@ from dataclasses import dataclass
 from llvmlite import ir
 
 from ...ir import Value
-from ..errors import CodegenError
+from ..errors import KernelCompileError
 from . import scalar as S
-from .gemm import _for
-from .loops import loop
+from .dropout import dropout
+from .loops import for_range, loop
 from .scalar import i64
 from .threads import elem, parallel_chunks, parallel_region, stack_array
 
-
-def dropout(*args):
-    from .spatial import dropout as d  # noqa: PLC0415  (spatial imports matmul -> fused)
-
-    return d(*args)
-
-PTR = ir.PointerType()
 ACC_STACK_LIMIT = 1 << 18  # bytes of column accumulators kept on the stack
-
-
-class KernelCompileError(CodegenError):
-    """Code generation failed for one kernel op (the message names it)."""
 
 
 @dataclass
@@ -250,7 +239,7 @@ class FusedEmitter:
                 del self.idx[d]
 
             if j == 0 and split is not None:
-                _for(self.b, split[0], split[1], body, name=f"p{d}")
+                for_range(self.b, split[0], split[1], body, name=f"p{d}")
             else:
                 loop(self.b, self.shape.space[d], body, name=f"d{d}")
 

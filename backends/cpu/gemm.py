@@ -19,20 +19,17 @@ row-major with unit column stride and leading dimension `ldc`.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
-import llvmlite.binding as llvm
 from llvmlite import ir
 
 from . import scalar as S
-from .loops import loop
-from .scalar import I64, i64
+from .host import Isa
+from .loops import for_range, loop
+from .scalar import I32, I64, PTR, i64
 from .threads import elem, parallel_for, stack_array
 
-PTR = ir.PointerType()
 I1 = ir.IntType(1)
-I32 = ir.IntType(32)
 
 
 # above these, A and B are packed (cache blocking pays for the copies) ...
@@ -40,29 +37,6 @@ PACK_B_BYTES = 256 << 10
 PACK_A_BYTES = 512 << 10
 # ... and the rows of C are split across threads
 THREAD_FLOPS = 4 << 20  # ~40 us on one core (below, the pool's hand-off and spinning cost more)
-
-
-@dataclass(frozen=True)
-class Isa:
-    """The host's vector unit: register width in bits and register count."""
-
-    bits: int
-    regs: int
-
-    def lanes(self, dtype: str) -> int:
-        return self.bits // (32 if dtype == "f32" else 64)
-
-
-@functools.cache
-def host_isa() -> Isa:
-    llvm.initialize_native_target()
-    feats = llvm.get_host_cpu_features()
-    triple = llvm.get_process_triple()
-    if feats.get("avx512f"):
-        return Isa(512, 32)
-    if feats.get("avx2") or feats.get("avx"):
-        return Isa(256, 16)
-    return Isa(128, 32 if triple.startswith(("aarch64", "arm64")) else 16)
 
 
 @dataclass(frozen=True)
@@ -259,7 +233,7 @@ def pack_b(mod: ir.Module, p: GemmProblem, nr: int, name: str) -> ir.Function:
                         loop(b, nr, lambda j, g=g: loop(b, p.k, lambda k: copy(q, k, j, g),
                                                          "k"), "j")
 
-    _for(b, lo, hi, panel, "p")
+    for_range(b, lo, hi, panel, "p")
     b.ret_void()
     return fn
 
@@ -288,35 +262,17 @@ def pack_a(mod: ir.Module, p: GemmProblem, mr: int, name: str) -> ir.Function:
 
     def body(q):
         if p.sa_k == 1:  # rows of A are contiguous: walk each row along k
-            loop(b, mr, lambda i: _for(b, i64(0), kk, lambda k: one(q, i, k), "k"), "i")
+            loop(b, mr, lambda i: for_range(b, i64(0), kk, lambda k: one(q, i, k), "k"), "i")
         else:
-            _for(b, i64(0), kk, lambda k: loop(b, mr, lambda i: one(q, i, k), "i"), "k")
+            for_range(b, i64(0), kk, lambda k: loop(b, mr, lambda i: one(q, i, k), "i"), "k")
 
-    _for(b, i64(0), panels, body, "q")
+    for_range(b, i64(0), panels, body, "q")
     b.ret_void()
     return fn
 
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
-
-
-def _for(b: ir.IRBuilder, lo, hi, body, name: str = "i") -> None:
-    """for i in [lo, hi) with runtime bounds (top-tested)."""
-    pre = b.block
-    head = b.append_basic_block(f"{name}.head")
-    body_bb = b.append_basic_block(f"{name}.body")
-    done = b.append_basic_block(f"{name}.done")
-    b.branch(head)
-    b.position_at_end(head)
-    i = b.phi(I64, name=name)
-    i.add_incoming(lo, pre)
-    b.cbranch(b.icmp_signed("<", i, hi), body_bb, done)
-    b.position_at_end(body_bb)
-    body(i)
-    i.add_incoming(b.add(i, i64(1)), b.block)
-    b.branch(head)
-    b.position_at_end(done)
 
 
 @dataclass
@@ -415,7 +371,7 @@ def emit_own(b: ir.IRBuilder, p: GemmProblem, a, b_ptr, c, scratch, isa: Isa, th
                     call(uk_full, jp, nr)
                 with tail:
                     call(uk_tail, jp, n_tail)
-        _for(bb, p0, p1, one, "jp")
+        for_range(bb, p0, p1, one, "jp")
 
     body = ir.Function(mod, ir.FunctionType(ir.VoidType(), [PTR, I64, I64]), f"{name}.gemm")
     body.linkage = "internal"
@@ -457,10 +413,10 @@ def emit_own(b: ir.IRBuilder, p: GemmProblem, a, b_ptr, c, scratch, isa: Isa, th
             panels(bb, p0, p1, call)
 
         if split == "n":
-            _for(bb, i64(0), i64(m_blocks), rowblock, "ib")
+            for_range(bb, i64(0), i64(m_blocks), rowblock, "ib")
             items = plan["npanels"]
         else:
-            _for(bb, lo, hi, rowblock, "ib")
+            for_range(bb, lo, hi, rowblock, "ib")
             items = m_blocks
     else:
         mc, kc = plan["mc"], plan["kc"]
@@ -495,7 +451,7 @@ def emit_own(b: ir.IRBuilder, p: GemmProblem, a, b_ptr, c, scratch, isa: Isa, th
                     bb.call(uk, [ap, i64(1), i64(blk.mr), bpp, i64(nr), cp, i64(p.ldc),
                                  i64(kk), acc, rows, i64(cols)])
 
-                _for(bb, i64(0), n_rb, rb, "r")
+                for_range(bb, i64(0), n_rb, rb, "r")
 
             panels(bb, p0, p1, call)
 
@@ -509,9 +465,9 @@ def emit_own(b: ir.IRBuilder, p: GemmProblem, a, b_ptr, c, scratch, isa: Isa, th
                 kblock(i0, mrows, i64(k_full * kc), k_tail)
 
         if split == "m":
-            _for(bb, lo, hi, mblock, "ib")
+            for_range(bb, lo, hi, mblock, "ib")
         else:
-            _for(bb, i64(0), i64(n_mblocks), mblock, "ib")
+            for_range(bb, i64(0), i64(n_mblocks), mblock, "ib")
     bb.ret_void()
     ctx_arr = stack_array(b, PTR, 5, "ctx")
     for i, v in enumerate((a, b_ptr, packed_b, c, a_scratch)):

@@ -17,6 +17,7 @@ import ctypes
 import ctypes.util
 import functools
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -24,8 +25,9 @@ import llvmlite
 import llvmlite.binding as llvm
 from llvmlite import ir
 
+from ..errors import KernelCompileError
 from . import blas, pool, vmath
-from .fused import KernelCompileError
+from .host import host_cpu, host_features, host_isa, num_threads
 
 
 @functools.cache
@@ -42,18 +44,6 @@ def _init() -> None:
     if os.environ.get("EMBER_LLVM_REMARKS"):
         llvm.set_option("", "--pass-remarks=loop-vectorize|slp-vectorizer")
         llvm.set_option("", "--pass-remarks-missed=loop-vectorize")
-
-
-@functools.cache
-def host_cpu() -> str:
-    _init()
-    return llvm.get_host_cpu_name()
-
-
-@functools.cache
-def host_features() -> str:
-    _init()
-    return llvm.get_host_cpu_features().flatten()
 
 
 def fingerprint() -> str:
@@ -90,6 +80,32 @@ def _dump_dir(dump_dir: str | None) -> Path | None:
     return path
 
 
+_pool_lock = threading.Lock()
+_pool = None  # the JitModule holding the thread pool's code (pool.py), alive for the process
+
+
+def _unlock_in_child() -> None:
+    """A child forked while another thread was compiling the pool inherits `_pool_lock`
+    held by a thread that does not exist there."""
+    global _pool_lock
+    _pool_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_unlock_in_child)
+
+
+def load_pool() -> None:
+    """Compile the pool once and make `ember_parallel_for` resolvable by generated code."""
+    global _pool
+    with _pool_lock:
+        if _pool is not None:
+            return
+        jm = JitModule(pool.build(num_threads() - 1), name="ember_pool", needs_pool=False)
+        llvm.add_symbol(pool.SYMBOL, jm.engine.get_function_address(pool.SYMBOL))
+        _pool = jm
+
+
 class JitModule:
     """Native code for one `ir.Module`; holds everything that keeps that code mapped.
 
@@ -102,14 +118,14 @@ class JitModule:
         self.timings: dict[str, float] = {}
         self.tm = target_machine()
         if needs_pool:  # parallel loops call into the process's thread pool
-            pool.load()
+            load_pool()
         if obj is not None:
             self._load(obj)
             return
         t = time.perf_counter()
         module.triple = llvm.get_process_triple()
         module.data_layout = str(self.tm.target_data)
-        text = vmath.patch_text(module, str(module), _vector_bits())
+        text = vmath.patch_text(module, str(module), host_isa().bits)
         self.timings["llvm-ir"] = time.perf_counter() - t
         t = time.perf_counter()
         try:
@@ -152,9 +168,3 @@ class JitModule:
         if not addr:
             raise KernelCompileError(f"no function {name} in the compiled module")
         return ctypes.CFUNCTYPE(restype, *argtypes)(addr)
-
-
-def _vector_bits() -> int:
-    from .gemm import host_isa  # noqa: PLC0415
-
-    return host_isa().bits

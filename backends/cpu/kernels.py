@@ -14,15 +14,12 @@ from collections.abc import Callable
 from llvmlite import ir
 
 from ...ir import Operation, TensorType
-from ...ir.opdef import normalize_axes
+from ...ir.opdef import normalize_axes, ops_with
 from ..strides import broadcast_strides, collapse, contiguous_strides
 from . import scalar as S
 from .loops import loop, nest, offset
+from .scalar import PTR
 
-PTR = ir.PointerType()
-ELEMENTWISE = frozenset(f"ember.{n}" for n in (
-    "add sub mul div max min pow neg abs exp log sqrt rsqrt tanh sigmoid relu erf cmp "
-    "select cast").split())
 Emitter = Callable[[ir.IRBuilder, ir.Value, list[ir.Value], Operation], None]
 
 
@@ -178,7 +175,7 @@ def one_hot(b, out, ins, op):
 
 
 KERNELS: dict[str, Emitter] = {
-    **dict.fromkeys(ELEMENTWISE, elementwise),
+    **dict.fromkeys(ops_with("elementwise", "ember"), elementwise),  # from the registry
     **dict.fromkeys(("ember.reduce_sum", "ember.reduce_mean", "ember.reduce_max"), reduce),
     "ember.broadcast": broadcast,
     "ember.transpose": transpose,

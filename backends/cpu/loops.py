@@ -1,7 +1,8 @@
 """Loop nests over static shapes, in the form LLVM's vectorizer likes best.
 
 Every shape is known at compile time, so a loop is emitted bottom-tested with a constant
-trip count (a size-1 loop is no loop at all), and indices are i64 with `nuw nsw`.
+trip count (a size-1 loop is no loop at all), and indices are i64 with `nuw nsw`; only a
+loop with run-time bounds (`for_range`) is top-tested.
 A nest walks several buffers at once, each with its own element strides: stride 0 is a
 broadcast dimension, a permuted stride a transpose.
 """
@@ -36,6 +37,26 @@ def loop(b: ir.IRBuilder, n: int, body: Callable[[ir.Value], None], name: str = 
     i.add_incoming(nxt, b.block)
     done = b.append_basic_block(f"{name}.done")
     b.cbranch(b.icmp_unsigned("<", nxt, i64(n)), head, done)
+    b.position_at_end(done)
+
+
+def for_range(b: ir.IRBuilder, lo: ir.Value, hi: ir.Value, body: Callable[[ir.Value], None],
+              name: str = "i") -> None:
+    """`for i in range(lo, hi): body(i)` with bounds known only at run time (a thread's
+    chunk, a row count), so top-tested."""
+    pre = b.block
+    head = b.append_basic_block(f"{name}.head")
+    body_bb = b.append_basic_block(f"{name}.body")
+    done = b.append_basic_block(f"{name}.done")
+    b.branch(head)
+    b.position_at_end(head)
+    i = b.phi(I64, name=name)
+    i.add_incoming(lo, pre)
+    b.cbranch(b.icmp_signed("<", i, hi), body_bb, done)
+    b.position_at_end(body_bb)
+    body(i)
+    i.add_incoming(b.add(i, i64(1)), b.block)
+    b.branch(head)
     b.position_at_end(done)
 
 

@@ -13,13 +13,15 @@ from dataclasses import dataclass
 
 from llvmlite import ir
 
+from ...ir import Block, Operation, Region, ScalarType
 from ..strides import contiguous_strides
 from . import blas as B
 from . import scalar as S
 from .buffers import regions
 from .cost import choose
 from .fused import FusedEmitter
-from .gemm import GemmProblem, Isa, emit_own, plan_own
+from .gemm import GemmProblem, emit_own, plan_own
+from .host import Isa
 from .loops import loop
 from .scalar import i64
 
@@ -44,8 +46,6 @@ class MatmulPlan:
 def as_kernel(op):
     """An unfused `ember.matmul` as the equivalent `kernel.matmul` (an epilogue that only
     stores the product), so graphs that were not fused still get the fast GEMM."""
-    from ...ir import Block, Operation, Region, ScalarType
-
     a, b = (v.type for v in op.operands)
     out = op.result.type
     nb = out.rank - 2

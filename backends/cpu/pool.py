@@ -3,9 +3,10 @@
 Creating threads per kernel costs tens of microseconds, more than a small kernel takes,
 so the workers are created once (on the first parallel loop) and then wait: they spin
 for a few tens of microseconds after each loop (a training step's kernels follow each
-other closely), then sleep on a futex. The pool is native code in its own LLVM module;
-generated kernels call its `ember_parallel_for(body, ctx, n, chunks)`, which runs
-`body(ctx, lo, hi)` on `chunks` slices of [0, n), on the caller and the workers.
+other closely), then sleep on a futex. The pool is native code in its own LLVM module
+(built here, loaded once by `jit.load_pool`); generated kernels call its
+`ember_parallel_for(body, ctx, n, chunks)`, which runs `body(ctx, lo, hi)` on `chunks`
+slices of [0, n), on the caller and the workers.
 
 Chunks are claimed from one 64-bit word, generation (high half) and next chunk (low
 half): a dispatch first blocks the word (chunk index all ones), then writes the job,
@@ -18,52 +19,19 @@ machine without futexes run the loop on the calling thread instead: slower, neve
 
 from __future__ import annotations
 
-import os
-import threading
-
 import llvmlite.binding as llvm
 from llvmlite import ir
 
 from . import scalar as S
-from .scalar import I64, i64
+from .scalar import I32, I64, PTR, i64
 
 SYMBOL = "ember_parallel_for"
-PTR = ir.PointerType()
-I32 = ir.IntType(32)
 BODY = ir.FunctionType(ir.VoidType(), [PTR, I64, I64])
 # a waiting worker spins on a pause instruction (reacts within ~0.1 us), then yields the
 # CPU (another thread may need it), then sleeps: ~40 us awake in all after each job
 PAUSES, YIELDS = 2048, 64
 FUTEX = {"x86_64": 202, "aarch64": 98}  # SYS_futex
 WAIT, WAKE = 128, 129  # FUTEX_WAIT_PRIVATE, FUTEX_WAKE_PRIVATE
-
-_lock = threading.Lock()
-_loaded = None  # the JitModule holding the pool's code, alive for the process
-
-
-def _unlock_in_child() -> None:
-    """A child forked while another thread was compiling the pool inherits `_lock` held
-    by a thread that does not exist there."""
-    global _lock
-    _lock = threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_unlock_in_child)
-
-
-def load() -> None:
-    """Compile the pool once and make `ember_parallel_for` resolvable by generated code."""
-    global _loaded
-    with _lock:
-        if _loaded is not None:
-            return
-        from .jit import JitModule  # noqa: PLC0415  (jit and threads import this module)
-        from .threads import num_threads  # noqa: PLC0415
-
-        jm = JitModule(build(num_threads() - 1), name="ember_pool", needs_pool=False)
-        llvm.add_symbol(SYMBOL, jm.engine.get_function_address(SYMBOL))
-        _loaded = jm
 
 
 def declare(mod: ir.Module) -> ir.Function:

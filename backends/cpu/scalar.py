@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from llvmlite import ir
 
+from ...ir.dialects.ember import expand
 from ..errors import UnsupportedOpError
 from . import vmath
 
-I64 = ir.IntType(64)
-REG = {"f32": ir.FloatType(), "f64": ir.DoubleType(), "i64": I64, "i32": ir.IntType(32),
+I32, I64 = ir.IntType(32), ir.IntType(64)
+PTR = ir.PointerType()  # opaque: buffers, contexts, function arguments
+REG = {"f32": ir.FloatType(), "f64": ir.DoubleType(), "i64": I64, "i32": I32,
        "i1": ir.IntType(1)}
 MEM = {**REG, "i1": ir.IntType(8)}
 FLOATS = ("f32", "f64")
@@ -165,7 +167,12 @@ def _unsupported(name: str, dtype: str):
 
 def emit(b: ir.IRBuilder, name: str, attrs: dict, args: list, dtype: str) -> ir.Value:
     """One element of elementwise op `name`; `dtype` is the operands' dtype (for select:
-    of the two values; for cast: of the source)."""
+    of the two values; for cast: of the source). An op declared as a composition of others
+    (its `expand`) is that composition."""
+    r = expand(name, attrs, args, lambda n, a, v: emit(b, n, a, v, dtype),
+               lambda v: const(dtype, v))
+    if r is not None:
+        return r
     op = name.removeprefix("ember.")
     fl, t = dtype in FLOATS, REG.get(dtype)
     if op == "cast":

@@ -1,4 +1,4 @@
-"""Convolutions, pooling, gather/scatter and dropout on the cpu.
+"""Convolutions, pooling and gather/scatter on the cpu.
 
 Convolutions are im2col into scratch memory, then the GEMM (ember's own or OpenBLAS,
 chosen as for matmuls), per image and group:
@@ -22,22 +22,14 @@ from llvmlite import ir
 
 from . import scalar as S
 from .buffers import regions
-from .gemm import GemmProblem, Isa, _for
-from .loops import loop
+from .gemm import GemmProblem
+from .host import Isa
+from .loops import for_range, loop
 from .matmul import byte_offset, engine_for, gemm_call, gemm_scratch
 from .scalar import I64, i64
 from .threads import parallel_chunks, parallel_region
 
-PTR = ir.PointerType()
 STATUS = "ember_status"
-
-
-def _i(b, v, n):
-    return b.add(v, i64(n)) if n else v
-
-
-def _gep(b, ptr, off, dtype):
-    return b.gep(ptr, [off], inbounds=True, source_etype=S.MEM[dtype])
 
 
 # -- convolution geometry ---------------------------------------------------------------------
@@ -253,7 +245,7 @@ def emit_conv(b: ir.IRBuilder, op, outs, ins, scratch, isa: Isa, threads: int,
 
     def images(bb, ptrs, lo, hi):
         chunk = bb.sdiv(bb.add(bb.mul(lo, i64(t)), i64(cv.n - 1)), i64(cv.n))  # its scratch
-        _for(bb, lo, hi, lambda n: image(bb, ptrs, n, chunk), "img")
+        for_range(bb, lo, hi, lambda n: image(bb, ptrs, n, chunk), "img")
 
     parallel_region(b, f"{name}.images", args, [False, False, True, True], cv.n, t, images)
 
@@ -412,45 +404,3 @@ def emit_gather_scatter(b: ir.IRBuilder, op, outs, ins, step: int) -> None:
                                                    S.const(dt, 0)), "c")
 
     loop(b, it.size, one, "r")
-
-
-# -- dropout ---------------------------------------------------------------------------------
-
-I32 = ir.IntType(32)
-
-
-def _mix(b, x):
-    x = b.xor(x, b.lshr(x, ir.Constant(I32, 16)))
-    x = b.mul(x, ir.Constant(I32, 0x7FEB352D))
-    x = b.xor(x, b.lshr(x, ir.Constant(I32, 15)))
-    x = b.mul(x, ir.Constant(I32, 0x846CA68B))
-    return b.xor(x, b.lshr(x, ir.Constant(I32, 16)))
-
-
-def dropout(b: ir.IRBuilder, x, step, index, attrs: dict, dtype: str):
-    """One element of `ember.dropout` (reference: backends/interpreter/rng.py)."""
-    p = float(attrs["p"])
-    if p == 0:
-        return x
-    seed = ir.Constant(I32, int(attrs["seed"]) & 0xFFFFFFFF)
-    key = ir.Constant(I32, int(attrs["key"]) & 0xFFFFFFFF)
-    h = _mix(b, b.xor(seed, _mix(b, b.xor(key, _mix(b, b.xor(b.trunc(step, I32), _mix(
-        b, b.trunc(index, I32))))))))
-    threshold = math.ceil(p * 2.0 ** 24)
-    keep = b.icmp_unsigned(">=", b.lshr(h, ir.Constant(I32, 8)), ir.Constant(I32, threshold))
-    scale = S.const(dtype, _round(1.0 - p, dtype))
-    return b.select(keep, b.fdiv(x, scale), S.const(dtype, 0.0))
-
-
-def _round(v: float, dtype: str) -> float:
-    import numpy as np  # noqa: PLC0415
-
-    return float(np.float32(v)) if dtype == "f32" else float(v)
-
-
-def emit_dropout(b: ir.IRBuilder, op, outs, ins) -> None:
-    t = op.result.type
-    x, rng = ins
-    step = S.load(b, rng, "i64", i64(0))
-    loop(b, t.size, lambda i: S.store(b, outs[0], t.dtype, i, dropout(
-        b, S.load(b, x, t.dtype, i), step, i, op.attributes, t.dtype)), "i")

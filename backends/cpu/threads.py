@@ -5,37 +5,19 @@ pointers) and handed to the process's thread pool (pool.py), whose workers and t
 calling thread take its chunks of `[0, n)` until none are left. Whoever runs a chunk,
 the result is the same. A hand-off costs a few microseconds while the workers are awake
 (tens after they slept), so only kernels above a work threshold are split
-(`parallel_chunks`).
-
-`EMBER_NUM_THREADS` overrides the thread count (default: the CPUs this process may use).
+(`parallel_chunks`). The thread count comes from `host.num_threads()`.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 
 from llvmlite import ir
 
 from .pool import BODY, declare
-from .scalar import I64, i64
+from .scalar import I64, PTR, i64
 
-PTR = ir.PointerType()
 MIN_WORK = 1 << 20  # element-operations (~0.1-0.2 ms) below which a kernel stays on one thread
-
-
-def num_threads() -> int:
-    env = os.environ.get("EMBER_NUM_THREADS")
-    if env:
-        try:
-            return max(1, int(env))
-        except ValueError:
-            raise ValueError(f"EMBER_NUM_THREADS must be a positive integer, got {env!r}") \
-                from None
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not on Linux
-        return max(1, os.cpu_count() or 1)
 
 
 def parallel_chunks(work: float, iterations: int, threads: int) -> int:

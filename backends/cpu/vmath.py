@@ -82,10 +82,8 @@ def scalar_name(fn: str, dtype: str) -> str:
 
 def call(b: ir.IRBuilder, fn: str, dtype: str, x: ir.Value) -> ir.Value:
     """`fn(x)` for a float scalar; vectorizable when libmvec has the function."""
-    from .scalar import REG  # noqa: PLC0415  (scalar imports this module)
-
     mod = b.module
-    t = REG[dtype]
+    t = x.type
     if _libm() is None or not hasattr(_libm(), _libname(fn, dtype)):
         if fn in ("exp", "log"):
             f = mod.globals.get(f"llvm.{fn}.{dtype}") or ir.Function(

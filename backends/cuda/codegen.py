@@ -1,23 +1,19 @@
-"""Graph -> Program: a buffer table, the steps that run the graph, and ONE CUDA C
-translation unit holding every kernel (with a line -> op map for compile errors).
+"""Graph -> Program (see program.py): the walk that gives each value a slot and each op
+its steps, and ONE CUDA C translation unit holding every kernel (with a line -> op map
+for compile errors).
 
-Each graph value that needs memory gets a slot: graph inputs and params (bound per
-call), constants (uploaded once), op results and scratch (im2col columns, reduction
-partials, GEMM accumulators). A reshape takes its operand's slot; a transpose of the
-last two axes that only feeds matmuls is no copy at all, just a transposed view cuBLAS
-reads. Results and scratch live in ONE arena allocated once: each slot lives from the
-first step that touches it to the last, and slots whose lifetimes do not overlap share
-bytes (greedy, largest first). Results the graph returns are allocated fresh per call
-(the caller keeps them).
+A reshape takes its operand's slot; a transpose of the last two axes that only feeds
+matmuls is no copy at all, just a transposed view cuBLAS reads. Elementwise ops,
+transposes, reductions, matmuls and the `kernel` dialect's fused ops are lowered here;
+ops with kernels of their own (convolutions, pools, gather/scatter, dropout) are in
+spatial.py. Results and scratch are placed in one arena by `program.plan_arena`.
 Steps are kernel launches, cuBLAS GEMMs (`cupy.matmul` on strided views) and memsets.
 This module is pure Python: everything it decides is testable without a GPU.
 """
 
 from __future__ import annotations
 
-import math
 import re
-from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -25,124 +21,16 @@ from ...ir import Graph, Operation, TensorType, Value, numpy_dtype, verify
 from ...ir.printer import GraphPrinter
 from ..errors import CodegenError, UnsupportedOpError
 from ..strides import broadcast_strides, contiguous_strides
-from . import conv as C
 from . import launch as L
 from .fused import Body, epilogue_kernel, fused_kernel
-from .kernels import (
-    Extra,
-    Kernel,
-    Operand,
-    coordinate,
-    map_kernel,
-    out_operands,
-    reduce_kernels,
-    transpose_kernel,
-)
-from .scalar import CTYPE, ELEMENTWISE, PRELUDE, ctype, dropout, expr, literal
+from .kernels import Kernel, Operand, map_kernel, out_operands, reduce_kernels, transpose_kernel
+from .program import Gemm, KernelInfo, Launch, Program, Slot, View, plan_arena
+from .scalar import CTYPE, ELEMENTWISE, PRELUDE, expr
+from .spatial import LOWERINGS
 
 
 class CudaCompileError(CodegenError):
     """NVRTC rejected the generated source; the message shows the line and its IR op."""
-
-
-@dataclass
-class Slot:
-    """kind: "arg" (key: input index), "param" (key: param id), "const" (value), "temp" (an
-    op result) or "scratch" (an op's working memory). Temps and scratch sit at byte
-    `offset` of the arena, except temps the graph returns (`offset` None: fresh per call)."""
-
-    kind: str
-    type: TensorType
-    key: int | str | None = None
-    path: str = ""
-    value: np.ndarray | None = None
-    offset: int | None = None
-
-
-@dataclass(frozen=True)
-class View:
-    """Elements of a slot read through element `strides` over `shape` (a GEMM operand)."""
-
-    slot: int
-    shape: tuple[int, ...]
-    strides: tuple[int, ...]
-
-
-@dataclass
-class Launch:
-    kernel: str
-    config: L.LaunchConfig
-    args: list[int]  # one slot per kernel parameter, in order
-    op: int          # index into Program.ops
-
-
-@dataclass
-class Gemm:
-    """out = a @ b through cuBLAS (numpy matmul broadcasting over batch dims)."""
-
-    out: View
-    a: View
-    b: View
-    op: int
-
-
-@dataclass
-class Memset:
-    slot: int
-    op: int
-
-
-@dataclass(frozen=True)
-class KernelInfo:
-    name: str
-    first_line: int  # 1-based, inclusive, in Program.source
-    last_line: int
-    op: int
-
-
-@dataclass
-class Program:
-    name: str
-    slots: list[Slot] = field(default_factory=list)
-    steps: list = field(default_factory=list)
-    outputs: list[tuple[int, TensorType]] = field(default_factory=list)
-    ops: list[str] = field(default_factory=list)
-    kernels: list[KernelInfo] = field(default_factory=list)
-    source: str = ""
-    arena_bytes: int = 0
-
-    def memory_report(self) -> dict[str, int]:
-        """Device bytes by class: the arena (results and scratch), constants, and per call
-        the inputs, params and returned results."""
-        def total(*kinds, fresh=None):
-            return sum(s.type.nbytes for s in self.slots if s.kind in kinds
-                       and (fresh is None or (s.offset is None) == fresh))
-        return {"arena_bytes": self.arena_bytes, "constants": total("const"),
-                "inputs": total("arg"), "params": total("param"),
-                "outputs": total("temp", fresh=True)}
-
-    def locate(self, line: int) -> KernelInfo | None:
-        return next((k for k in self.kernels if k.first_line <= line <= k.last_line), None)
-
-    def explain(self, log: str) -> str:
-        """A compiler log (NVRTC's or nvcc's `file(LINE): error: ...`) as a message that
-        shows the failing source line and the IR op it was generated for."""
-        lines = self.source.splitlines()
-        errors = [(int(m.group(1)), m.group(0).split(": ", 1)[-1].strip())
-                  for m in re.finditer(r"\((\d+)\): (?:catastrophic )?error[^\n]*", log)]
-        if not errors:
-            return f"CUDA compile of @{self.name} failed:\n{log.strip()}"
-        out = [f"CUDA compile of @{self.name} failed ({len(errors)} error"
-               f"{'s' if len(errors) > 1 else ''}):"]
-        named = set()
-        for line, msg in errors[:6]:
-            text = lines[line - 1].strip() if 0 < line <= len(lines) else "?"
-            k = self.locate(line)
-            out += [f"  line {line}: {msg}", f"    {line} | {text}"]
-            if k is not None and k.name not in named:
-                named.add(k.name)
-                out.append(f"  in kernel {k.name}, generated for op: {self.ops[k.op]}")
-        return "\n".join(out)
 
 
 def emit_cuda(graph: Graph, sm_count: int = L.DEFAULT_SMS) -> str:
@@ -153,7 +41,7 @@ def emit_cuda(graph: Graph, sm_count: int = L.DEFAULT_SMS) -> str:
 def lower(graph: Graph, sm_count: int = L.DEFAULT_SMS) -> Program:
     """Plan storage, steps and source; UnsupportedOpError names the first op without a
     kernel (nn.* ops must be decomposed first)."""
-    return _Lowering(verify(graph), sm_count).run()
+    return Lowering(verify(graph), sm_count).run()
 
 
 def _check(op_name: str, t) -> TensorType:
@@ -168,7 +56,11 @@ def _swaps_last_two(perm: list[int]) -> bool:
     return r >= 2 and perm[:-2] == list(range(r - 2)) and perm[-2:] == [r - 1, r - 2]
 
 
-class _Lowering:
+class Lowering:
+    """One graph's walk: `p` is the Program being built and `where` each value's slot; the
+    op lowerings here and in spatial.py add slots and steps through `result`, `scratch`,
+    `launch` and `gemm`."""
+
     def __init__(self, graph: Graph, sm_count: int):
         self.graph, self.sm = graph, sm_count
         self.p = Program(graph.name)
@@ -252,8 +144,8 @@ class _Lowering:
             self.reduce(op)
         elif n == "ember.matmul":
             self.matmul(op)
-        elif n in _SPECIAL:
-            _SPECIAL[n](self, op)
+        elif n in LOWERINGS:
+            LOWERINGS[n](self, op)
         elif n == "kernel.fused":
             outs = [self.result(r) for r in op.results]
             k = fused_kernel(self.name(op), op, sm_count=self.sm)
@@ -373,40 +265,6 @@ class _Lowering:
         self.p.source = text
 
 
-def step_slots(step) -> list[int]:
-    if isinstance(step, Launch):
-        return list(step.args)
-    if isinstance(step, Gemm):
-        return [step.out.slot, step.a.slot, step.b.slot]
-    return [step.slot]
-
-
-def plan_arena(p: Program) -> None:
-    """Offsets in one arena for every temp and scratch slot but the returned ones: a slot
-    lives from the first step that touches it to the last; slots alive at a common step
-    never share a byte. Largest first, each at the lowest offset that fits."""
-    returned = {i for i, _ in p.outputs}
-    live: dict[int, list[int]] = {}
-    for k, step in enumerate(p.steps):
-        for i in step_slots(step):
-            if p.slots[i].kind in ("temp", "scratch") and i not in returned:
-                live.setdefault(i, [k, k])[1] = k
-    for i, s in enumerate(p.slots):  # a result no step touches still gets bytes
-        if s.kind in ("temp", "scratch") and i not in returned and i not in live:
-            live[i] = [0, len(p.steps)]
-    placed: list[tuple[int, int, int, int]] = []  # (offset, end, first, last)
-    for i in sorted(live, key=lambda i: (-p.slots[i].type.nbytes, i)):
-        first, last = live[i]
-        size = L.round_up(max(p.slots[i].type.nbytes, 1))
-        offset = 0
-        for lo, hi, *_ in sorted(b for b in placed if b[2] <= last and first <= b[3]):
-            if offset + size <= lo:
-                break
-            offset = max(offset, hi)
-        p.slots[i].offset = offset
-        placed.append((offset, offset + size, first, last))
-    p.arena_bytes = max((b[1] for b in placed), default=0)
-
 
 def _drop_broadcast(v: View) -> View:
     """A GEMM operand that is the same matrix for every batch (batch dims of size 1 or
@@ -424,195 +282,3 @@ def _single(name: str, attrs: dict, dtype: str):
     def body(vals, i):
         return [], [expr(name, attrs, vals, dtype)]
     return body
-
-
-# -- ops with their own kernels ----------------------------------------------------------------
-
-def _one_hot(lw: _Lowering, op: Operation) -> None:
-    (labels,), t = op.operands, op.result.type
-    ins = [Operand(labels.type.dtype, (*contiguous_strides(labels.type.shape), 0))]
-
-    def body(vals, i):
-        hit = f"((long long){vals[0]} == (long long){coordinate(i, t.shape, t.rank - 1)})"
-        return [], [hit if t.dtype == "i1" else f"(({ctype(t.dtype)}){hit})"]
-
-    out = lw.result(op.result)
-    lw.launch(map_kernel(lw.name(op), t.shape, out_operands([t.dtype], t.shape), ins, body,
-                         sm_count=lw.sm), [out, lw.where[labels]])
-
-
-def _dropout(lw: _Lowering, op: Operation) -> None:
-    x, rng = op.operands
-    t, a = op.result.type, op.attributes
-    ins = [Operand(t.dtype, tuple(contiguous_strides(t.shape))), Operand("i64", (0,) * t.rank)]
-
-    def body(vals, i):
-        return [], [dropout(vals[0], vals[1], i, a, t.dtype)]
-
-    out = lw.result(op.result)
-    lw.launch(map_kernel(lw.name(op), t.shape, out_operands([t.dtype], t.shape), ins, body,
-                         sm_count=lw.sm), [out, lw.where[x], lw.where[rng]])
-
-
-def _gather(lw: _Lowering, op: Operation) -> None:
-    table, idx = op.operands
-    t = op.result.type
-    rows, row = table.type.shape[0], math.prod(table.type.shape[1:])
-    rest = t.rank - idx.type.rank
-    ins = [Operand(idx.type.dtype, (*contiguous_strides(idx.type.shape), *(0,) * rest))]
-
-    def body(vals, i):
-        at = "j_" if row == 1 else f"j_ * {row} + {i} % {row}"
-        return [f"const long long j_ = (long long){vals[0]};"], [
-            f"(j_ >= 0 && j_ < {rows} ? ex0[{at}] : {literal(t.dtype, 0)})"]
-
-    out = lw.result(op.result)
-    k = map_kernel(lw.name(op), t.shape, out_operands([t.dtype], t.shape), ins, body,
-                   extras=[Extra(table.type.dtype, table.type.size)], sm_count=lw.sm)
-    lw.launch(k, [out, lw.where[idx], lw.where[table]])
-
-
-_ATOMIC = {"f32": "atomicAdd(&ex0[{o}], {v})", "f64": "atomicAdd(&ex0[{o}], {v})",
-           "i32": "atomicAdd(&ex0[{o}], {v})",
-           "i64": "atomicAdd(reinterpret_cast<unsigned long long*>(&ex0[{o}]), "
-                  "(unsigned long long){v})"}
-
-
-def _scatter_add(lw: _Lowering, op: Operation) -> None:
-    idx, upd = op.operands
-    t = op.result.type
-    if t.dtype not in _ATOMIC:
-        raise UnsupportedOpError(f"the cuda backend has no scatter_add of {t.dtype} tensors")
-    rows, row = t.shape[0], math.prod(t.shape[1:])
-    u = upd.type
-    rest = u.rank - idx.type.rank
-    ins = [Operand(idx.type.dtype, (*contiguous_strides(idx.type.shape), *(0,) * rest)),
-           Operand(u.dtype, tuple(contiguous_strides(u.shape)))]
-
-    def body(vals, i):
-        at = "j_" if row == 1 else f"j_ * {row} + {i} % {row}"
-        return [f"const long long j_ = (long long){vals[0]};",
-                f"if (j_ >= 0 && j_ < {rows}) {_ATOMIC[t.dtype].format(o=at, v=vals[1])};"], []
-
-    out = lw.result(op.result)
-    lw.p.steps.append(Memset(out, lw.op_index))
-    k = map_kernel(lw.name(op), u.shape, [], ins, body,
-                   extras=[Extra(t.dtype, t.size, writable=True)], vectorize=False,
-                   sm_count=lw.sm)
-    lw.launch(k, [lw.where[idx], lw.where[upd], out])
-
-
-def _conv_geometry(op: Operation, x_shape, w_shape):
-    a = op.attributes
-    win = C.Window.conv(x_shape, w_shape, a)
-    g = a["groups"]
-    n, c = x_shape[:2]
-    co = w_shape[0]
-    kk = (c // g) * win.kh * win.kw
-    pointwise = (win.kh == win.kw == 1 and a["stride"] == [1, 1] and a["padding"] == [0, 0])
-    return win, g, n, c, co, kk, pointwise
-
-
-def _im2col(lw: _Lowering, op: Operation, x: Value, win, g, layout: str, suffix: str) -> int:
-    n, c = x.type.shape[:2]
-    kk, p = (c // g) * win.kh * win.kw, win.oh * win.ow
-    shape = (n, g, kk, p) if layout == "ngkp" else (g, kk, n, p)
-    dt = x.type.dtype
-    cols = lw.scratch(shape, dt)
-    itype = L.index_type(math.prod(shape), x.type.size)
-    k = map_kernel(lw.name(op, suffix), shape, out_operands([dt], shape), [],
-                   C.im2col_body(n, c, g, win, layout, itype, dt), extras=[Extra(dt, x.type.size)],
-                   sm_count=lw.sm)
-    lw.launch(k, [cols, lw.where[x]])
-    return cols
-
-
-def _conv2d(lw: _Lowering, op: Operation) -> None:
-    x, w = op.operands
-    win, g, n, c, co, kk, pointwise = _conv_geometry(op, x.type.shape, w.type.shape)
-    p = win.oh * win.ow
-    lw.result(op.result)
-    if pointwise:
-        cols = View(lw.where[x], (n, g, kk, p), tuple(contiguous_strides((n, g, kk, p))))
-    else:
-        slot = _im2col(lw, op, x, win, g, "ngkp", "_im2col")
-        cols = View(slot, (n, g, kk, p), tuple(contiguous_strides((n, g, kk, p))))
-    lw.gemm(lw.view(op.result, (n, g, co // g, p)),
-            lw.view(w, (1, g, co // g, kk)), cols)
-
-
-def _conv2d_grad_input(lw: _Lowering, op: Operation) -> None:
-    gy, w = op.operands
-    x_shape = tuple(op.attributes["input_shape"])
-    win, g, n, c, co, kk, pointwise = _conv_geometry(op, x_shape, w.type.shape)
-    p = win.oh * win.ow
-    dt = gy.type.dtype
-    out = lw.result(op.result)
-    wt = View(lw.where[w], (1, g, kk, co // g), (0, (co // g) * kk, 1, kk))  # w^T per group
-    gv = lw.view(gy, (n, g, co // g, p))
-    if pointwise:
-        lw.gemm(lw.view(op.result, (n, g, kk, p)), wt, gv)
-        return
-    dcols = lw.scratch((n, g, kk, p), dt)
-    lw.gemm(View(dcols, (n, g, kk, p), tuple(contiguous_strides((n, g, kk, p)))), wt, gv)
-    itype = L.index_type(math.prod(x_shape), n * g * kk * p)
-    acc = "double" if dt == "f64" else "float"
-    k = map_kernel(lw.name(op, "_col2im"), x_shape, out_operands([dt], x_shape), [],
-                   C.col2im_body(c, g, win, itype, dt, acc),
-                   extras=[Extra(dt, n * g * kk * p)], sm_count=lw.sm)
-    lw.launch(k, [out, dcols])
-
-
-def _conv2d_grad_weight(lw: _Lowering, op: Operation) -> None:
-    x, gy = op.operands
-    w_shape = tuple(op.attributes["weight_shape"])
-    win, g, n, c, co, kk, pointwise = _conv_geometry(op, x.type.shape, w_shape)
-    p = win.oh * win.ow
-    lw.result(op.result)
-    if n == 1:
-        gt = lw.view(gy, (g, co // g, p))
-    else:  # [n, g, co/g, p] -> [g, co/g, n, p], so one GEMM contracts over n and p
-        slot = lw.scratch((g, co // g, n, p), gy.type.dtype)
-        k = transpose_kernel(lw.name(op, "_transpose"), (n, g, co // g, p), [1, 2, 0, 3],
-                             gy.type.dtype, lw.sm)
-        lw.launch(k, [slot, lw.where[gy]])
-        gt = View(slot, (g, co // g, n * p), tuple(contiguous_strides((g, co // g, n * p))))
-    if pointwise and n == 1:
-        cols_t = View(lw.where[x], (g, p, kk), (kk * p, 1, p))
-    else:
-        slot = _im2col(lw, op, x, win, g, "gknp", "_im2col")
-        cols_t = View(slot, (g, n * p, kk), (kk * n * p, 1, n * p))
-    lw.gemm(lw.view(op.result, (g, co // g, kk)), gt, cols_t)
-
-
-def _pool(lw: _Lowering, op: Operation) -> None:
-    x = op.operands[0]
-    t, a = op.result.type, op.attributes
-    x_shape = a["input_shape"] if op.name == "ember.avg_pool2d_grad" else x.type.shape
-    win = C.Window.pool(x_shape, a)
-    c = t.shape[1]
-    itype = L.index_type(t.size, x.type.size)
-    dt = t.dtype
-    make = {"ember.max_pool2d": C.max_pool_body, "ember.avg_pool2d": C.avg_pool_body,
-            "ember.max_pool2d_grad": C.max_pool_grad_body,
-            "ember.avg_pool2d_grad": C.avg_pool_grad_body}[op.name]
-    extras = [Extra(v.type.dtype, v.type.size) for v in op.operands]
-    out = lw.result(op.result)
-    k = map_kernel(lw.name(op), t.shape, out_operands([dt], t.shape), [],
-                   make(c, win, itype, dt), extras=extras, sm_count=lw.sm)
-    lw.launch(k, [out] + [lw.where[v] for v in op.operands])
-
-
-_SPECIAL = {
-    "ember.one_hot": _one_hot,
-    "ember.dropout": _dropout,
-    "ember.gather": _gather,
-    "ember.scatter_add": _scatter_add,
-    "ember.conv2d": _conv2d,
-    "ember.conv2d_grad_input": _conv2d_grad_input,
-    "ember.conv2d_grad_weight": _conv2d_grad_weight,
-    "ember.max_pool2d": _pool,
-    "ember.avg_pool2d": _pool,
-    "ember.max_pool2d_grad": _pool,
-    "ember.avg_pool2d_grad": _pool,
-}

@@ -27,7 +27,8 @@ import numpy as np
 
 from ...ir import Graph, numpy_dtype, verify
 from . import launch as L
-from .codegen import Gemm, Launch, Memset, Program, lower
+from .codegen import lower
+from .program import Gemm, Launch, Memset, Program
 
 HEADER = r"""
 #include <cmath>

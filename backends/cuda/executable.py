@@ -16,8 +16,9 @@ import numpy as np
 
 from ...ir import Graph, numpy_dtype, verify
 from . import launch as L
-from .codegen import CudaCompileError, Gemm, Launch, Memset, Program, lower
+from .codegen import CudaCompileError, lower
 from .device import check_available
+from .program import Gemm, Launch, Memset, Program
 
 OPTIONS = ("--std=c++17",)
 _MODULES: dict[tuple[str, int], object] = {}  # (source hash, device) -> RawModule

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import math
 
+from ...ir.dialects.ember import expand
+from ...ir.opdef import ops_with
 from ..errors import UnsupportedOpError
 
 CTYPE = {"f32": "float", "f64": "double", "i64": "long long", "i32": "int", "i1": "bool"}
@@ -157,7 +159,20 @@ def _unsupported(name: str, dtype: str):
 
 def expr(name: str, attrs: dict, args: list[str], dtype: str) -> str:
     """A C expression for one element of elementwise op `name` (any dialect prefix);
-    `dtype` is the operands' dtype (for select: of the two values; for cast: the source's)."""
+    `dtype` is the operands' dtype (for select: of the two values; for cast: the source's).
+    An op declared as a composition of others (its `expand`) is that composition, in a
+    lambda called in place: one `const auto` per value, so nothing is computed twice."""
+    lets: list[str] = []
+
+    def let(n: str, a: dict, v: list[str]) -> str:
+        lets.append(f"const auto e{len(lets)} = {expr(n, a, v, dtype)};")
+        return f"e{len(lets) - 1}"
+
+    xs = [f"x{k}" for k in range(len(args))]
+    r = expand(name, attrs, xs, let, lambda v: literal(dtype, v))
+    if r is not None:
+        params = ", ".join(f"const auto {x}" for x in xs)
+        return f"([]({params}) {{ {' '.join(lets)} return {r}; }}({', '.join(args)}))"
     op = name.split(".", 1)[-1]
     ctype(dtype)
     fl = dtype in FLOATS
@@ -230,6 +245,4 @@ def dropout(x: str, step: str, index: str, attrs: dict, dtype: str) -> str:
     return f"(({h} >> 8) >= {keep}u ? {x} / {literal(dtype, 1.0 - p)} : {literal(dtype, 0)})"
 
 
-ELEMENTWISE = frozenset(f"ember.{n}" for n in (
-    "add sub mul div max min pow neg abs exp log sqrt rsqrt tanh sigmoid relu erf cmp select "
-    "cast").split())
+ELEMENTWISE = ops_with("elementwise", "ember")  # from the registry: each lowered by `expr`

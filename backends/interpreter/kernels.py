@@ -7,6 +7,7 @@ import math
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
+from ...ir.dialects.ember import erf
 from ...ir.semantics import SIMPLE_OPS
 from . import rng
 
@@ -33,8 +34,6 @@ def _linear(attrs, x, w, b=None):
 
 
 # -- conv, pools, gather/scatter, dropout, norms, attention (computed in float64) ----------
-
-_erf = np.vectorize(math.erf, otypes=[np.float64])
 
 
 def _f64(x) -> np.ndarray:
@@ -197,7 +196,7 @@ def _gelu(a, x):
     x = _f64(x)
     if a["approximate"] == "tanh":
         return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
-    return 0.5 * x * (1 + _erf(x / math.sqrt(2)))
+    return 0.5 * x * (1 + erf(x / math.sqrt(2)))
 
 
 def _attention(a, q, k, v):
@@ -213,7 +212,6 @@ KERNELS = {
     "ember.matmul": lambda a, x, y: x @ y,
     "ember.one_hot": _one_hot,
     "ember.constant": lambda a: a["value"],
-    "ember.erf": lambda a, x: _erf(x),
     "ember.dropout": _dropout,
     "ember.gather": _gather,
     "ember.scatter_add": _scatter_add,

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import ClassVar
 
 import numpy as np
 
 from ..opdef import (
     COUNT,
     DTYPE,
+    OPS,
     SHAPE,
     InferenceError,
     OpDef,
@@ -19,7 +22,7 @@ from ..opdef import (
     register,
     same_dtype,
 )
-from ..types import TensorType, dtype_of, numpy_dtype
+from ..types import TensorType, Type, dtype_of, numpy_dtype
 
 ELEMENTWISE = frozenset({"pure", "elementwise", "memory_bound"})
 
@@ -57,81 +60,173 @@ class Constant(OpDef):
         return [TensorType(v.shape, dtype)]
 
 
-class Unary(OpDef):
+class Scalars:
+    """What an `expand` writes one element in: `k.exp(x)`, `k.cmp(x, y, predicate="gt")`,
+    `k.const(0.5)`. The backend lowering the expansion passes one that emits its own code
+    (LLVM IR, C) for each op, in the dtype of the expanded op's operands."""
+
+    def __init__(self, emit: Callable, const: Callable):
+        self.emit, self.const = emit, const
+
+    def __getattr__(self, op: str) -> Callable:
+        return lambda *args, **attrs: self.emit(op, attrs, list(args))
+
+
+class Elementwise(OpDef):
+    """An op on elements, declared once with everything about it: the result has the
+    operands' broadcast shape and the dtype `dtype` gives; `ref(attrs, *arrays)` is its numpy
+    meaning (the interpreter, constant folding); `kernel.<name>`, its twin in fused bodies,
+    is derived from it (ir/dialects/kernel.py), and so is its place in each backend's op set.
+    A backend lowers the op by name or, where `expand` is set, as that composition of other
+    elementwise ops, `expand(k: Scalars, attrs, *operands)`: then it needs no code at all."""
+
     traits = ELEMENTWISE
+    ref: ClassVar[Callable[..., np.ndarray]]
+    expand: ClassVar[Callable | None] = None
+
+    @classmethod
+    def dtype(cls, types: list[Type], attrs) -> str:
+        """The result's dtype; InferenceError where the operands do not fit the op."""
+        return same_dtype(cls.name, types)
+
+    @classmethod
+    def infer(cls, operand_types, attrs):
+        dtype = cls.dtype(operand_types, attrs)
+        return [TensorType(broadcast_shapes(cls.name, *(t.shape for t in operand_types)), dtype)]
+
+
+class Unary(Elementwise):
     arity = (1, 1)
     float_only = True
 
     @classmethod
-    def infer(cls, operand_types, attrs):
-        (t,) = operand_types
+    def dtype(cls, types, attrs):
+        (t,) = types
         if cls.float_only and not t.is_float:
-            raise InferenceError(f"{cls.name} needs a float tensor, got {t}")
-        return [t]
+            what = "a float tensor" if isinstance(t, TensorType) else "a float"
+            raise InferenceError(f"{cls.name} needs {what}, got {t}")
+        return t.dtype
 
 
-class Binary(OpDef):
-    traits = ELEMENTWISE
+class Binary(Elementwise):
     arity = (2, 2)
 
-    @classmethod
-    def infer(cls, operand_types, attrs):
-        a, b = operand_types
-        dtype = same_dtype(cls.name, operand_types)
-        return [TensorType(broadcast_shapes(cls.name, a.shape, b.shape), dtype)]
+
+def elementwise(base: type[Elementwise], name: str, ref: Callable, **extra) -> None:
+    """Declare `ember.<name>`, a `base` whose meaning is numpy's `ref(*arrays)`."""
+    register(type(name.title(), (base,), {"name": f"ember.{name}", **extra,
+                                          "ref": staticmethod(lambda a, *xs: ref(*xs))}))
 
 
-declare("ember", Binary, "add sub mul div max min pow")
-declare("ember", Unary, "exp log sqrt rsqrt tanh sigmoid")
-declare("ember", Unary, "neg relu abs", float_only=False)
+erf = np.vectorize(math.erf, otypes=[np.float64])  # numpy has none
 
-CMP_PREDICATES = ("eq", "ne", "lt", "le", "gt", "ge")
+elementwise(Binary, "add", np.add)
+elementwise(Binary, "sub", np.subtract)
+elementwise(Binary, "mul", np.multiply)
+elementwise(Binary, "div", np.divide)
+elementwise(Binary, "max", np.maximum)
+elementwise(Binary, "min", np.minimum)
+elementwise(Binary, "pow", np.power)
+elementwise(Unary, "exp", np.exp)
+elementwise(Unary, "log", np.log)
+elementwise(Unary, "sqrt", np.sqrt)
+elementwise(Unary, "rsqrt", lambda x: 1 / np.sqrt(x))
+elementwise(Unary, "tanh", np.tanh)
+elementwise(Unary, "sigmoid", lambda x: 1 / (1 + np.exp(-x)))
+elementwise(Unary, "erf", erf)
+elementwise(Unary, "neg", np.negative, float_only=False)
+elementwise(Unary, "relu", lambda x: np.maximum(x, 0), float_only=False)
+elementwise(Unary, "abs", np.abs, float_only=False)
+
+
+def softplus_params(attrs) -> tuple[float, float]:
+    """(beta, threshold) of an `ember.softplus`: PyTorch's defaults, 1 and 20, if not given."""
+    return attrs.get("beta", 1.0), attrs.get("threshold", 20.0)
 
 
 @register
-class Cmp(OpDef):
+class Softplus(Unary):
+    """`softplus(x) {beta, threshold}`: log(1 + exp(beta x)) / beta, and x itself where
+    beta x > threshold, as PyTorch's (the attributes are optional; see `softplus_params`)."""
+
+    name = "ember.softplus"
+    optional_attrs = {"beta": float, "threshold": float}
+
+    @staticmethod
+    def ref(a, x):
+        beta, threshold = softplus_params(a)
+        t = x * beta
+        return np.where(t > threshold, x, np.logaddexp(0, t) / beta)
+
+    @staticmethod
+    def expand(k: Scalars, a, x):
+        """log(1 + exp(t)) as max(t, 0) + log1p(exp(-|t|)), which never overflows, with
+        log1p(u) = u log(w) / (w - 1), w = 1 + u (u where w rounds to 1): Goldberg's
+        accurate log1p, from log alone."""
+        beta, threshold = softplus_params(a)
+        t = k.mul(x, k.const(beta))
+        u = k.exp(k.neg(k.abs(t)))
+        w = k.add(u, k.const(1))
+        log1p = k.select(k.cmp(w, k.const(1), predicate="eq"), u,
+                         k.div(k.mul(u, k.log(w)), k.sub(w, k.const(1))))
+        y = k.div(k.add(k.max(t, k.const(0)), log1p), k.const(beta))
+        return k.select(k.cmp(t, k.const(threshold), predicate="gt"), x, y)
+
+
+CMP = {"eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal,
+       "gt": np.greater, "ge": np.greater_equal}  # predicate -> numpy
+
+
+@register
+class Cmp(Elementwise):
     name = "ember.cmp"
-    traits = ELEMENTWISE
     arity = (2, 2)
     attrs = {"predicate": str}
+    ref = staticmethod(lambda a, x, y: CMP[a["predicate"]](x, y))
 
     @classmethod
-    def infer(cls, operand_types, attrs):
-        if attrs["predicate"] not in CMP_PREDICATES:
-            raise InferenceError(f"ember.cmp predicate {attrs['predicate']!r} is not one of "
-                                 f"{', '.join(CMP_PREDICATES)}")
-        a, b = operand_types
-        same_dtype(cls.name, operand_types)
-        return [TensorType(broadcast_shapes(cls.name, a.shape, b.shape), "i1")]
+    def dtype(cls, types, attrs):
+        if attrs["predicate"] not in CMP:
+            raise InferenceError(f"{cls.name} predicate {attrs['predicate']!r} is not one of "
+                                 f"{', '.join(CMP)}")
+        same_dtype(cls.name, types)
+        return "i1"
 
 
 @register
-class Select(OpDef):
+class Select(Elementwise):
     """`select(cond, a, b)`: a where cond else b, all three broadcast."""
 
     name = "ember.select"
-    traits = ELEMENTWISE
     arity = (3, 3)
+    ref = staticmethod(lambda a, c, x, y: np.where(c, x, y))
 
     @classmethod
-    def infer(cls, operand_types, attrs):
-        c, a, b = operand_types
+    def dtype(cls, types, attrs):
+        c, a, b = types
         if c.dtype != "i1":
-            raise InferenceError(f"ember.select condition must be i1, got {c}")
-        dtype = same_dtype(cls.name, [a, b])
-        return [TensorType(broadcast_shapes(cls.name, c.shape, a.shape, b.shape), dtype)]
+            raise InferenceError(f"{cls.name} condition must be i1, got {c}")
+        return same_dtype(cls.name, [a, b])
 
 
 @register
-class Cast(OpDef):
+class Cast(Elementwise):
     name = "ember.cast"
-    traits = ELEMENTWISE
     arity = (1, 1)
     attrs = {"dtype": DTYPE}
+    ref = staticmethod(lambda a, x: x.astype(numpy_dtype(a["dtype"])))
 
     @classmethod
-    def infer(cls, operand_types, attrs):
-        return [operand_types[0].with_dtype(attrs["dtype"])]
+    def dtype(cls, types, attrs):
+        return attrs["dtype"]
+
+
+def expand(name: str, attrs, args: list, emit: Callable, const: Callable):
+    """Elementwise op `name` (any dialect prefix) as its declared composition, built by a
+    backend's own `emit(op, attrs, args)` and `const(value)`; None for an op without one,
+    which the backend lowers itself."""
+    fn = getattr(OPS.get("ember." + name.split(".", 1)[-1]), "expand", None)
+    return None if fn is None else fn(Scalars(emit, const), attrs, *args)
 
 
 class Reduce(OpDef):
@@ -237,9 +332,6 @@ class OneHot(OpDef):
         if t.dtype not in ("i64", "i32"):
             raise InferenceError(f"ember.one_hot needs integer labels, got {t}")
         return [TensorType(t.shape + (attrs["num_classes"],), attrs["dtype"])]
-
-
-declare("ember", Unary, "erf")
 
 
 def _float(op: str, t: TensorType) -> None:

@@ -37,18 +37,18 @@ from __future__ import annotations
 import math
 
 from ..opdef import (
-    DTYPE,
     I64_MAX,
+    OPS,
     SHAPE,
     InferenceError,
     OpDef,
-    declare,
     is_int,
+    ops_with,
     register,
     same_dtype,
 )
 from ..types import ScalarType, TensorType
-from .ember import CMP_PREDICATES
+from . import ember  # noqa: F401  (registers the ops whose twins this dialect derives)
 
 SCALAR = frozenset({"pure", "scalar_operands"})
 REDUCE_KINDS = ("add", "max", "min", "mul")
@@ -60,78 +60,21 @@ def _scalars(op: str, types) -> None:
             raise InferenceError(f"{op} takes scalars (f32, i64, ...), got {t}")
 
 
-class ScalarUnary(OpDef):
+class Twin(OpDef):
+    """`kernel.<name>`: elementwise `ember.<name>` on one element of each operand, so its
+    arity, attributes, dtype rule and meaning are the ember op's own (a subclass of it)."""
+
     traits = SCALAR
-    arity = (1, 1)
-    float_only = True
 
     @classmethod
     def infer(cls, operand_types, attrs):
         _scalars(cls.name, operand_types)
-        (t,) = operand_types
-        if cls.float_only and not t.is_float:
-            raise InferenceError(f"{cls.name} needs a float, got {t}")
-        return [t]
+        return [ScalarType(cls.dtype(operand_types, attrs))]
 
 
-class ScalarBinary(OpDef):
-    traits = SCALAR
-    arity = (2, 2)
-
-    @classmethod
-    def infer(cls, operand_types, attrs):
-        _scalars(cls.name, operand_types)
-        return [ScalarType(same_dtype(cls.name, operand_types))]
-
-
-declare("kernel", ScalarBinary, "add sub mul div max min pow", prefix="K")
-declare("kernel", ScalarUnary, "exp log sqrt rsqrt tanh sigmoid erf", prefix="K")
-declare("kernel", ScalarUnary, "neg relu abs", prefix="K", float_only=False)
-
-
-@register
-class KCmp(OpDef):
-    name = "kernel.cmp"
-    traits = SCALAR
-    arity = (2, 2)
-    attrs = {"predicate": str}
-
-    @classmethod
-    def infer(cls, operand_types, attrs):
-        _scalars(cls.name, operand_types)
-        if attrs["predicate"] not in CMP_PREDICATES:
-            raise InferenceError(f"kernel.cmp predicate {attrs['predicate']!r} is not one of "
-                                 f"{', '.join(CMP_PREDICATES)}")
-        same_dtype(cls.name, operand_types)
-        return [ScalarType("i1")]
-
-
-@register
-class KSelect(OpDef):
-    name = "kernel.select"
-    traits = SCALAR
-    arity = (3, 3)
-
-    @classmethod
-    def infer(cls, operand_types, attrs):
-        _scalars(cls.name, operand_types)
-        c, a, b = operand_types
-        if c.dtype != "i1":
-            raise InferenceError(f"kernel.select condition must be i1, got {c}")
-        return [ScalarType(same_dtype(cls.name, [a, b]))]
-
-
-@register
-class KCast(OpDef):
-    name = "kernel.cast"
-    traits = SCALAR
-    arity = (1, 1)
-    attrs = {"dtype": DTYPE}
-
-    @classmethod
-    def infer(cls, operand_types, attrs):
-        _scalars(cls.name, operand_types)
-        return [ScalarType(attrs["dtype"])]
+for _name in ops_with("elementwise", "ember"):
+    register(type("K" + OPS[_name].__name__, (Twin, OPS[_name]),
+                  {"name": "kernel." + _name.removeprefix("ember.")}))
 
 
 @register

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...ir import Builder, Operation, TensorType, Value
+from ...ir.dialects.ember import softplus_params
 from ..decompose import (
     CONV_ATTRS,
     GELU_A,
@@ -196,6 +197,16 @@ def _relu(b, g, x, out):
     return b.op("ember.select", b.op("ember.cmp", out, zero, predicate="gt"), g, zero)
 
 
+@unary("ember.softplus")
+def _softplus(b, g, x, out):
+    """g sigmoid(beta x), and g itself where beta x > threshold (the result is x there), as
+    PyTorch's softplus_backward."""
+    beta, threshold = softplus_params(out.op.attributes)
+    t = b.op("ember.mul", x, const(b, beta, x.type.dtype))
+    above = b.op("ember.cmp", t, const(b, threshold, x.type.dtype), predicate="gt")
+    return b.op("ember.select", above, g, b.op("ember.mul", g, b.op("ember.sigmoid", t)))
+
+
 @unary("ember.cast")
 def _cast(b, g, x, out):
     return b.op("ember.cast", g, dtype=x.type.dtype)
@@ -213,6 +224,11 @@ def _select(b, op, gs, needs):
 @rule("ember.cmp", "ember.one_hot", "ember.constant", "ember.param")
 def _no_gradient(b, op, gs, needs):
     return [None] * len(op.operands)
+
+
+# Ops left without a rule on purpose, and why: a gradient that must flow through one is an
+# AutodiffError naming it. tests/ir/test_registry.py holds every other op to having a rule.
+NO_RULE = {"ember.max_pool2d_grad": "second order through max pooling is not supported"}
 
 
 # --- reductions and shapes -------------------------------------------------------------

@@ -21,8 +21,8 @@ import pytest
 
 from ember.backends import cpu
 from ember.backends.cpu import cache, cost
-from ember.backends.cpu.jit import JitModule, host_cpu
-from ember.backends.cpu.threads import num_threads
+from ember.backends.cpu.host import host_cpu, num_threads
+from ember.backends.cpu.jit import JitModule
 from ember.backends.input_checks import InputCheckError
 from ember.ir import Builder, Graph, TensorType, verify
 

@@ -227,7 +227,7 @@ def test_narrow_gemm_with_transposed_a_runs_swapped(engine, m, n, k, epilogue, m
     """x^T w with w narrower than a vector (a classifier head's weight gradient): the GEMM
     computes (x^T w)^T = w^T x into scratch and the epilogue reads it transposed. Below
     two vectors of rows (m=31) it is not swapped."""
-    from ember.backends.cpu.gemm import host_isa
+    from ember.backends.cpu.host import host_isa
     from ember.backends.cpu.matmul import plan_matmul
 
     monkeypatch.setenv("EMBER_GEMM", engine)
@@ -263,10 +263,11 @@ def test_packed_threaded_gemm_with_edges(ta, tb, m, n, k, split, monkeypatch):
     g = graph([xs, ws, (n,)], fn)
     f = fuse(g)
     mm = next(op for op in f.ops if op.name == "kernel.matmul")
+    from ember.backends.cpu.host import host_isa
     from ember.backends.cpu.matmul import plan_matmul
 
-    pl = plan_matmul(mm, gemm.host_isa(), 2)
-    plan = gemm.plan_own(pl.problem, gemm.host_isa(), 2)
+    pl = plan_matmul(mm, host_isa(), 2)
+    plan = gemm.plan_own(pl.problem, host_isa(), 2)
     assert plan["pack_a"] and plan["pack_b"] and plan["threads"] == 2
     assert plan["split"] == split
     inputs = rand(xs, ws, (n,))
@@ -297,6 +298,7 @@ def test_direct_gemm_split_across_threads(tb, split, monkeypatch):
     """Unpacked A split by rows, or (B transposed, so packed) by column panels, each
     thread packing its own."""
     from ember.backends.cpu import gemm
+    from ember.backends.cpu.host import host_isa
     from ember.backends.cpu.matmul import plan_matmul
 
     monkeypatch.setenv("EMBER_GEMM", "own")
@@ -306,7 +308,7 @@ def test_direct_gemm_split_across_threads(tb, split, monkeypatch):
         "ember.matmul", x, b.op("ember.transpose", w, perm=[1, 0]) if tb else w)])
     f = fuse(g)
     mm = next(op for op in f.ops if op.name == "kernel.matmul")
-    plan = gemm.plan_own(plan_matmul(mm, gemm.host_isa(), 2).problem, gemm.host_isa(), 2)
+    plan = gemm.plan_own(plan_matmul(mm, host_isa(), 2).problem, host_isa(), 2)
     assert not plan["pack_a"] and plan["split"] == split and plan["threads"] == 2
     exe = cpu.Executable(f, 2, use_cache=False)
     assert "ember_parallel_for" in exe.llvm_ir  # the loop goes to the thread pool

@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 
 from ember.backends import cpu
-from ember.backends.cpu import blas
 from ember.backends.cpu import threads as cpu_threads
 from ember.ir import Builder, Graph, TensorType, verify
 from ember.passes import PassManager, parse_pipeline
@@ -105,14 +104,13 @@ def in_child(fn, hung: str, timeout: float = 30.0) -> None:
 
 
 @pytest.mark.skipif(not hasattr(os, "fork") or sys.platform != "linux", reason="needs fork")
-@pytest.mark.parametrize("engine", ["own", "blas"])
-def test_a_child_forked_during_a_call_on_another_thread_can_call(monkeypatch, engine):
-    """The child inherits the executable's lock (and, inside OpenBLAS, its GEMM's lock) as
-    the calling thread held it, and that thread does not exist in the child: the child's
-    first call must not wait for it."""
-    if engine == "blas" and blas.find() is None:
-        pytest.skip("no OpenBLAS")
-    monkeypatch.setenv("EMBER_GEMM", engine)
+def test_a_child_forked_during_a_call_on_another_thread_can_call(monkeypatch):
+    """The child inherits the executable's lock as the calling thread held it, and that
+    thread does not exist in the child: the child's first call must not wait for it.
+    (Own GEMM only: a fork while OpenBLAS computes on another thread can hang in the
+    parent, inside OpenBLAS's own pre-fork handler, 1 run in 6 here; nothing ember can
+    change.)"""
+    monkeypatch.setenv("EMBER_GEMM", "own")
     rng = np.random.default_rng(0)
     x, w = (rng.standard_normal((256, 256)).astype(np.float32) for _ in range(2))
     g = Graph("f", [TensorType((256, 256), "f32")] * 2)

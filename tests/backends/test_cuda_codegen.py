@@ -18,8 +18,9 @@ import ember as em
 from ember import nn, optim
 from ember.backends import cuda
 from ember.backends.cuda import launch as L
-from ember.backends.cuda.codegen import Gemm, Launch, lower
+from ember.backends.cuda.codegen import lower
 from ember.backends.cuda.kernels import reduce_shape, transpose_dims
+from ember.backends.cuda.program import Gemm, Launch
 from ember.frontend.trace import TensorSpec, trace_function
 from ember.ir import Builder, Graph, TensorType
 from ember.ir.parser import parse
@@ -183,7 +184,7 @@ def test_plan_folds_transposes_into_gemms_and_fuses_epilogues():
 def test_arena_never_overlaps_live_buffers(name, fused):
     """Results and scratch share one arena: two slots that some step both touches, or that
     are alive across a common step, never share a byte; and the sharing saves memory."""
-    from ember.backends.cuda.codegen import step_slots
+    from ember.backends.cuda.program import step_slots
 
     p = lower(train_step(name, fused))
     live = {}

@@ -14,6 +14,7 @@ import math
 
 import numpy as np
 import pytest
+from elementwise import BINARY, POSITIVE, UNARY, UNARY_INT
 
 from ember.backends import cuda, interpreter
 from ember.backends.cuda import emulate
@@ -53,7 +54,7 @@ def R(shape, dtype="f32", lo=-2.0, hi=2.0):
 
 
 for _dt in ("f32", "f64", "i32", "i64"):
-    for _op in "add sub mul div max min pow".split():
+    for _op in BINARY:
         lo, hi = (0.5, 2.0) if _op in ("pow", "div") else (-9, 9)
         if _op == "pow" and _dt in ("i32", "i64"):
             lo, hi = 0, 4
@@ -65,12 +66,12 @@ for _op in "add mul max min".split():
     case(f"{_op}_i1", [R((4, 5), "i1"), R((5,), "i1")],
          lambda b, x, y, _op=_op: [b.op(f"ember.{_op}", x, y)])
 for _dt in ("f32", "f64"):
-    for _op in "neg abs exp log sqrt rsqrt tanh sigmoid relu erf".split():
-        lo = 0.05 if _op in ("log", "sqrt", "rsqrt") else -4.0
+    for _op in UNARY:
+        lo = 0.05 if _op in POSITIVE else -4.0
         case(f"{_op}_{_dt}", [R((7, 9), _dt, lo, 4.0)], lambda b, x, _op=_op: [
             b.op(f"ember.{_op}", x)])
 for _dt in ("i32", "i64"):
-    for _op in "neg abs relu".split():
+    for _op in UNARY_INT:
         case(f"{_op}_{_dt}", [R((5, 7), _dt, -50, 50)], lambda b, x, _op=_op: [
             b.op(f"ember.{_op}", x)])
 for _dt in ("f32", "i64", "i1"):

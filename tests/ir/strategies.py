@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from elementwise import BINARY, UNARY
 from hypothesis import strategies as st
 
 from ember.ir import (
@@ -120,6 +121,15 @@ def _param(b: Builder, shape, path="fc.weight", pid="9199rs1gnooc6") -> Value:
                     result_types=[TensorType(shape, F32)]).result
 
 
+def _named(b: Builder, name: str, *shape: int) -> Value:
+    """A param of `shape` with `name` as its path and id, an operand of the op shown."""
+    return _param(b, shape, name, name)
+
+
+CONV = {"stride": [1, 1], "padding": [1, 1], "dilation": [1, 1], "groups": 1}
+POOL = {"kernel": [2, 2], "stride": [2, 2], "padding": [0, 0]}
+
+
 def _examples() -> dict[str, Any]:
     """name -> fn(builder, x: f32[2,3], labels: i64[2]) building that op."""
     ex: dict[str, Any] = {
@@ -141,10 +151,37 @@ def _examples() -> dict[str, Any]:
         "nn.softmax": lambda b, x, l: b.op("nn.softmax", x, axis=1),
         "nn.log_softmax": lambda b, x, l: b.op("nn.log_softmax", x, axis=-1),
         "nn.cross_entropy": lambda b, x, l: b.op("nn.cross_entropy", x, l),
+        "nn.layer_norm": lambda b, x, l: b.op("nn.layer_norm", x, axes=[1], eps=1e-5),
+        "nn.gelu": lambda b, x, l: b.op("nn.gelu", x, approximate="none"),
+        "nn.batch_norm": lambda b, x, l: b.create("nn.batch_norm", [x] + [
+            _named(b, n, 3) for n in ("bn.gamma", "bn.beta", "bn.mean", "bn.var")],
+            {"eps": 1e-5, "momentum": 0.1, "training": True}).results[0],
+        "ember.dropout": lambda b, x, l: b.op("ember.dropout", x, b.op(
+            "ember.constant", value=np.array(3, np.int64)), p=0.5, seed=1, key=2),
+        "ember.scatter_add": lambda b, x, l: b.op("ember.scatter_add", l, x, shape=[4, 3]),
+        "ember.conv2d": lambda b, x, l: b.op("ember.conv2d", _named(b, "x", 1, 2, 5, 5),
+                                             _named(b, "w", 4, 2, 3, 3), **CONV),
+        "nn.conv2d": lambda b, x, l: b.op("nn.conv2d", _named(b, "x", 1, 2, 5, 5),
+                                          _named(b, "w", 4, 2, 3, 3), _named(b, "b", 4), **CONV),
+        "ember.conv2d_grad_input": lambda b, x, l: b.op(
+            "ember.conv2d_grad_input", _named(b, "g", 1, 4, 5, 5), _named(b, "w", 4, 2, 3, 3),
+            input_shape=[1, 2, 5, 5], **CONV),
+        "ember.conv2d_grad_weight": lambda b, x, l: b.op(
+            "ember.conv2d_grad_weight", _named(b, "x", 1, 2, 5, 5), _named(b, "g", 1, 4, 5, 5),
+            weight_shape=[4, 2, 3, 3], **CONV),
+        "ember.max_pool2d_grad": lambda b, x, l: b.op(
+            "ember.max_pool2d_grad", _named(b, "x", 1, 2, 4, 4), _named(b, "g", 1, 2, 2, 2),
+            **POOL),
+        "ember.avg_pool2d_grad": lambda b, x, l: b.op(
+            "ember.avg_pool2d_grad", _named(b, "g", 1, 2, 2, 2), input_shape=[1, 2, 4, 4],
+            **POOL),
     }
-    for n in "add sub mul div max min pow".split():
+    for n in ("max_pool2d", "avg_pool2d"):
+        ex[f"ember.{n}"] = lambda b, x, l, n=n: b.op(f"ember.{n}", _named(b, "x", 1, 2, 4, 4),
+                                                    **POOL)
+    for n in BINARY:
         ex[f"ember.{n}"] = lambda b, x, l, n=n: b.op(f"ember.{n}", x, x)
-    for n in "exp log sqrt rsqrt tanh sigmoid neg relu abs".split():
+    for n in UNARY:
         ex[f"ember.{n}"] = lambda b, x, l, n=n: b.op(f"ember.{n}", x)
     for n in "reduce_sum reduce_mean reduce_max".split():
         ex[f"ember.{n}"] = lambda b, x, l, n=n: b.op(f"ember.{n}", x, axes=[1], keepdims=False)
@@ -292,13 +329,13 @@ def _region_op(rng, b, pool):
 def _binary(rng, b, pool):
     x = _pick(rng, pool, lambda t: t.dtype != "i1")
     y = _pick(rng, pool, lambda t: x and t.dtype == x.type.dtype) if x else None
-    name = rng.choice("add sub mul div max min pow".split())
+    name = rng.choice(BINARY)
     return [b.op(f"ember.{name}", x, y if rng.random() < 0.7 else x)] if x else []
 
 
 def _unary(rng, b, pool):
     x = _pick(rng, pool, _floats)
-    name = rng.choice("exp log sqrt rsqrt tanh sigmoid neg relu abs".split())
+    name = rng.choice(UNARY)
     return [b.op(f"ember.{name}", x)] if x else []
 
 

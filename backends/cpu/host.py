@@ -1,0 +1,63 @@
+"""The machine the generated code runs on: CPU name and features, vector unit, threads.
+
+A leaf, so that everything that tunes code for the host (the GEMM, the cost table, the
+JIT's target machine, the compile cache's key) asks one place and imports nothing else.
+`EMBER_NUM_THREADS` overrides the thread count (default: the CPUs this process may use).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+
+import llvmlite.binding as llvm
+
+
+@functools.cache
+def host_cpu() -> str:
+    llvm.initialize_native_target()
+    return llvm.get_host_cpu_name()
+
+
+@functools.cache
+def host_features() -> str:
+    llvm.initialize_native_target()
+    return llvm.get_host_cpu_features().flatten()
+
+
+@dataclass(frozen=True)
+class Isa:
+    """The host's vector unit: register width in bits and register count."""
+
+    bits: int
+    regs: int
+
+    def lanes(self, dtype: str) -> int:
+        return self.bits // (32 if dtype == "f32" else 64)
+
+
+@functools.cache
+def host_isa() -> Isa:
+    llvm.initialize_native_target()
+    feats = llvm.get_host_cpu_features()
+    triple = llvm.get_process_triple()
+    if feats.get("avx512f"):
+        return Isa(512, 32)
+    if feats.get("avx2") or feats.get("avx"):
+        return Isa(256, 16)
+    return Isa(128, 32 if triple.startswith(("aarch64", "arm64")) else 16)
+
+
+def num_threads() -> int:
+    env = os.environ.get("EMBER_NUM_THREADS")
+    if env:
+        try:
+            return max(1, int(env))
+        except ValueError:
+            raise ValueError(f"EMBER_NUM_THREADS must be a positive integer, got {env!r}") \
+                from None
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)

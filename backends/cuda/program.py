@@ -1,0 +1,160 @@
+"""What the cuda backend lowers a graph to: a `Program` of buffer slots, steps (kernel
+launches, cuBLAS GEMMs, memsets) and one CUDA C source with a line -> op map; and the
+arena plan that places its results and scratch.
+
+Each graph value that needs memory gets a slot: graph inputs and params (bound per
+call), constants (uploaded once), op results and scratch (im2col columns, reduction
+partials, GEMM accumulators). Results and scratch live in ONE arena allocated once: each
+slot lives from the first step that touches it to the last, and slots whose lifetimes do
+not overlap share bytes (greedy, largest first). Results the graph returns are allocated
+fresh per call (the caller keeps them).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ...ir import TensorType
+from . import launch as L
+
+
+@dataclass
+class Slot:
+    """kind: "arg" (key: input index), "param" (key: param id), "const" (value), "temp" (an
+    op result) or "scratch" (an op's working memory). Temps and scratch sit at byte
+    `offset` of the arena, except temps the graph returns (`offset` None: fresh per call)."""
+
+    kind: str
+    type: TensorType
+    key: int | str | None = None
+    path: str = ""
+    value: np.ndarray | None = None
+    offset: int | None = None
+
+
+@dataclass(frozen=True)
+class View:
+    """Elements of a slot read through element `strides` over `shape` (a GEMM operand)."""
+
+    slot: int
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+
+
+@dataclass
+class Launch:
+    kernel: str
+    config: L.LaunchConfig
+    args: list[int]  # one slot per kernel parameter, in order
+    op: int          # index into Program.ops
+
+
+@dataclass
+class Gemm:
+    """out = a @ b through cuBLAS (numpy matmul broadcasting over batch dims)."""
+
+    out: View
+    a: View
+    b: View
+    op: int
+
+
+@dataclass
+class Memset:
+    slot: int
+    op: int
+
+
+@dataclass(frozen=True)
+class KernelInfo:
+    name: str
+    first_line: int  # 1-based, inclusive, in Program.source
+    last_line: int
+    op: int
+
+
+@dataclass
+class Program:
+    name: str
+    slots: list[Slot] = field(default_factory=list)
+    steps: list = field(default_factory=list)
+    outputs: list[tuple[int, TensorType]] = field(default_factory=list)
+    ops: list[str] = field(default_factory=list)
+    kernels: list[KernelInfo] = field(default_factory=list)
+    source: str = ""
+    arena_bytes: int = 0
+
+    def memory_report(self) -> dict[str, int]:
+        """Device bytes by class: the arena (results and scratch), constants, and per call
+        the inputs, params and returned results."""
+        def total(*kinds, fresh=None):
+            return sum(s.type.nbytes for s in self.slots if s.kind in kinds
+                       and (fresh is None or (s.offset is None) == fresh))
+        return {"arena_bytes": self.arena_bytes, "constants": total("const"),
+                "inputs": total("arg"), "params": total("param"),
+                "outputs": total("temp", fresh=True)}
+
+    def locate(self, line: int) -> KernelInfo | None:
+        return next((k for k in self.kernels if k.first_line <= line <= k.last_line), None)
+
+    def explain(self, log: str) -> str:
+        """A compiler log (NVRTC's or nvcc's `file(LINE): error: ...`) as a message that
+        shows the failing source line and the IR op it was generated for."""
+        lines = self.source.splitlines()
+        errors = [(int(m.group(1)), m.group(0).split(": ", 1)[-1].strip())
+                  for m in re.finditer(r"\((\d+)\): (?:catastrophic )?error[^\n]*", log)]
+        if not errors:
+            return f"CUDA compile of @{self.name} failed:\n{log.strip()}"
+        out = [f"CUDA compile of @{self.name} failed ({len(errors)} error"
+               f"{'s' if len(errors) > 1 else ''}):"]
+        named = set()
+        for line, msg in errors[:6]:
+            text = lines[line - 1].strip() if 0 < line <= len(lines) else "?"
+            k = self.locate(line)
+            out += [f"  line {line}: {msg}", f"    {line} | {text}"]
+            if k is not None and k.name not in named:
+                named.add(k.name)
+                out.append(f"  in kernel {k.name}, generated for op: {self.ops[k.op]}")
+        return "\n".join(out)
+
+
+# -- the arena plan ----------------------------------------------------------------------------
+
+def step_slots(step) -> list[int]:
+    """The slots a step reads or writes."""
+    if isinstance(step, Launch):
+        return list(step.args)
+    if isinstance(step, Gemm):
+        return [step.out.slot, step.a.slot, step.b.slot]
+    return [step.slot]
+
+
+def plan_arena(p: Program) -> None:
+    """Offsets in one arena for every temp and scratch slot but the returned ones: a slot
+    lives from the first step that touches it to the last; slots alive at a common step
+    never share a byte. Largest first, each at the lowest offset that fits."""
+    returned = {i for i, _ in p.outputs}
+    live: dict[int, list[int]] = {}
+    for k, step in enumerate(p.steps):
+        for i in step_slots(step):
+            if p.slots[i].kind in ("temp", "scratch") and i not in returned:
+                live.setdefault(i, [k, k])[1] = k
+    for i, s in enumerate(p.slots):  # a result no step touches still gets bytes
+        if s.kind in ("temp", "scratch") and i not in returned and i not in live:
+            live[i] = [0, len(p.steps)]
+    placed: list[tuple[int, int, int, int]] = []  # (offset, end, first, last)
+    for i in sorted(live, key=lambda i: (-p.slots[i].type.nbytes, i)):
+        first, last = live[i]
+        size = L.round_up(max(p.slots[i].type.nbytes, 1))
+        offset = 0
+        for lo, hi, *_ in sorted(b for b in placed if b[2] <= last and first <= b[3]):
+            if offset + size <= lo:
+                break
+            offset = max(offset, hi)
+        p.slots[i].offset = offset
+        placed.append((offset, offset + size, first, last))
+    p.arena_bytes = max((b[1] for b in placed), default=0)
+

@@ -1,0 +1,82 @@
+"""The op registry is complete: every op has a reference in the interpreter, a gradient rule
+(or its reason for none in `rules.NO_RULE`) and a lowering on cpu and on cuda, and every
+elementwise op fuses through its kernel twin. An op missing one fails here, by name, never
+as a silent slow path. How to add an op: CONTRIBUTING.md."""
+
+import pytest
+from strategies import op_graph
+
+from ember.backends import cpu, cuda
+from ember.backends.interpreter import FUSED, KERNELS
+from ember.ir import OPS, Builder, Graph, InferenceError, TensorType, verify
+from ember.ir.dialects.kernel import body
+from ember.ir.opdef import ops_with
+from ember.passes.autodiff.rules import NO_RULE, RULES
+from ember.passes.decompose import Decompose
+from ember.passes.fuse import Fuse
+
+OURS = [n for n in OPS if n.split(".")[0] in ("ember", "nn")]  # what a traced graph holds
+ELEMENTWISE = ops_with("elementwise", "ember")
+# what the interpreter runs without a table entry: graph structure, and the scalar ops
+# its fused-body evaluator handles itself (the others are their ember twin's reference)
+OWN = {"ember.param", "func.return", "kernel.constant", "kernel.index", "kernel.dropout",
+       "kernel.reduce", "kernel.yield"}
+EXAMPLE_ATTRS = {"ember.cmp": {"predicate": "lt"}, "ember.cast": {"dtype": "f64"}}
+
+
+def lowered(graph: Graph) -> Graph:
+    """`graph` through both backends, per op and then fused; the fused graph."""
+    for g in (graph, fused := verify(Fuse().apply(graph))):
+        cpu.emit_llvm(g)
+        cuda.emit_cuda(g)
+    return fused
+
+
+@pytest.mark.parametrize("name", OPS)
+def test_every_op_has_a_reference(name):
+    twin = "ember." + name.removeprefix("kernel.")
+    assert name in KERNELS or name in FUSED or name in OWN or (
+        name.startswith("kernel.") and twin in KERNELS and issubclass(OPS[name], OPS[twin]))
+
+
+@pytest.mark.parametrize("name", OURS)
+def test_every_op_has_a_gradient_rule_or_a_reason(name):
+    """(kernel.* ops are never differentiated: autodiff runs before fuse.)"""
+    assert (name in RULES) != (name in NO_RULE), \
+        "a rule in passes/autodiff/rules.py, or else its reason in NO_RULE (never both)"
+
+
+def example(name: str) -> Graph:
+    """A graph of op `name`; nn.* ops as `decompose` (run by every pipeline) lowers them."""
+    return verify(Decompose().apply(verify(op_graph(name))))
+
+
+@pytest.mark.parametrize("name", OURS)
+def test_every_op_is_lowered_by_cpu_and_cuda(name):
+    lowered(example(name))
+
+
+def test_fused_examples_reach_every_kernel_op():
+    """So the lowering test above covers the kernel dialect too."""
+    seen = set()
+    for name in OURS:
+        for op in lowered(example(name)).ops:
+            seen |= {op.name} | {s.name for s in (body(op) if op.regions else [])}
+    assert not {n for n in OPS if n.startswith("kernel.")} - seen
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f64", "i32", "i64"])
+@pytest.mark.parametrize("name", ELEMENTWISE)
+def test_elementwise_op_fuses_and_lowers_on_every_dtype_it_takes(name, dtype):
+    """(i1: numpy's partial bool arithmetic, tested by each backend's own tests.)"""
+    d = OPS[name]
+    g = Graph("f", [TensorType((2, 5), "i1" if name == "ember.select" and k == 0 else dtype)
+                    for k in range(d.arity[0])])
+    b = Builder(g.body)
+    try:
+        out = b.op(name, *g.args, **EXAMPLE_ATTRS.get(name, {}))
+    except InferenceError:
+        pytest.skip(f"{name} does not take {dtype}")
+    b.create("func.return", [out])
+    (kernel, _) = lowered(g).ops
+    assert "kernel." + name.removeprefix("ember.") in [s.name for s in body(kernel)]
