@@ -3,13 +3,13 @@
 from . import (  # noqa: F401
     autodiff,
     canonicalize,
-    checkpoint,
     cse,
     dce,
     decompose,
     fuse,
     memory,
     optimizer,
+    recompute,
 )
 from .manager import PASSES, Pass, PassManager, PipelineError, parse_pipeline, register_pass
 

@@ -11,8 +11,8 @@ from ck_nets import mixed, mlp
 from ember.backends import interpreter
 from ember.ir import verify
 from ember.passes import PassManager, PipelineError, parse_pipeline
-from ember.passes.checkpoint import STRATEGIES, Checkpoint
 from ember.passes.memory import plan_memory
+from ember.passes.recompute import STRATEGIES, Checkpoint
 
 ORDER = ("none", "balanced", "min-cut", "all")
 
