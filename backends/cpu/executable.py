@@ -260,7 +260,7 @@ def _unlock_in_child() -> None:
     buffers are the child's own copies, so a new lock is all it needs). A call that was
     in flight may also have been inside OpenBLAS, whose threaded GEMM holds a lock of its
     own that nothing re-creates: then the child's BLAS runs on one thread, as its parallel
-    loops do (pool.py)."""
+    loops do (threadpool.py)."""
     in_flight = False
     for exe in _live:
         in_flight |= exe._lock.locked()

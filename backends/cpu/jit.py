@@ -26,7 +26,7 @@ import llvmlite.binding as llvm
 from llvmlite import ir
 
 from ..errors import KernelCompileError
-from . import blas, pool, vmath
+from . import blas, threadpool, vmath
 from .host import host_cpu, host_features, host_isa, num_threads
 
 
@@ -81,7 +81,7 @@ def _dump_dir(dump_dir: str | None) -> Path | None:
 
 
 _pool_lock = threading.Lock()
-_pool = None  # the JitModule holding the thread pool's code (pool.py), alive for the process
+_pool = None  # the JitModule holding the thread pool's code (threadpool.py), alive for the process
 
 
 def _unlock_in_child() -> None:
@@ -101,8 +101,8 @@ def load_pool() -> None:
     with _pool_lock:
         if _pool is not None:
             return
-        jm = JitModule(pool.build(num_threads() - 1), name="ember_pool", needs_pool=False)
-        llvm.add_symbol(pool.SYMBOL, jm.engine.get_function_address(pool.SYMBOL))
+        jm = JitModule(threadpool.build(num_threads() - 1), name="ember_pool", needs_pool=False)
+        llvm.add_symbol(threadpool.SYMBOL, jm.engine.get_function_address(threadpool.SYMBOL))
         _pool = jm
 
 
