@@ -13,7 +13,7 @@ import numpy as np
 from ...ir import Graph, Operation, numpy_dtype, verify
 from ..errors import UnsupportedOpError
 from .fused import FUSED
-from .kernels import KERNELS
+from .reference import KERNELS
 
 
 def evaluate(op: Operation, args: list[np.ndarray], params: Mapping[str, np.ndarray]) -> list:

@@ -14,7 +14,7 @@ from numpy.lib.stride_tricks import as_strided
 
 from ...ir import Operation, numpy_dtype
 from . import rng
-from .kernels import KERNELS
+from .reference import KERNELS
 
 _REDUCE = {"add": np.sum, "max": np.max, "min": np.min, "mul": np.prod}
 

@@ -192,7 +192,7 @@ def test_decompose_cross_entropy():
 def test_folding_and_the_interpreter_share_one_definition():
     """Folding evaluates ops with ir.semantics, the very functions the interpreter runs, so
     a folded constant never differs from what a backend tested against it computes."""
-    from ember.backends.interpreter.kernels import KERNELS
+    from ember.backends.interpreter.reference import KERNELS
     from ember.passes.fold import FOLDERS, fold
 
     assert FOLDERS and all(KERNELS[name] is fn for name, fn in FOLDERS.items())

@@ -5,7 +5,7 @@ import pytest
 
 import ember as em
 from ember import nn, optim
-from ember.backends.interpreter import kernels
+from ember.backends.interpreter import reference
 from ember.runtime.data import digits
 from ember.runtime.debug import AnomalyError, ExecutionError
 
@@ -55,7 +55,7 @@ def test_an_error_inside_a_step_names_the_op_and_the_forward_line(data, monkeypa
     def broken(attrs, x):
         raise FloatingPointError("kernel exploded")
 
-    monkeypatch.setitem(kernels.KERNELS, "ember.relu", broken)
+    monkeypatch.setitem(reference.KERNELS, "ember.relu", broken)
     with pytest.raises(ExecutionError) as e:
         step(data.x_train[:8], data.y_train[:8])
     msg = str(e.value)
