@@ -23,10 +23,10 @@ from ..errors import CodegenError, UnsupportedOpError
 from ..strides import broadcast_strides, contiguous_strides
 from . import launch as L
 from .fused import Body, epilogue_kernel, fused_kernel
-from .kernels import Kernel, Operand, map_kernel, out_operands, reduce_kernels, transpose_kernel
 from .program import Gemm, KernelInfo, Launch, Program, Slot, View, plan_arena
 from .scalar import CTYPE, ELEMENTWISE, PRELUDE, expr
 from .spatial import LOWERINGS
+from .templates import Kernel, Operand, map_kernel, out_operands, reduce_kernels, transpose_kernel
 
 
 class CudaCompileError(CodegenError):

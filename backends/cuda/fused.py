@@ -22,7 +22,8 @@ from ...ir.dialects.kernel import varying
 from ..errors import UnsupportedOpError
 from ..strides import collapse
 from . import launch as L
-from .kernels import (
+from .scalar import ITEMSIZE, cast, combine, ctype, dropout, expr, literal
+from .templates import (
     Kernel,
     Operand,
     block_reduce,
@@ -33,7 +34,6 @@ from .kernels import (
     reduce_acc,
     signature,
 )
-from .scalar import ITEMSIZE, cast, combine, ctype, dropout, expr, literal
 
 
 class Body:

@@ -1,6 +1,6 @@
 """CUDA C for one element of every elementwise op, matching numpy's semantics.
 
-Kernels (`kernels.py`) own the loops and the indexing; this file owns what happens to one
+Kernel templates (`templates.py`) own the loops and the indexing; this file owns what happens to one
 element, so per-op kernels and fused kernels emit exactly the same expressions. The
 numerics follow the CPU backend's `scalar.py`: NaN-propagating max/min, integer true
 division truncated back, float-to-int casts that give INT_MIN for NaN and out-of-range

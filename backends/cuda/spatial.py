@@ -16,9 +16,9 @@ from ..errors import UnsupportedOpError
 from ..strides import contiguous_strides
 from . import conv as C
 from . import launch as L
-from .kernels import Extra, Operand, coordinate, map_kernel, out_operands, transpose_kernel
 from .program import Memset, View
 from .scalar import ctype, dropout, literal
+from .templates import Extra, Operand, coordinate, map_kernel, out_operands, transpose_kernel
 
 
 def _one_hot(lw, op: Operation) -> None:

@@ -19,8 +19,8 @@ from ember import nn, optim
 from ember.backends import cuda
 from ember.backends.cuda import launch as L
 from ember.backends.cuda.codegen import lower
-from ember.backends.cuda.kernels import reduce_shape, transpose_dims
 from ember.backends.cuda.program import Gemm, Launch
+from ember.backends.cuda.templates import reduce_shape, transpose_dims
 from ember.frontend.trace import TensorSpec, trace_function
 from ember.ir import Builder, Graph, TensorType
 from ember.ir.parser import parse
