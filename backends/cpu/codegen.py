@@ -28,10 +28,10 @@ from .checks import emit_checks
 from .dropout import emit_dropout
 from .fused import emit_fused
 from .host import Isa, host_isa, num_threads
-from .kernels import KERNELS, emit_kernel
 from .matmul import as_kernel, emit_matmul, scratch_bytes
 from .scalar import PTR, REG, i64
 from .spatial import conv_scratch, emit_conv, emit_gather_scatter, emit_pool, status
+from .unfused import KERNELS, emit_kernel
 
 ENTRY = "ember_entry"
 PROFILED = "ember_entry_profiled"  # (buffers, i64* ticks): the cycle counter after each kernel

@@ -1,7 +1,7 @@
 """Scalar LLVM IR for one element of every core op, matching numpy's semantics.
 
-Kernels (`kernels.py`) own the loops; this file owns what happens to one element, so
-the numerics of each op (NaN propagation, integer division, casts) live in one place.
+The kernels (`unfused.py`, `fused.py`) own the loops; this file owns what happens to one
+element, so the numerics of each op (NaN propagation, integer division, casts) live in one place.
 i1 lives in registers as LLVM `i1` and in memory as one byte (numpy bool).
 """
 
