@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from ck_nets import mixed, mlp
+from model_graphs import mixed, mlp
 
 from ember.backends import interpreter
 from ember.ir import verify

@@ -5,7 +5,7 @@ none >= balanced >= all and no larger than the unfused ones."""
 
 from __future__ import annotations
 
-from ck_nets import mixed
+from model_graphs import mixed
 
 from ember.ir import verify
 from ember.passes import PassManager, parse_pipeline

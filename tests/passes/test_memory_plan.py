@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from ck_nets import mixed, mlp
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from model_graphs import mixed, mlp
 
 from ember.backends import interpreter
 from ember.backends.interpreter import evaluate

@@ -1,4 +1,4 @@
-"""Issue 3's "Must show": the visitor experiment, BatchNorm counts, init bounds,
+"""Module trees as users meet them: the visitor experiment, BatchNorm counts, init bounds,
 reproducibility, the freeze table with Dropout, repr, and invalid configurations."""
 
 import math
