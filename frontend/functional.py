@@ -16,7 +16,7 @@ from . import context
 from .config import number
 from .config import pair as _pair
 from .param import Param
-from .tensor import Tensor, _axes
+from .tensor import Tensor, axes_list
 
 
 def _t(x) -> Tensor:
@@ -24,7 +24,7 @@ def _t(x) -> Tensor:
 
 
 def _axis(axis: int, x: Tensor) -> int:
-    return _axes((axis,), x.ndim)[0]
+    return axes_list((axis,), x.ndim)[0]
 
 
 def relu(x) -> Tensor:
@@ -206,7 +206,7 @@ def adaptive_avg_pool2d(x, output_size) -> Tensor:
 
 def flatten(x, start_dim: int = 1, end_dim: int = -1) -> Tensor:
     x = _t(x)
-    a, b = _axes((start_dim, end_dim), x.ndim)
+    a, b = axes_list((start_dim, end_dim), x.ndim)
     if not 0 <= a <= b < x.ndim:
         raise x.trace.error(f"flatten: dims {start_dim}..{end_dim} do not fit {list(x.shape)}")
     return x.reshape(*x.shape[:a], math.prod(x.shape[a:b + 1]), *x.shape[b + 1:])

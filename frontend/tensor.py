@@ -12,7 +12,7 @@ import math
 from ..ir import DTYPES, Value, dtype_of
 
 
-def _axes(axis, ndim: int) -> list[int]:
+def axes_list(axis, ndim: int) -> list[int]:
     """`axis` (None = all, int, or tuple) as a list, negative axes made positive when valid."""
     axes = range(ndim) if axis is None else (axis,) if isinstance(axis, int) else axis
     return [a % ndim if -ndim <= a < ndim else a for a in axes]
@@ -72,7 +72,7 @@ class Tensor:
     def tanh(self): return self.trace.op("ember.tanh", self)
 
     def _reduce(self, name: str, axis, keepdims: bool) -> Tensor:
-        return self.trace.op(name, self, axes=_axes(axis, self.ndim), keepdims=bool(keepdims))
+        return self.trace.op(name, self, axes=axes_list(axis, self.ndim), keepdims=bool(keepdims))
 
     def sum(self, axis=None, keepdims=False):
         return self._reduce("ember.reduce_sum", axis, keepdims)
@@ -83,7 +83,7 @@ class Tensor:
     def max(self, axis=None, keepdims=False):
         """Over an empty axis there is no max: rejected (as torch and numpy do) rather than
         left to backends that would disagree (-inf on cpu, an error on the interpreter)."""
-        empty = [a for a in _axes(axis, self.ndim) if 0 <= a < self.ndim and not self.shape[a]]
+        empty = [a for a in axes_list(axis, self.ndim) if 0 <= a < self.ndim and not self.shape[a]]
         if empty:
             raise self.trace.error(f"max: axis {empty[0]} of {list(self.shape)} is empty")
         return self._reduce("ember.reduce_max", axis, keepdims)

@@ -207,7 +207,7 @@ class KernelOp(OpDef):
     @classmethod
     def infer(cls, operand_types, attrs):
         space, maps, outs = attrs["space"], attrs["maps"], attrs["out_types"]
-        if space_size(space) > I64_MAX:
+        if math.prod(space) > I64_MAX:
             raise InferenceError(f"{cls.name}: space {space} has more points than int64 counts")
         if len(maps) != len(operand_types):
             raise InferenceError(f"{cls.name}: {len(operand_types)} operands but {len(maps)} "
@@ -352,7 +352,3 @@ def check_kernel(op) -> None:
         if bad:
             raise InferenceError(f"{name}: result {k} varies along space dim {bad[0]} but its "
                                  "out map has stride 0 there")
-
-
-def space_size(space) -> int:
-    return math.prod(space)
