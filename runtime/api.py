@@ -35,10 +35,14 @@ def compile(model: Module, *specs, backend: str = "cpu",  # noqa: A001  (em.comp
 
 
 def compile_grad(model: Module, loss_fn: Callable, backend: str = "cpu",
+                 checkpoint: str = "none", memory_budget: int | None = None,
                  linear: str = "split", detect_anomaly: bool = False) -> GradFunction:
-    """`fn(x, y)` returning em.GradientsParams of `loss_fn(model(x), y)`; compiles on first call."""
-    return GradFunction(model, loss_fn, backend=backend, linear=linear,
-                        detect_anomaly=detect_anomaly)
+    """`fn(x, y)` returning em.GradientsParams of `loss_fn(model(x), y)`; compiles on first
+    call. `checkpoint` and `memory_budget` as for `compile_train_step` (the budget is the
+    planned peak of the gradient graph)."""
+    checkpoint = _strategy(checkpoint, memory_budget)
+    return GradFunction(model, loss_fn, backend=backend, linear=linear, checkpoint=checkpoint,
+                        memory_budget=memory_budget, detect_anomaly=detect_anomaly)
 
 
 def compile_train_step(model: Module, loss_fn: Callable, optimizer: Optimizer,
@@ -55,6 +59,14 @@ def compile_train_step(model: Module, loss_fn: Callable, optimizer: Optimizer,
     `detect_anomaly`: check every result for NaN/Inf and, if found, name the first op that
     produced it (slow: for debugging).
     """
+    checkpoint = _strategy(checkpoint, memory_budget)
+    return TrainStep(model, loss_fn, optimizer, backend=backend, linear=linear,
+                     checkpoint=checkpoint, memory_budget=memory_budget,
+                     detect_anomaly=detect_anomaly)
+
+
+def _strategy(checkpoint: str, memory_budget: int | None) -> str:
+    """The checkpoint strategy to run: checked, and "min-cut" when only a budget is given."""
     available = checkpoint_strategies()
     if memory_budget is not None:
         if memory_budget <= 0:
@@ -64,6 +76,4 @@ def compile_train_step(model: Module, loss_fn: Callable, optimizer: Optimizer,
     if checkpoint not in available:
         raise ValueError(f"checkpoint strategy {checkpoint!r} is not available in this version; "
                          f"choose one of {', '.join(available)}")
-    return TrainStep(model, loss_fn, optimizer, backend=backend, linear=linear,
-                     checkpoint=checkpoint, memory_budget=memory_budget,
-                     detect_anomaly=detect_anomaly)
+    return checkpoint

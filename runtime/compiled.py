@@ -17,6 +17,7 @@ import math
 import os
 import sys
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -108,10 +109,17 @@ def _label_of(op: Operation) -> tuple | None:
 
 
 class Compiled:
-    """Shared machinery: specs → trace → pipeline → backend, cached by key."""
+    """Shared machinery: specs → trace → pipeline → backend, cached by key.
+
+    The cache keeps the `cache_size` most recently used compiled graphs (one per input
+    shapes, flags and optimizer settings; settable per object, as torch.compile's
+    `cache_size_limit`): a run over many batch sizes holds a few executables, not one per
+    size. An evicted graph, or every graph of a deleted object, frees its native code and
+    buffers."""
 
     kind = "forward"
     training = False  # traced as a training trace (dropout active, buffers updated)
+    cache_size = 8
 
     def __init__(self, model: Module, backend: str, linear: str = "split",
                  detect_anomaly: bool = False):
@@ -121,7 +129,7 @@ class Compiled:
         self.rng_step = 0  # fed to the graph's `ember.rng` argument; counts runs
         # device backends: pid -> (the host array a Param holds, its copy on the device)
         self._on_device: dict[str, tuple] | None = {} if backend in DEVICE_BACKENDS else None
-        self._cache: dict[tuple, Entry] = {}
+        self._cache: OrderedDict[tuple, Entry] = OrderedDict()  # least recently used first
         self._last: Entry | None = None
         self.param_table = ParamTable(model)
 
@@ -140,7 +148,9 @@ class Compiled:
         table = self.param_table() if table is None else table
         key = (tuple(map(_shape_and_dtype, inputs)), state_key(table), self.key_extra())
         entry = self._cache.get(key)
-        if entry is None:
+        if entry is not None:
+            self._cache.move_to_end(key)
+        else:
             self.check_new_inputs(inputs)
             specs = tuple(TensorSpec.of(x) for x in inputs)
             if self._last is not None:
@@ -151,6 +161,8 @@ class Compiled:
                 print(f"ember: recompiling {self.kind} ({why})", file=sys.stderr)
             entry = self._compile(specs)
             self._cache[key] = entry
+            while len(self._cache) > max(1, self.cache_size):
+                self._cache.popitem(last=False)
         self._last = entry
         return entry
 
@@ -398,11 +410,13 @@ class GradFunction(_Training):
     kind = "grad"
 
     def __init__(self, model: Module, loss_fn: Callable, backend: str = "cpu",
-                 linear: str = "split", detect_anomaly: bool = False):
+                 linear: str = "split", checkpoint: str = "none",
+                 memory_budget: int | None = None, detect_anomaly: bool = False):
         super().__init__(model, loss_fn, backend, linear, detect_anomaly)
+        self.checkpoint, self.memory_budget = checkpoint, memory_budget
 
     def pipeline(self):
-        return grad_pipeline(self.linear)
+        return grad_pipeline(self.linear, self.checkpoint, self.memory_budget)
 
     def __call__(self, *inputs: np.ndarray) -> GradientsParams:
         entry, table, outs = self.execute(inputs)

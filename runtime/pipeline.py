@@ -17,8 +17,10 @@ def inference_pipeline(linear: str = "split") -> list[str]:
     return [f"decompose{{linear={linear}}}", *SIMPLIFY, "fuse"]
 
 
-def grad_pipeline(linear: str = "split") -> list[str]:
-    return [f"decompose{{linear={linear}}}", "autodiff", *SIMPLIFY, "fuse"]
+def grad_pipeline(linear: str = "split", checkpoint: str = "none",
+                  memory_budget: int | None = None) -> list[str]:
+    return [f"decompose{{linear={linear}}}", "autodiff",
+            *checkpoint_spec(checkpoint, memory_budget), *SIMPLIFY, "fuse"]
 
 
 def checkpoint_spec(strategy: str = "none", memory_budget: int | None = None) -> list[str]:

@@ -1,0 +1,95 @@
+"""Compiled functions over their life: compile_grad under every checkpoint strategy gives
+the gradients of "none" ("all" with a smaller plan); the per-shape cache is bounded (least recently
+used goes first) and what leaves it, or a deleted function, frees its executables."""
+
+import gc
+
+import numpy as np
+import pytest
+
+import ember as em
+from ember import nn
+from ember.backends.cpu import Executable
+from ember.passes.memory import plan_memory
+
+
+class Deep(nn.Module):
+    def __init__(self, width=64, depth=4):
+        super().__init__()
+        self.layers = [nn.Linear(width, width) for _ in range(depth)]
+        self.head = nn.Linear(width, 10)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = nn.functional.tanh(layer(x))
+        return self.head(x)
+
+
+def batch(n):
+    rng = np.random.default_rng(n)
+    return rng.standard_normal((n, 64)).astype(np.float32), rng.integers(0, 10, n)
+
+
+@pytest.mark.parametrize("backend", ["interpreter", "cpu"])
+def test_compile_grad_checkpointed_equals_none_with_a_smaller_plan(backend):
+    em.seed(0)
+    model = Deep()
+    x, y = batch(512)  # activations, not params and grads, set the peak
+    grads, peaks = {}, {}
+    for strategy in ("none", "balanced", "min-cut", "all"):
+        f = em.compile_grad(model, nn.functional.cross_entropy, backend=backend,
+                            checkpoint=strategy)
+        grads[strategy] = f(x, y)
+        peaks[strategy] = plan_memory(f.graph).peak_bytes
+        assert ("checkpoint" in " ".join(f.stages)) == (strategy != "none")
+    for strategy, g in grads.items():
+        for p in model.parameters():
+            np.testing.assert_allclose(g[p.id], grads["none"][p.id], rtol=1e-5, atol=1e-6,
+                                       err_msg=f"{strategy}: {p.id}")
+    assert peaks["all"] < peaks["none"]
+
+
+def test_compile_grad_memory_budget_implies_min_cut_and_an_impossible_one_says_so():
+    em.seed(0)
+    model = Deep()
+    x, y = batch(32)
+    f = em.compile_grad(model, nn.functional.cross_entropy, backend="interpreter",
+                        memory_budget=10**9)
+    assert f.checkpoint == "min-cut" and f(x, y)
+    with pytest.raises(ValueError, match="cannot be met: the best achievable planned peak"):
+        em.compile_grad(model, nn.functional.cross_entropy, backend="interpreter",
+                        memory_budget=10)(x, y)
+    with pytest.raises(ValueError, match="memory_budget must be a positive"):
+        em.compile_grad(model, nn.functional.cross_entropy, memory_budget=0)
+
+
+def live_executables() -> int:
+    gc.collect()
+    return sum(isinstance(o, Executable) for o in gc.get_objects())
+
+
+def test_the_shape_cache_keeps_the_most_recent_and_frees_what_it_drops():
+    em.seed(0)
+    before = live_executables()
+    f = em.compile_grad(Deep(depth=1), nn.functional.cross_entropy)
+    f.cache_size = 3
+    for n in (4, 8, 12, 16, 20):
+        f(*batch(n))
+    assert len(f._cache) == 3 and live_executables() - before == 3
+    f(*batch(12))  # still cached: used, so it is now the most recent
+    f(*batch(24))  # evicts 16, the least recently used
+    assert [k[0][0][0][0] for k in f._cache] == [20, 12, 24]
+    del f
+    assert live_executables() == before
+
+
+def test_a_deleted_train_step_frees_its_executables():
+    em.seed(0)
+    before = live_executables()
+    step = em.compile_train_step(Deep(depth=1), nn.functional.cross_entropy,
+                                 em.optim.SGD(lr=0.1))
+    for n in (4, 8):
+        step(*batch(n))
+    assert live_executables() - before == 2
+    del step
+    assert live_executables() == before
