@@ -5,6 +5,9 @@ A dump (`step.ir(stage)`, `--dump-ir`) names each stage as listed here.
 
 from __future__ import annotations
 
+import os
+import sys
+
 from ..ir import Graph
 from ..ir.parser import parse
 from ..ir.printer import print_graph
@@ -63,6 +66,8 @@ class Stages:
         manager = PassManager(passes, verify_each=verify_each, on_stage=self._keep)
         self.graph = manager.run(graph)
         self.timings = manager.timings
+        if os.environ.get("EMBER_PASS_TIMING"):  # the IR passes; the backend prints its own
+            print(f"@{graph.name} IR passes:\n{manager.timing_report()}", file=sys.stderr)
 
     def _keep(self, name: str, graph: Graph) -> None:
         key, n = name, 2

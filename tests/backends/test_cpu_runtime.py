@@ -135,7 +135,8 @@ def test_profile_and_timings_name_every_kernel(fused_pipeline, capsys, monkeypat
     x, y = batch()
     step(x, y)
     exe = step._last.run
-    assert "optimize" in capsys.readouterr().err  # the backend's stages, per compile
+    err = capsys.readouterr().err  # per compile: the IR passes, then the backend's stages
+    assert "@train_step IR passes:" in err and "autodiff" in err and "optimize" in err
     from ember.runtime.params import param_table, param_values
 
     prof = exe.profile([x, y, np.float32(0.1), np.float32(1)][:len(exe.graph.args)],
