@@ -6,7 +6,8 @@ over the other's (above 1: ember is faster). Rows:
 - sgemm 256^3/512^3/1024^3: GFLOP/s of ember's own GEMM and of its default choice (the
   cost table: own or OpenBLAS), against numpy's BLAS and the machine's peak (vector
   lanes x FMA units x 2 x cores x clock);
-- elementwise add and gelu (tanh form: 8 numpy ops, one fused ember kernel) on 1M and 16M
+- elementwise add, gelu (tanh form: 8 numpy ops, one fused ember kernel) and exp (on
+  N(0,1) and on half -inf lanes, what a causal mask gives softmax) on 1M and 16M
   floats: GB/s of the bytes each must move;
 - training steps (forward, backward, SGD) of MLP 64-128-10 b64, MLP 784-512-512-10 b128 and
   the digits CNN b64, against a hand-written numpy step (also run in a subprocess with
@@ -221,6 +222,12 @@ def _eltwise(rows, n, rng, gelu_np, gelu_ir) -> None:
     rows.append((f"gelu(tanh) {size} f32", f"{2 * 4 * n / t / 1e9:7.1f} GB/s",
                  f"numpy {2 * 4 * n / t_np / 1e9:6.1f}", f"x{t_np / t:5.2f}",
                  "8 numpy ops vs 1 kernel"))
+    exe = compiled(lambda b, p: [b.op("ember.exp", p)], [(n,)])
+    masked = np.where(np.arange(n) % 2 == 0, x, -np.inf).astype(np.float32)  # a causal mask
+    for label, v in (("N(0,1)", x), ("half -inf", masked)):
+        t, t_np = entry_time(exe, [v], number), median_time(lambda v=v: np.exp(v), number)
+        rows.append((f"exp {size} f32 {label}", f"{2 * 4 * n / t / 1e9:7.1f} GB/s",
+                     f"numpy {2 * 4 * n / t_np / 1e9:6.1f}", f"x{t_np / t:5.2f}", ""))
 
 
 # -- training steps ----------------------------------------------------------------------------

@@ -208,7 +208,9 @@ def emit(b: ir.IRBuilder, name: str, attrs: dict, args: list, dtype: str) -> ir.
             case "max" | "min":
                 # NaN-propagating, as np.maximum
                 return intrinsic(b, f"llvm.{op}imum.{dtype}", t, args)
-            case "exp" | "log" | "tanh" | "erf":
+            case "exp":
+                return vmath.exp(b, dtype, x)
+            case "log" | "tanh" | "erf":
                 return vmath.call(b, op, dtype, x)
             case "pow" | "sqrt":
                 return intrinsic(b, f"llvm.{op}.{dtype}", t, args)
@@ -221,7 +223,7 @@ def emit(b: ir.IRBuilder, name: str, attrs: dict, args: list, dtype: str) -> ir.
             case "rsqrt":
                 return b.fdiv(const(dtype, 1.0), intrinsic(b, f"llvm.sqrt.{dtype}", t, [x]))
             case "sigmoid":
-                e = vmath.call(b, "exp", dtype, b.fneg(x))
+                e = vmath.exp(b, dtype, b.fneg(x))
                 return b.fdiv(const(dtype, 1.0), b.fadd(const(dtype, 1.0), e))
     else:
         match op:
