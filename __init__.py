@@ -1,5 +1,7 @@
 """ember: a staged graph compiler for deep learning."""
 
+import sys as _sys
+
 from . import ir  # noqa: F401
 from .frontend import init, nn
 from .frontend.module import ModuleMapper, ModuleVisitor, ParamGroup
@@ -24,3 +26,8 @@ __all__ = ["AnomalyError", "CheckpointError", "DataLoader", "ExecutionError", "G
            "ShapeError", "Tensor", "TensorSpec", "checkpoint_strategies", "compile",
            "compile_grad", "compile_train_step", "init", "ir", "load", "load_torch", "nn",
            "optim", "save", "seed", "trace"]
+
+# `import ember.nn`, `from ember.nn import functional`, `import ember.optim` work as in
+# PyTorch, though the modules live in frontend/ and runtime/ (the layering's homes)
+_sys.modules.update({f"{__name__}.nn": nn, f"{__name__}.nn.functional": nn.functional,
+                     f"{__name__}.init": init, f"{__name__}.optim": optim})
