@@ -57,13 +57,15 @@ def _train(args: argparse.Namespace) -> int:
                             checkpoint=args.checkpoint, memory_budget=args.memory_budget,
                             save=args.save, resume=args.resume,
                             detect_anomaly=args.detect_anomaly)
+    except BrokenPipeError:  # `ember train | head`: main() handles it, not an error of ours
+        raise
     except (ValueError, FloatingPointError, ExecutionError, BackendUnavailableError,
             OSError, NotImplementedError) as e:
         print(f"ember train: error: {e}", file=sys.stderr)
         return 1
     if results:
         print(f"final test accuracy {results[-1].test_accuracy:.2%}")
-    return 0
+    return 130 if results.interrupted else 0  # 128 + SIGINT, as a shell reports Ctrl-C
 
 
 def _bench(args: argparse.Namespace) -> int:

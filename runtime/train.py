@@ -102,7 +102,7 @@ def fit(model: nn.Module, data: Dataset, optimizer, epochs: int = 10, batch_size
         backend: str = "cpu", seed: int = 0, dump_ir: str | None = None,
         progress: bool = True, out=None, checkpoint: str = "none",
         memory_budget: int | None = None, save: str | None = None, resume: str | None = None,
-        detect_anomaly: bool = False, step: TrainStep | None = None) -> list[EpochResult]:
+        detect_anomaly: bool = False, step: TrainStep | None = None) -> History:
     """Train `model` on `data` with cross-entropy; print and return per-epoch results."""
     from .api import compile_train_step
 
@@ -150,7 +150,15 @@ def fit(model: nn.Module, data: Dataset, optimizer, epochs: int = 10, batch_size
             print(f"interrupted at {where}", file=out)
     if state.history:
         print(table(state.history), file=out)
-    return state.history
+    return History(state.history, interrupted=state.interrupted)
+
+
+class History(list):
+    """The epochs a run completed (EpochResults), and whether Ctrl-C ended it early."""
+
+    def __init__(self, epochs: list[EpochResult], interrupted: bool = False):
+        super().__init__(epochs)
+        self.interrupted = interrupted
 
 
 def _epoch(step: TrainStep, loader: DataLoader, state: FitState, epochs: int, progress: bool,

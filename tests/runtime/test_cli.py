@@ -176,3 +176,23 @@ def test_counts_below_their_least_value_are_a_usage_error(capsys, flag, value):
     err = capsys.readouterr().err
     assert stop.value.code == 2 and "Traceback" not in err
     assert f"argument {flag}: must be at least" in err.splitlines()[-1]
+
+
+def test_ctrl_c_saves_and_exits_130_and_a_closed_pipe_is_not_an_error(tmp_path):
+    import signal
+    import sys
+
+    ckpt = tmp_path / "run.ckpt"
+    cmd = [sys.executable, "-m", "ember", "train", "--no-progress", "--save", str(ckpt)]
+    proc = subprocess.Popen([*cmd, "--epochs", "100000"], stdout=subprocess.PIPE, text=True)
+    for line in proc.stdout:  # the first epoch ran: Ctrl-C now
+        if line.startswith("epoch"):
+            proc.send_signal(signal.SIGINT)
+            break
+    rest = proc.stdout.read()
+    assert proc.wait(timeout=120) == 130 and "interrupted at" in rest and ckpt.exists()
+    proc = subprocess.Popen([*cmd, "--epochs", "3"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    proc.stdout.readline()
+    proc.stdout.close()  # `ember train | head -1`
+    assert proc.wait(timeout=120) == 0 and "Traceback" not in proc.stderr.read()
