@@ -26,7 +26,7 @@ import numpy as np
 
 from ..backends.input_checks import InputCheckError
 from ..frontend.module import Module
-from ..frontend.trace import TensorSpec, trace_function
+from ..frontend.trace import ShapeError, TensorSpec, trace_function
 from ..ir import Graph, Operation
 from .backend import DEVICE_BACKENDS, get_backend, to_host
 from .debug import AnomalyError, ExecutionError, describe, find_anomaly, locate_error
@@ -170,8 +170,15 @@ class Compiled:
         """Checks of input shapes before they are traced (a compiled key passed them)."""
 
     def _trace(self, specs: tuple) -> Graph:
-        return trace_function(self.traced_fn(), self.model, specs, name=self.kind,
-                              training=self.training)
+        try:
+            return trace_function(self.traced_fn(), self.model, specs, name=self.kind,
+                                  training=self.training)
+        except ShapeError as e:
+            doubles = [i for i, s in enumerate(specs) if s.dtype == "f64"]
+            if not doubles or "dtypes differ" not in str(e):
+                raise
+            raise ShapeError(f"{e}; input {doubles[0]} is float64 (numpy's default): cast it "
+                             "to the model's float32, x.astype(np.float32)") from None
 
     def _compile(self, specs: tuple) -> Entry:
         start = time.perf_counter()
@@ -462,10 +469,20 @@ class TrainStep(_Training):
 
     def memory_report(self) -> dict:
         """Bytes by role (params, optimizer state, saved activations, ...) of the compiled
-        step, from the memory planner."""
+        step, from the memory planner; where the backend says what it allocates (cpu:
+        `Executable.memory()`), also `real_bytes`: that plus the params, optimizer state
+        and inputs as the plan counts them, and the backend's own bytes as `real_<role>`."""
         from ..passes.memory import plan_memory
 
-        return plan_memory(self._require().graph).report()
+        entry = self._require()
+        report = plan_memory(entry.graph).report()
+        memory = getattr(entry.run, "memory", None)
+        if memory is not None:
+            held = memory()
+            report.update({f"real_{k}": v for k, v in held.items() if k != "total"})
+            report["real_bytes"] = held["total"] + sum(
+                report[k] for k in ("params", "optimizer_state", "inputs"))
+        return report
 
     def save_checkpoint(self, path: str, extra: dict | None = None) -> str:
         """Params, optimizer state, step and RNG counters, schedule and the model's flags,

@@ -130,3 +130,11 @@ def test_a_fused_step_still_names_the_scalar_op(data, monkeypatch):
                                            + str(line_of("LOG LINE"))):
         step(data.x_train[:8], data.y_train[:8])
     assert step.stages[-1] == "fuse" and "kernel.fused" in step.ir()
+
+
+def test_float64_inputs_to_a_float32_model_say_how_to_cast():
+    import ember as em
+    from ember import nn
+
+    with pytest.raises(em.ShapeError, match=r"input 0 is float64 .*x\.astype\(np\.float32\)"):
+        em.compile(nn.Linear(4, 3), np.zeros((2, 4)))
