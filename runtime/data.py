@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import queue
+import sys
 import threading
 import zipfile
 from collections.abc import Iterator
@@ -151,6 +152,9 @@ def _checked(path: str, part: str, x: np.ndarray, y: np.ndarray) -> tuple[np.nda
         raise ValueError(f"{where}x and y have no rows")
     if x.dtype.kind not in "fiub":
         raise ValueError(f"{where}x must be numeric, got dtype {x.dtype}")
+    if x.dtype == np.uint8:  # raw pixels (0..255 trains to chance): as torchvision's ToTensor
+        print(f"note: {where}x is uint8: scaled to [0, 1] (x / 255)", file=sys.stderr)
+        x = x / np.float32(255)
     with np.errstate(over="ignore"):  # a float64 beyond float32's range becomes Inf
         x = x.astype(np.float32, copy=False)
     bad = ~np.isfinite(x.reshape(len(x), -1))

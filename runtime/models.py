@@ -70,6 +70,9 @@ def load_model(spec: str, input_shape: tuple[int, ...] | int, d_out: int) -> nn.
     if spec == "mlp":
         return Mlp(d_in=math.prod(shape), d_out=d_out)
     if spec in BUILTIN:
+        if BUILTIN[spec].image and len(shape) != 3:
+            raise ValueError(f"model {spec!r} takes images [C, H, W] per example, the data "
+                             f"has rows of {list(shape)}: reshape x to [N, C, H, W]")
         return BUILTIN[spec](shape, d_out=d_out)
     return _user_class(spec)()
 

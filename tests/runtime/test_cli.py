@@ -196,3 +196,12 @@ def test_ctrl_c_saves_and_exits_130_and_a_closed_pipe_is_not_an_error(tmp_path):
     proc.stdout.readline()
     proc.stdout.close()  # `ember train | head -1`
     assert proc.wait(timeout=120) == 0 and "Traceback" not in proc.stderr.read()
+
+
+def test_an_image_model_on_flat_rows_says_to_reshape(tmp_path, capsys):
+    from ember.__main__ import main
+
+    flat = tmp_path / "flat.npz"
+    np.savez(flat, x=np.zeros((50, 64), np.float32), y=np.arange(50) % 10)
+    assert main(["train", "--data", str(flat), "--model", "cnn", "--epochs", "1"]) == 1
+    assert "takes images [C, H, W] per example" in capsys.readouterr().err

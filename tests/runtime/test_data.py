@@ -198,3 +198,11 @@ def test_a_damaged_digits_copy_is_loaded_again_and_rewritten(damage, tmp_path, m
     with np.load(copy, allow_pickle=False) as f:
         np.testing.assert_array_equal(f["data"], ref.data)
         np.testing.assert_array_equal(f["target"], ref.target)
+
+
+def test_uint8_pixels_are_scaled_to_0_1_with_a_note(tmp_path, capsys):
+    path = tmp_path / "pixels.npz"
+    np.savez(path, x=np.full((50, 64), 255, np.uint8), y=np.arange(50) % 10)
+    ds = load_npz(str(path))
+    assert ds.x_train.dtype == np.float32 and ds.x_train.max() == 1.0
+    assert "x is uint8: scaled to [0, 1]" in capsys.readouterr().err
