@@ -121,6 +121,7 @@ def fit(model: nn.Module, data: Dataset, optimizer, epochs: int = 10, batch_size
                   f"{asked_text}", file=out)
         print(f"resumed from {resume} at epoch {state.epoch + 1}, batch {state.batch} "
               f"(step {step.optimizer.step_count})", file=out)
+        _say_what_resuming_leaves(step, state, epochs, resume, out)
     forwards: dict[str, CompiledFunction] = {}
     with stop_on_interrupt() as stop:
         while state.epoch < epochs and not stop.is_set():
@@ -159,6 +160,19 @@ class History(list):
     def __init__(self, epochs: list[EpochResult], interrupted: bool = False):
         super().__init__(epochs)
         self.interrupted = interrupted
+
+
+def _say_what_resuming_leaves(step: TrainStep, state: FitState, epochs: int, path: str,
+                              out) -> None:
+    """A resumed run that would train nothing, or on at an lr its schedule ran down to 0,
+    says so: the schedule is the checkpoint's, so a larger --epochs does not stretch it."""
+    if state.epoch >= epochs:
+        print(f"note: {path} has done {state.epoch} of {epochs} epochs: nothing to train "
+              "(raise --epochs to go on)", file=out)
+    elif step.optimizer.lr == 0:
+        print(f"note: the checkpoint's lr schedule has reached 0 at step "
+              f"{step.optimizer.step_count}: the remaining epochs would not change the "
+              "model (start a new run with --schedule to train on)", file=out)
 
 
 def _epoch(step: TrainStep, loader: DataLoader, state: FitState, epochs: int, progress: bool,

@@ -205,3 +205,16 @@ def test_an_image_model_on_flat_rows_says_to_reshape(tmp_path, capsys):
     np.savez(flat, x=np.zeros((50, 64), np.float32), y=np.arange(50) % 10)
     assert main(["train", "--data", str(flat), "--model", "cnn", "--epochs", "1"]) == 1
     assert "takes images [C, H, W] per example" in capsys.readouterr().err
+
+
+def test_a_resume_that_would_train_nothing_says_so(tmp_path, capsys):
+    from ember.__main__ import main
+
+    ckpt = str(tmp_path / "run.ckpt")
+    run = ["train", "--schedule", "cosine", "--no-progress"]
+    assert main([*run, "--epochs", "1", "--save", ckpt]) == 0
+    capsys.readouterr()
+    assert main([*run, "--epochs", "1", "--resume", ckpt]) == 0
+    assert "has done 1 of 1 epochs: nothing to train" in capsys.readouterr().out
+    assert main([*run, "--epochs", "2", "--resume", ckpt]) == 0
+    assert "lr schedule has reached 0 at step" in capsys.readouterr().out
