@@ -36,12 +36,20 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from ..ir import Graph, Operation, Value, has_trait
+from ..ir.memory_plan import (
+    RESIDENT_OPS,
+    MemoryPlan,
+    Step,
+    argument_classes,
+    forward_ops,
+    nbytes,
+    plan,
+)
 from .autodiff.rules import checkpoint_class
 from .canonicalize import Canonicalize
 from .cse import Cse
 from .dce import Dce
 from .manager import Pass, PipelineError, register_pass
-from .memory import RESIDENT_OPS, MemoryPlan, Step, argument_classes, forward_ops, nbytes, plan
 
 STRATEGIES = ("none", "all", "balanced", "min-cut")
 RECOMPUTE = "ember.recompute"

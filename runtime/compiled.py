@@ -410,6 +410,23 @@ class _Training(Compiled):
         self.rng_step += 1
         return tail
 
+    def memory_report(self) -> dict:
+        """Bytes by role (params, optimizer state, saved activations, ...) of the compiled
+        graph, from the memory planner; where the backend says what it allocates (cpu:
+        `Executable.memory()`), also `real_bytes`: that plus the params, optimizer state
+        and inputs as the plan counts them, and the backend's own bytes as `real_<role>`."""
+        from ..passes.memory import plan_memory
+
+        entry = self._require()
+        report = plan_memory(entry.graph).report()
+        memory = getattr(entry.run, "memory", None)
+        if memory is not None:
+            held = memory()
+            report.update({f"real_{k}": v for k, v in held.items() if k != "total"})
+            report["real_bytes"] = held["total"] + sum(
+                report[k] for k in ("params", "optimizer_state", "inputs"))
+        return report
+
 
 class GradFunction(_Training):
     """`em.compile_grad(model, loss_fn)`: call(x, y) returns GradientsParams."""
@@ -466,23 +483,6 @@ class TrainStep(_Training):
         write_back(self.optimizer, entry.update_layout, table, tail,
                    keep=self.keep if self._on_device is not None else None)
         return self.loss if not self.metrics else (self.loss, *self.metrics)
-
-    def memory_report(self) -> dict:
-        """Bytes by role (params, optimizer state, saved activations, ...) of the compiled
-        step, from the memory planner; where the backend says what it allocates (cpu:
-        `Executable.memory()`), also `real_bytes`: that plus the params, optimizer state
-        and inputs as the plan counts them, and the backend's own bytes as `real_<role>`."""
-        from ..passes.memory import plan_memory
-
-        entry = self._require()
-        report = plan_memory(entry.graph).report()
-        memory = getattr(entry.run, "memory", None)
-        if memory is not None:
-            held = memory()
-            report.update({f"real_{k}": v for k, v in held.items() if k != "total"})
-            report["real_bytes"] = held["total"] + sum(
-                report[k] for k in ("params", "optimizer_state", "inputs"))
-        return report
 
     def save_checkpoint(self, path: str, extra: dict | None = None) -> str:
         """Params, optimizer state, step and RNG counters, schedule and the model's flags,

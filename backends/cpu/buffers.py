@@ -6,9 +6,10 @@ from splitting lines. Generated code declares no alignment beyond the element's,
 caller arrays (inputs, params) are used in place whenever they are contiguous.
 
 Guard pages (for tests): inside `with guarded():` every buffer allocated here (an
-executable's temps, constants, scalar inputs, scratch and returned results) ends exactly
-where an inaccessible (PROT_NONE) page begins, so a kernel that reads or writes even one
-byte past a buffer's end segfaults instead of silently using a neighbour's memory. Such a
+executable's temps, each its own buffer then rather than a slice of the arena, constants,
+scalar inputs, scratch and returned results) ends exactly where an inaccessible
+(PROT_NONE) page begins, so a kernel that reads or writes even one byte past a buffer's
+end segfaults instead of silently using a neighbour's memory. Such a
 buffer starts wherever its size puts it: element aligned (a page is a multiple of every
 element size), which is all generated code assumes. `guarded_copy(a)` makes an input that
 ends at a guard page (inputs are used in place, so kernels reading past them fault too).
@@ -42,6 +43,11 @@ def guarded() -> Iterator[None]:
         yield
     finally:
         _guards -= 1
+
+
+def guarding() -> bool:
+    """Whether buffers allocated now end at guard pages (inside `guarded()`)."""
+    return _guards > 0
 
 
 def regions(*nbytes: int) -> tuple[list[int], int]:

@@ -3,8 +3,12 @@
 Each graph value that needs memory gets a slot: graph inputs and params (the caller's
 arrays, set per call), constants (filled once at compile time), and op results
 (preallocated once per compile). A reshape takes its operand's slot, since every buffer
-is contiguous. One more slot, `scratch`, is working memory shared by the kernels (packed
-GEMM panels, products awaiting an epilogue). `ember_entry(ptr %buffers)` receives one
+is contiguous. Op results the graph does not return ("temp" slots that are not outputs)
+live in one arena at the offsets of the memory planner (ir/memory_plan.py), run over
+the kernel schedule with the in-place reuse the kernels really allow (`_reuse`); what the
+graph returns gets buffers of its own, which the caller keeps. A kernel that needs working
+memory (packed GEMM panels, products awaiting an epilogue) gets a "scratch" slot of its
+own, in the arena too, alive only while the kernel runs. `ember_entry(ptr %buffers)` receives one
 pointer per slot and calls the kernels in graph order, so one native call runs the whole
 graph.
 
@@ -14,12 +18,14 @@ code and only needs the plan. `emit(plan)` builds the module.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
 from llvmlite import ir
 
-from ...ir import Graph, Operation, TensorType, Value, numpy_dtype
+from ...ir import Graph, Operation, TensorType, Value, has_trait, numpy_dtype
+from ...ir import memory_plan as mp
 from ...ir.printer import print_graph
 from ..errors import KernelCompileError, UnsupportedOpError
 from ..input_checks import input_checks
@@ -55,6 +61,7 @@ class Step:
     outs: list[int]
     ins: list[int]
     name: str
+    scratch: int | None = None  # slot index of its scratch buffer
 
 
 @dataclass
@@ -62,7 +69,8 @@ class Plan:
     slots: list[Slot] = field(default_factory=list)
     outputs: list[tuple[int, TensorType]] = field(default_factory=list)
     steps: list[Step] = field(default_factory=list)
-    scratch: int | None = None  # slot index of the scratch buffer
+    offsets: dict[int, int] = field(default_factory=dict)  # temp slot -> byte in the arena
+    arena: int = 0  # bytes of the arena
     checked: bool = False  # some kernel or input check reports in ember_status
     checks: list[tuple[int, int | None]] = field(default_factory=list)  # see checks.py
     threads: int = 1
@@ -103,15 +111,16 @@ def plan(graph: Graph, threads: int | None = None) -> Plan:
     kernel."""
     out = Plan(threads=threads or num_threads(), isa=host_isa())
     where: dict[Value, int] = {}
+    owner: list[Value] = []  # the value each slot was made for
 
     def new_slot(v: Value, kind: str, **kw) -> int:
         where[v] = len(out.slots)
+        owner.append(v)
         out.slots.append(Slot(kind, _check_type("graph argument", v.type), **kw))
         return where[v]
 
     for i, a in enumerate(graph.args):
         new_slot(a, "arg", key=i, path=f"%{a.name}" if a.name else "")
-    scratch = 0
     for k, op in enumerate(graph.ops):
         for v in op.operands:
             _check_type(op.name, v.type)
@@ -135,11 +144,14 @@ def plan(graph: Graph, threads: int | None = None) -> Plan:
             for old, new in zip(orig.results, op.results):
                 where[old] = where[new]
             short = op.name.split(".", 1)[1]
-            out.steps.append(Step(op, outs, [where[v] for v in orig.operands], f"k{k}_{short}"))
-            if op.name == "kernel.matmul":
-                scratch = max(scratch, scratch_bytes(op, out.isa, out.threads))
-            elif op.name in CONV_OPS:
-                scratch = max(scratch, conv_scratch(op, out.isa, out.threads))
+            st = Step(op, outs, [where[v] for v in orig.operands], f"k{k}_{short}")
+            n = (scratch_bytes(op, out.isa, out.threads) if op.name == "kernel.matmul" else
+                 conv_scratch(op, out.isa, out.threads) if op.name in CONV_OPS else 0)
+            if n:
+                st.scratch = len(out.slots)
+                out.slots.append(Slot("scratch", TensorType((n,), "i1"), key=n))
+                owner.append(_Scratch(out.slots[-1].type))
+            out.steps.append(st)
         else:
             raise UnsupportedOpError(
                 f"the cpu backend has no kernel for '{op.name}': it runs core ember.* ops "
@@ -152,10 +164,52 @@ def plan(graph: Graph, threads: int | None = None) -> Plan:
             raise UnsupportedOpError(f"input check on argument {arg} of {graph.args[arg].type}:"
                                      f" needs {' or '.join(want)}")
     out.checked = bool(out.checks) or any(st.op.name in INDEXED_OPS for st in out.steps)
-    if scratch:
-        out.scratch = len(out.slots)
-        out.slots.append(Slot("scratch", None, key=scratch))
+    _place_temps(out, owner)
     return out
+
+
+@dataclass(eq=False)
+class _Scratch:
+    """The planner's key of a kernel's scratch buffer (a value of its own)."""
+
+    type: TensorType
+
+
+def _place_temps(p: Plan, owner: list[Value]) -> None:
+    """Arena offsets of the temp slots that the graph does not return, planned over the
+    kernel schedule (a slot's lifetime covers every value that shares it)."""
+    returned = {i for i, _ in p.outputs}
+    steps = [mp.Step(st.op.name, [owner[i] for i in st.ins],
+                     [owner[i] for i in st.outs if i not in returned]
+                     + ([owner[st.scratch]] if st.scratch is not None else []),
+                     reuse=_reuse(st, owner))
+             for st in p.steps]
+    memory = mp.plan(steps, {}, ())
+    slot = {v: i for i, v in enumerate(owner)}
+    p.offsets = {slot[v]: off for v, off in memory.offsets.items()}
+    p.arena = memory.arena_bytes
+
+
+def _reuse(st: Step, owner: list[Value]) -> list[Value]:
+    """The operands a kernel may write its result over: those it reads at the very index
+    it writes (and at no other), before writing it. That holds for an unfused elementwise
+    op's operands of the result's type, and for a single-output `kernel.fused` without
+    reductions that reads the operand through the result's own map, over a space of the
+    result's size (each element written once). Their arguments keep `noalias`: a store
+    depends on the loads at its own index, so no reordering LLVM may do moves it before
+    them, and no other index is shared."""
+    op = st.op
+    if op.name == "kernel.fused":
+        a = op.attributes
+        if (len(op.results) != 1 or math.prod(a["space"]) != op.result.type.size
+                or any(b.name == "kernel.reduce" for b in op.regions[0].blocks[0].ops)):
+            return []
+        same = [k for k, m in enumerate(a["maps"]) if m == a["out_maps"][0]]
+    elif op.name in KERNELS and has_trait(op.name, "elementwise"):
+        same = list(range(len(op.operands)))
+    else:
+        return []
+    return [owner[st.ins[k]] for k in same if op.operands[k].type == op.result.type]
 
 
 def _op_text(op: Operation) -> str:
@@ -192,13 +246,13 @@ def emit(p: Plan, name: str = "graph") -> ir.Module:
         # every pointer is loaded before any kernel runs, so no store can change it
         ptrs = [b.load(b.gep(entry.args[0], [i64(i)], inbounds=True, source_etype=PTR),
                        typ=PTR, name=f"buf{i}") for i in range(len(p.slots))]
-        scratch = ptrs[p.scratch] if p.scratch is not None else ir.Constant(PTR, None)
         if p.checks:
             emit_checks(b, p.checks, [ptrs[arg] for arg, _ in p.checks],
                         [p.slots[arg].type for arg, _ in p.checks], status(mod))
         if profiled:
             _stamp(b, entry.args[1], 0)
         for k, (st, fn) in enumerate(zip(p.steps, fns)):
+            scratch = ptrs[st.scratch] if st.scratch is not None else ir.Constant(PTR, None)
             b.call(fn, [ptrs[s] for s in st.outs + st.ins] + [scratch])
             if profiled:
                 _stamp(b, entry.args[1], k + 1)

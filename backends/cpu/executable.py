@@ -18,7 +18,7 @@ from ...ir import Graph, numpy_dtype, verify
 from ...ir.printer import print_graph
 from ..input_checks import InputCheckError, describe
 from . import blas, cache
-from .buffers import aligned_copy, aligned_empty, as_input, raw_bytes
+from .buffers import aligned_copy, aligned_empty, as_input, guarding, raw_bytes
 from .codegen import ENTRY, PROFILED, emit, plan
 from .jit import JitModule, fingerprint
 
@@ -27,10 +27,12 @@ class Executable:
     """`exe(inputs, params)` runs the graph natively and returns fresh arrays.
 
     Intermediate buffers are allocated once and overwritten by every call (a lock
-    serializes concurrent calls; a forked child gets a new one). An op result that the
-    graph returns is instead written straight into an array the caller then owns: one
-    this executable returned before and nobody holds any more (a training step's previous
-    params), else a new one; no copy.
+    serializes concurrent calls; a forked child gets a new one): the op results the graph
+    does not return and the kernels' scratch share one arena at the memory plan's offsets
+    (MemoryError at compile time when it cannot be allocated); `memory()` says how many
+    bytes each role takes. An op result that the graph returns is instead written straight
+    into an array the caller then owns: one this executable returned before and nobody
+    holds any more (a training step's previous params), else a new one; no copy.
     Returned inputs, params and constants, and a buffer returned twice, are copied. Each
     call is exactly one native call (`native_calls` counts them). `timings` holds the
     compile time per stage (printed with `EMBER_PASS_TIMING=1`), `cached` whether the
@@ -42,6 +44,7 @@ class Executable:
         t0 = time.perf_counter()
         self.graph = verify(graph)
         self.plan = plan(graph, threads)
+        self._arena = self._allocate_arena()  # before the costly part: fail fast
         self.timings: dict[str, float] = {"plan": time.perf_counter() - t0}
         use_cache = cache_enabled() if use_cache is None else use_cache
         use_cache = use_cache and not os.environ.get("EMBER_DUMP_LLVM")  # dumps need a build
@@ -110,15 +113,47 @@ class Executable:
         self._ptrs[i] = buf.ctypes.data
         return buf
 
-    @staticmethod
-    def _fixed(i, s, fresh):
+    def _allocate_arena(self) -> np.ndarray | None:
+        """The temporaries' arena; None inside `guarded()`, where each temporary gets a
+        buffer of its own that ends at a guard page, so an overflow of any of them faults."""
+        if guarding():
+            return None
+        n = self.plan.arena
+        try:
+            return raw_bytes(n)
+        except MemoryError:
+            raise MemoryError(f"@{self.graph.name}: the memory plan needs an arena of {n:,} "
+                              f"bytes ({n / 2**20:,.1f} MiB) for its temporaries, which "
+                              "cannot be allocated; nothing has run") from None
+
+    def _fixed(self, i, s, fresh):
         if s.kind == "const":
             return aligned_copy(s.value, s.type)
-        if s.kind == "temp" and i not in fresh:
-            return aligned_empty(s.type)[0]
-        if s.kind == "scratch":
-            return raw_bytes(s.key)
-        return None
+        if s.kind not in ("temp", "scratch") or i in fresh:
+            return None
+        n = s.type.nbytes
+        if self._arena is None:
+            raw = raw_bytes(n)
+        else:
+            raw = self._arena[self.plan.offsets[i]:self.plan.offsets[i] + n]
+        return raw if s.kind == "scratch" else \
+            raw.view(numpy_dtype(s.type.dtype)).reshape(s.type.shape)
+
+    def memory(self) -> dict[str, int]:
+        """Bytes this executable holds, by role: `arena` (temporaries and kernel scratch:
+        one buffer each inside `guarded()`), `constants`, `scalars` (copies of scalar
+        inputs), `results` (the buffer each returned op result is written into per call),
+        and their `total`. Inputs and params are the caller's and not counted."""
+        fresh = set(self._fresh)
+        own = sum(self._arrays[i].nbytes for i, s in enumerate(self.slots)
+                  if s.kind in ("temp", "scratch") and i not in fresh)
+        out = {"arena": own if self._arena is None else self._arena.nbytes,
+               "constants": sum(a.nbytes for a, s in zip(self._arrays, self.slots)
+                                if s.kind == "const"),
+               "scalars": sum(buf.nbytes for _, buf, *_ in self._scalars),
+               "results": sum(self.slots[i].type.nbytes for i in fresh)}
+        out["total"] = sum(out.values())
+        return out
 
     @property
     def llvm_ir(self) -> str:

@@ -37,8 +37,8 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from ...ir import Graph
+from ...ir.memory_plan import forward_ops
 from ..manager import Pass, register_pass
-from ..memory import forward_ops
 from .building import emit
 from .grouping import Grouper, duplicate_views
 

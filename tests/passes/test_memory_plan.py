@@ -13,8 +13,8 @@ from model_graphs import mixed, mlp
 from ember.backends import interpreter
 from ember.backends.interpreter import evaluate
 from ember.ir import Builder, Graph, TensorType, numpy_dtype
+from ember.ir.memory_plan import CLASSES, plan_memory
 from ember.passes import PassManager, parse_pipeline
-from ember.passes.memory import CLASSES, plan_memory
 
 T = TensorType
 

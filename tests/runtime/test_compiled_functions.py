@@ -65,7 +65,7 @@ def test_compile_grad_memory_budget_implies_min_cut_and_an_impossible_one_says_s
 
 def live_executables() -> int:
     gc.collect()
-    return sum(isinstance(o, Executable) for o in gc.get_objects())
+    return sum(type(o) is Executable for o in gc.get_objects())
 
 
 def test_the_shape_cache_keeps_the_most_recent_and_frees_what_it_drops():
@@ -93,3 +93,11 @@ def test_a_deleted_train_step_frees_its_executables():
     assert live_executables() - before == 2
     del step
     assert live_executables() == before
+
+
+def test_compile_grad_reports_its_memory_like_a_train_step():
+    em.seed(0)
+    f = em.compile_grad(Deep(), nn.functional.cross_entropy, checkpoint="all")
+    f(*batch(64))
+    report = f.memory_report()
+    assert report["peak_bytes"] == plan_memory(f.graph).peak_bytes and report["real_bytes"] > 0

@@ -1,0 +1,248 @@
+"""Memory planning: liveness over an op order, buffer reuse, one static arena.
+
+`plan_memory(graph) -> MemoryPlan` plans every op result that the graph computes (params,
+constants and graph arguments are resident: the runtime owns them). A result lives from
+its op to its last use (results returned by the graph: to the end). Buffers are reused in
+place: an elementwise op (or a reshape) whose operand of the same shape and dtype dies
+there writes its result into that operand's buffer. Buffers then get offsets in one arena,
+greedily by size (largest first, lowest offset that no buffer alive at the same time
+overlaps), 64-byte aligned.
+
+The plan's report breaks the peak down by class: `params`, `optimizer_state` (the state
+arguments the optimizer pass adds, `ember.state`), `inputs` (every other argument),
+`constants`, `saved` (forward values that live into the backward part: what
+checkpointing keeps) and `temporaries` (the rest of the arena at the peak), so that
+params + optimizer_state + inputs + constants + saved + temporaries == peak_bytes (the
+whole saved set is alive where the backward starts, so whenever the forward ops come
+first, as `checkpoint` orders them, the peak holds it).
+
+It lives in the IR layer, not among the passes, because backends place their buffers
+with it too (`plan` over steps of their own, with `Step.reuse` saying where a kernel
+can really write over an operand); the `plan-memory` pass is passes/memory.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable
+from dataclasses import dataclass, field
+
+from .core import Graph, Operation, Value
+from .opdef import has_trait
+from .types import TensorType
+
+ALIGN = 64
+RESIDENT_OPS = {"ember.param": "params", "ember.constant": "constants"}
+CLASSES = ("params", "optimizer_state", "inputs", "constants", "saved", "temporaries")
+
+
+def nbytes(key) -> int:
+    t = key.type
+    return t.nbytes if isinstance(t, TensorType) else 0
+
+
+def _aligned(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
+# --- graph roles -------------------------------------------------------------------------
+
+def backward_result_count(graph: Graph) -> int:
+    """How many trailing results are not forward results (gradients, or new params and
+    optimizer state after the optimizer pass)."""
+    a = graph.attributes
+    if "ember.updates" in a:
+        return len(a["ember.updates"]) + len(a.get("ember.state", []))
+    return len(a.get("ember.grads", []))
+
+
+def forward_ops(graph: Graph) -> set[Operation]:
+    """The forward part: ops the forward results (loss, outputs, buffer updates) depend on."""
+    outs = graph.outputs
+    todo = [v.op for v in outs[:len(outs) - backward_result_count(graph)] if v.op is not None]
+    seen: set[Operation] = set()
+    while todo:
+        op = todo.pop()
+        if op not in seen:
+            seen.add(op)
+            todo.extend(v.op for v in op.operands if v.op is not None)
+    return seen
+
+
+def argument_classes(graph: Graph) -> dict[Value, str]:
+    n_state = len(graph.attributes.get("ember.state", []))
+    args = graph.args
+    return {v: "optimizer_state" if i >= len(args) - n_state else "inputs"
+            for i, v in enumerate(args)}
+
+
+# --- the plan ----------------------------------------------------------------------------
+
+@dataclass
+class Step:
+    """One op of a schedule, with keys (anything with a `.type`) for its values.
+    `reuse`: the operands its result may be written over (dying there, same type); None
+    means all of them for an elementwise op or a reshape, what a plain op-by-op executor
+    can do (a backend passes what its kernels really can)."""
+
+    name: str
+    operands: list
+    results: list
+    forward: bool = False
+    reuse: list | None = None
+
+
+@dataclass
+class Buffer:
+    size: int
+    start: int
+    end: int
+    values: list = field(default_factory=list)
+    offset: int = 0
+
+
+@dataclass
+class MemoryPlan:
+    """Where every planned value lives (`offsets`, bytes into one arena of `arena_bytes`),
+    which results were written in place over an operand (`in_place`: result -> operand),
+    and the peak broken down by class (`report()`)."""
+
+    offsets: dict[Hashable, int]
+    in_place: dict[Hashable, Hashable]
+    buffers: list[Buffer]
+    peak_bytes: int
+    peak_step: int
+    arena_bytes: int
+    classes: dict[str, int]
+    saved: list[Hashable]
+
+    def report(self) -> dict[str, int]:
+        return {"peak_bytes": self.peak_bytes, "arena_bytes": self.arena_bytes,
+                **self.classes, "saved_values": len(self.saved)}
+
+    def __str__(self) -> str:
+        r = self.report()
+        width = max(len(k) for k in r)
+        return "\n".join(f"{k:<{width}}  {v:>14,}" for k, v in r.items())
+
+
+def plan(steps: list[Step], resident: dict[Hashable, str], outputs: Iterable) -> MemoryPlan:
+    """Plan `steps` (in order); `resident` values (args, params, constants) are not in the
+    arena; `outputs` live to the end."""
+    end = len(steps)
+    define: dict[Hashable, int] = {}
+    last: dict[Hashable, int] = {}
+    forward_defined: set = set()
+    saved: dict[Hashable, None] = {}
+    for t, s in enumerate(steps):
+        for v in s.operands:
+            last[v] = t
+            if not s.forward and v in forward_defined:
+                saved[v] = None
+        for r in s.results:
+            if r in resident:
+                continue
+            define[r] = t
+            last.setdefault(r, t)
+            if s.forward:
+                forward_defined.add(r)
+    for v in outputs:
+        if v in define:
+            last[v] = end
+
+    buffer_of: dict[Hashable, Buffer] = {}
+    buffers: list[Buffer] = []
+    in_place: dict[Hashable, Hashable] = {}
+    for t, s in enumerate(steps):
+        claimed: set[int] = set()
+        for r in s.results:
+            if r not in define:
+                continue
+            donor = _donor(s, r, t, last, buffer_of, claimed) if len(s.results) == 1 else None
+            if donor is not None:
+                buf = buffer_of[donor]
+                claimed.add(id(buf))
+                in_place[r] = donor
+            else:
+                buf = Buffer(_aligned(nbytes(r)), t, t)
+                buffers.append(buf)
+            buf.values.append(r)
+            buf.end = max(buf.end, last[r])
+            buffer_of[r] = buf
+
+    # live arena bytes at every step, by class
+    delta = [0] * (end + 2)
+    for b in buffers:
+        delta[b.start] += b.size
+        delta[b.end + 1] -= b.size
+    live, peak, peak_step = 0, 0, 0
+    for t in range(end + 1):
+        live += delta[t]
+        if live > peak:
+            peak, peak_step = live, t
+    saved_bytes = sum(nbytes(v) for v in saved)
+    res = {c: 0 for c in CLASSES}
+    for v, c in resident.items():
+        res[c] += nbytes(v)
+    res["saved"] = saved_bytes
+    res["temporaries"] = max(0, peak - saved_bytes)
+    arena = _assign_offsets(buffers)
+    offsets = {v: b.offset for b in buffers for v in b.values}
+    total = sum(res[c] for c in ("params", "optimizer_state", "inputs", "constants"))
+    return MemoryPlan(offsets, in_place, buffers, total + peak, peak_step, arena, res,
+                      list(saved))
+
+
+def _donor(s: Step, r, t: int, last, buffer_of, claimed: set[int]):
+    """An operand whose buffer `r` may overwrite: same type (a reshape: same bytes), dying
+    at this step, its buffer not already taken by another result of the step."""
+    if s.reuse is not None:
+        candidates = s.reuse
+    elif has_trait(s.name, "elementwise") or s.name == "ember.reshape":
+        candidates = s.operands
+    else:
+        return None
+    for v in candidates:
+        buf = buffer_of.get(v)
+        if buf is None or id(buf) in claimed or last.get(v) != t or buf.end != t:
+            continue
+        if v.type == r.type or (s.name == "ember.reshape" and nbytes(v) == nbytes(r)):
+            return v
+    return None
+
+
+def _assign_offsets(buffers: list[Buffer]) -> int:
+    """Greedy by size: each buffer at the lowest offset free during its whole lifetime."""
+    placed: list[Buffer] = []
+    arena = 0
+    for b in sorted(buffers, key=lambda b: (-b.size, b.start)):
+        busy = sorted((p.offset, p.offset + p.size) for p in placed
+                      if p.start <= b.end and b.start <= p.end)
+        offset = 0
+        for lo, hi in busy:
+            if offset + b.size <= lo:
+                break
+            offset = max(offset, hi)
+        b.offset = offset
+        arena = max(arena, offset + b.size)
+        placed.append(b)
+    return arena
+
+
+def graph_steps(graph: Graph) -> tuple[list[Step], dict[Hashable, str]]:
+    """The graph's ops as steps, and its resident values by class."""
+    fwd = forward_ops(graph)
+    resident: dict[Hashable, str] = dict(argument_classes(graph))
+    steps = []
+    for op in graph.ops:
+        if op.name == "func.return":
+            continue
+        if op.name in RESIDENT_OPS:
+            resident.update({r: RESIDENT_OPS[op.name] for r in op.results})
+        steps.append(Step(op.name, list(op.operands), list(op.results), op in fwd))
+    return steps, resident
+
+
+def plan_memory(graph: Graph) -> MemoryPlan:
+    """Plan the arena of `graph` in its current op order."""
+    steps, resident = graph_steps(graph)
+    return plan(steps, resident, graph.outputs)

@@ -1,0 +1,123 @@
+"""The cpu backend runs the memory plan: its temporaries share one arena at the planner's
+offsets, so what a training step really allocates follows the planned peak under every
+checkpointing strategy, and checkpointing really saves memory; an arena that cannot be
+allocated fails at compile time."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import ember as em
+from ember import nn, optim
+from ember.ir import Builder, Graph, TensorType
+
+F = nn.functional
+STRATEGIES = ("none", "balanced", "min-cut", "all")
+
+
+class Mlp(nn.Module):
+    def __init__(self, d: int = 64, depth: int = 8):
+        super().__init__()
+        self.layers = [nn.Linear(d, d) for _ in range(depth)]
+        self.head = nn.Linear(d, 10)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = F.relu(layer(x))
+        return self.head(x)
+
+
+class Cnn(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c1, self.b1 = nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8)
+        self.c2, self.b2 = nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8)
+        self.pool, self.head = nn.MaxPool2d(2), nn.Linear(8 * 8 * 8, 10)
+
+    def forward(self, x):
+        x = self.pool(F.relu(self.b2(self.c2(F.relu(self.b1(self.c1(x)))))))
+        return self.head(x.reshape((x.shape[0], -1)))
+
+
+class Block(nn.Module):
+    """A pre-norm transformer block: LayerNorm, causal attention, an MLP, residuals."""
+
+    def __init__(self, d: int = 32):
+        super().__init__()
+        self.n1, self.attn = nn.LayerNorm(d), nn.MultiHeadAttention(d, 4, causal=True)
+        self.n2, self.f1, self.f2 = nn.LayerNorm(d), nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+        self.head = nn.Linear(d, 10)
+
+    def forward(self, x):
+        x = x + self.attn(self.n1(x))
+        x = x + self.f2(F.gelu(self.f1(self.n2(x))))
+        return self.head(x.mean(axis=1))
+
+
+def batch(shape):
+    rng = np.random.default_rng(0)
+    return rng.normal(size=shape).astype(np.float32), rng.integers(0, 10, shape[0])
+
+
+MODELS = {"mlp": (Mlp, (512, 64)), "cnn": (Cnn, (16, 3, 16, 16)),
+          "block": (Block, (16, 16, 32))}
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_real_bytes_follow_the_plan_under_every_strategy(name, capsys):
+    cls, shape = MODELS[name]
+    x, y = batch(shape)
+    rows = {}
+    for s in STRATEGIES:
+        em.seed(0)
+        step = em.compile_train_step(cls(), F.cross_entropy, optim.SGD(lr=0.1),
+                                     backend="cpu", checkpoint=s)
+        step(x, y)
+        rows[s] = r = step.memory_report()
+        # within 10% is issue 13's aim; today the plan leaves out GEMM scratch and counts
+        # returned results only from where they are computed (real: the whole call)
+        assert 0.9 * r["peak_bytes"] <= r["real_bytes"] <= 1.3 * r["peak_bytes"], (s, r)
+    real = {s: r["real_bytes"] for s, r in rows.items()}
+    assert real["balanced"] <= real["none"] and real["all"] <= real["none"]
+    with capsys.disabled():
+        print(f"\n{name}: planned / real bytes: " + ", ".join(
+            f"{s} {r['peak_bytes']:,} / {r['real_bytes']:,}" for s, r in rows.items()))
+
+
+def _huge_temporary() -> Graph:
+    """x -> broadcast to 2**60 elements -> sum: a temporary no machine can hold."""
+    g = Graph("huge", [TensorType((1,), "f32")], ["x"])
+    b = Builder(g.body)
+    big = b.op("ember.broadcast", g.args[0], shape=[2**60])
+    b.create("func.return", [b.op("ember.reduce_sum", big, axes=[0], keepdims=False)])
+    return g
+
+
+def test_an_arena_that_does_not_fit_fails_at_compile_time():
+    from ember.backends import cpu
+
+    with pytest.raises(MemoryError, match=r"@huge: the memory plan needs an arena of "
+                                          r"4,611,686,018,427,387,904 bytes"):
+        cpu.compile(_huge_temporary())
+
+
+def test_arena_is_what_the_executable_holds_and_guard_mode_keeps_one_buffer_each():
+    from ember.backends import cpu
+    from ember.backends.cpu.buffers import guarded
+
+    g = Graph("chain", [TensorType((256,), "f32")], ["x"])
+    b = Builder(g.body)
+    v = g.args[0]
+    for name in ("ember.exp", "ember.neg", "ember.exp"):  # each dies into the next
+        v = b.op(name, v)
+    b.create("func.return", [b.op("ember.reduce_sum", v, axes=[0], keepdims=False)])
+    x = np.linspace(-1, 1, 256, dtype=np.float32)
+    want = np.exp(-np.exp(x)).sum()
+    exe = cpu.compile(g)
+    assert exe.memory()["arena"] == 1024  # one buffer, written in place twice
+    np.testing.assert_allclose(exe([x])[0], want, rtol=1e-6)
+    with guarded():
+        exe = cpu.compile(g)
+        assert exe.memory()["arena"] == 3 * 1024
+        np.testing.assert_allclose(exe([x])[0], want, rtol=1e-6)
