@@ -39,6 +39,49 @@ def tanh(x) -> Tensor:
     return _t(x).tanh()
 
 
+def _pair_of(a, b) -> tuple[Tensor, Tensor]:
+    """Two operands of one dtype: a python scalar takes the other's (torch's promotion)."""
+    if isinstance(a, (bool, int, float)):
+        b = _t(b)
+        return context.current().lift(a, b.dtype), b
+    a = _t(a)
+    return a, context.current().lift(b, a.dtype)
+
+
+def maximum(a, b) -> Tensor:
+    """Elementwise max, broadcast; NaN if either is NaN (torch.maximum)."""
+    return context.current().op("ember.max", *_pair_of(a, b))
+
+
+def minimum(a, b) -> Tensor:
+    """Elementwise min, broadcast; NaN if either is NaN (torch.minimum)."""
+    return context.current().op("ember.min", *_pair_of(a, b))
+
+
+def where(condition, a, b) -> Tensor:
+    """`a` where `condition` (a comparison's result) holds, else `b`, broadcast."""
+    cond = _t(condition)
+    if cond.dtype != "i1":
+        raise cond.trace.error(f"where: the condition must be a boolean tensor (a "
+                               f"comparison), got {cond.dtype}")
+    return context.current().op("ember.select", cond, *_pair_of(a, b))
+
+
+def clamp(x, min=None, max=None) -> Tensor:  # noqa: A002  (torch.clamp's names)
+    """x limited to [min, max] (either may be None), as torch.clamp: max wins if min > max."""
+    x = _t(x)
+    if min is None and max is None:
+        raise x.trace.error("clamp: give min, max or both")
+    if min is not None:
+        x = maximum(x, min)
+    return x if max is None else minimum(x, max)
+
+
+def broadcast_to(x, shape) -> Tensor:
+    """x repeated (without copies in fused code) to `shape`, numpy's broadcasting rules."""
+    return context.current().op("ember.broadcast", _t(x), shape=[int(d) for d in shape])
+
+
 def linear(x, weight, bias=None) -> Tensor:
     """x @ weight + bias, with weight [d_in, d_out] (`nn.linear`)."""
     t = context.current()
@@ -234,8 +277,9 @@ def layer_norm(x, normalized_shape, gamma=None, beta=None, eps: float = 1e-5) ->
     return t.op("nn.layer_norm", x, *params, axes=axes, eps=float(eps), affine=bool(params))
 
 
-def _rsqrt(x: Tensor) -> Tensor:
-    return x.trace.op("ember.rsqrt", x)
+def rsqrt(x) -> Tensor:
+    """1 / sqrt(x), elementwise (torch.rsqrt)."""
+    return context.current().op("ember.rsqrt", _t(x))
 
 
 def rms_norm(x, normalized_shape, gamma=None, eps: float = 1e-5) -> Tensor:
@@ -243,7 +287,7 @@ def rms_norm(x, normalized_shape, gamma=None, eps: float = 1e-5) -> Tensor:
     x = _t(x)
     shape = _norm_shape(x, normalized_shape)
     axes = tuple(range(x.ndim - len(shape), x.ndim))
-    y = x * _rsqrt((x * x).mean(axes, keepdims=True) + float(eps))
+    y = x * rsqrt((x * x).mean(axes, keepdims=True) + float(eps))
     return y if gamma is None else y * gamma
 
 
@@ -256,7 +300,7 @@ def group_norm(x, num_groups: int, gamma=None, beta=None, eps: float = 1e-5) -> 
     n, c = x.shape[:2]
     xr = x.reshape(n, num_groups, math.prod(x.shape[1:]) // num_groups)  # no -1: n may be 0
     d = xr - xr.mean(2, keepdims=True)
-    y = (d * _rsqrt((d * d).mean(2, keepdims=True) + float(eps))).reshape(x.shape)
+    y = (d * rsqrt((d * d).mean(2, keepdims=True) + float(eps))).reshape(x.shape)
     bshape = (1, c) + (1,) * (x.ndim - 2)
     if gamma is not None:
         y = y * x.trace.lift(gamma).reshape(bshape)
@@ -403,7 +447,9 @@ def binary_cross_entropy_with_logits(logits, target) -> Tensor:
 
 
 __all__ = ["adaptive_avg_pool2d", "avg_pool2d", "batch_norm", "binary_cross_entropy_with_logits",
-           "conv1d", "conv2d", "conv_transpose2d", "cross_entropy", "dropout", "embedding", "erf",
-           "flatten", "gelu", "group_norm", "layer_norm", "leaky_relu", "linear", "log_softmax",
-           "max_pool2d", "mse_loss", "multi_head_attention", "nll_loss", "relu", "rms_norm",
-           "scaled_dot_product_attention", "sigmoid", "silu", "softmax", "softplus", "tanh"]
+           "broadcast_to", "clamp", "conv1d", "conv2d", "conv_transpose2d", "cross_entropy",
+           "dropout", "embedding", "erf", "flatten", "gelu", "group_norm", "layer_norm",
+           "leaky_relu", "linear", "log_softmax", "max_pool2d", "maximum", "minimum", "mse_loss",
+           "multi_head_attention", "nll_loss", "relu", "rms_norm", "rsqrt",
+           "scaled_dot_product_attention", "sigmoid", "silu", "softmax", "softplus", "tanh",
+           "where"]
