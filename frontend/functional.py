@@ -407,43 +407,86 @@ def _one_hot(labels: Tensor, num_classes: int, dtype: str) -> Tensor:
     return labels.trace.op("ember.one_hot", labels, num_classes=num_classes, dtype=dtype)
 
 
-def cross_entropy(logits, target, label_smoothing: float = 0.0) -> Tensor:
-    """Mean cross-entropy of logits [N, C] against integer labels [N] or class probabilities
-    [N, C], with PyTorch's label smoothing: a scalar."""
+REDUCTIONS = ("mean", "sum", "none")
+
+
+def _reduced(losses: Tensor, reduction: str, weights: Tensor | None = None) -> Tensor:
+    """Per-sample `losses` as `reduction` asks (torch's names); with per-sample `weights`
+    the mean is the weighted mean, sum(w l) / sum(w), as torch's class weights give."""
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"reduction must be one of {', '.join(REDUCTIONS)}, got {reduction!r}")
+    if weights is not None:
+        losses = losses * weights
+    if reduction == "none":
+        return losses
+    if reduction == "sum" or weights is None:
+        return losses.sum() if reduction == "sum" else losses.mean()
+    return losses.sum() / weights.sum()
+
+
+def _class_weights(weight, labels_one_hot: Tensor) -> Tensor | None:
+    """Each sample's class weight (weight[target[i]]), from a [C] tensor or array."""
+    if weight is None:
+        return None
+    w = _t(weight)
+    c = labels_one_hot.shape[1]
+    if w.shape != (c,):
+        raise w.trace.error(f"weight must have one value per class, [{c}], got {list(w.shape)}")
+    return (labels_one_hot * w).sum(1)
+
+
+def cross_entropy(logits, target, label_smoothing: float = 0.0, weight=None,
+                  reduction: str = "mean") -> Tensor:
+    """Cross-entropy of logits [N, C] against integer labels [N] or class probabilities
+    [N, C], with PyTorch's label smoothing, class `weight` [C] (integer labels) and
+    `reduction` ("mean", "sum", "none")."""
     logits, target = _t(logits), _t(target)
     if not 0.0 <= label_smoothing <= 1.0:
         raise ValueError(f"label_smoothing must be in [0, 1], got {label_smoothing!r}")
     integer = target.dtype in ("i32", "i64")
-    if integer and label_smoothing == 0:
+    if integer and label_smoothing == 0 and weight is None and reduction == "mean":
         return logits.trace.op("nn.cross_entropy", logits, target)
+    weights = None
     if integer:
         _labels(logits, target, "cross_entropy")
         target = _one_hot(target, logits.shape[1], logits.dtype)
+        weights = _class_weights(weight, target)
     elif target.shape != logits.shape or logits.ndim != 2:
         raise logits.trace.error(f"cross_entropy: logits {list(logits.shape)} and target "
                                  f"probabilities {list(target.shape)} disagree (want [N, C])")
+    if weight is not None and (not integer or label_smoothing):
+        raise logits.trace.error("cross_entropy: weight= is supported for integer labels "
+                                 "without label smoothing")
     if label_smoothing:
         target = target * (1.0 - label_smoothing) + label_smoothing / logits.shape[1]
-    return -(target * log_softmax(logits, 1)).sum(1).mean()
+    return _reduced(-(target * log_softmax(logits, 1)).sum(1), reduction, weights)
 
 
-def nll_loss(log_probs, target) -> Tensor:
-    """Mean of -log_probs[i, target[i]] over log-probabilities [N, C], labels [N]."""
+def nll_loss(log_probs, target, weight=None, reduction: str = "mean") -> Tensor:
+    """-log_probs[i, target[i]] over log-probabilities [N, C] and labels [N], with class
+    `weight` [C] and `reduction` as torch's."""
     log_probs, target = _t(log_probs), _t(target)
     _labels(log_probs, target, "nll_loss")
-    return -(_one_hot(target, log_probs.shape[1], log_probs.dtype) * log_probs).sum(1).mean()
+    hot = _one_hot(target, log_probs.shape[1], log_probs.dtype)
+    return _reduced(-(hot * log_probs).sum(1), reduction, _class_weights(weight, hot))
 
 
-def mse_loss(a, b) -> Tensor:
-    """Mean of the squared difference: a scalar."""
+def mse_loss(a, b, reduction: str = "mean") -> Tensor:
+    """The squared difference, reduced as torch's `reduction` says."""
     d = _t(a) - _t(b)
-    return (d * d).mean()
+    return _reduced(d * d, reduction)
 
 
-def binary_cross_entropy_with_logits(logits, target) -> Tensor:
-    """Mean of max(x, 0) - x*t + log(1 + exp(-|x|)): stable for any logit."""
+def binary_cross_entropy_with_logits(logits, target, pos_weight=None,
+                                     reduction: str = "mean") -> Tensor:
+    """max(x, 0) - x*t + log(1 + exp(-|x|)), stable for any logit; with `pos_weight` (per
+    class, broadcast over the last axis) the positive term is weighted, as torch's:
+    (1 - t) x + (1 + (pos_weight - 1) t) softplus(-x)."""
     x, y = _t(logits), _t(target)
-    return (x.relu() - x * y + (1.0 + (-x.abs()).exp()).log()).mean()
+    if pos_weight is None:
+        return _reduced(x.relu() - x * y + (1.0 + (-x.abs()).exp()).log(), reduction)
+    log_weight = (_t(pos_weight) - 1.0) * y + 1.0
+    return _reduced((1.0 - y) * x + log_weight * softplus(-x), reduction)
 
 
 __all__ = ["adaptive_avg_pool2d", "avg_pool2d", "batch_norm", "binary_cross_entropy_with_logits",
