@@ -9,7 +9,7 @@ from .param import Param
 
 class Dropout(Module):
     """Zero elements with probability p (scaling the rest by 1/(1-p)) when the flag
-    `training` is on and the step is a training step; p finite in [0, 1)."""
+    `training` is on and the step is a training step; p finite in [0, 1]."""
 
     def __init__(self, p: float = 0.5):
         super().__init__()

@@ -339,7 +339,7 @@ def batch_norm(x, running_mean, running_var, gamma=None, beta=None, training: bo
 # -- dropout, embedding, attention ----------------------------------------------------------
 
 def check_dropout_p(p) -> float:
-    return number("dropout probability p", p, 0, 1, hi_open=True)
+    return number("dropout probability p", p, 0, 1)
 
 
 def dropout(x, p: float = 0.5, training: bool = True) -> Tensor:
@@ -350,6 +350,8 @@ def dropout(x, p: float = 0.5, training: bool = True) -> Tensor:
     x = t.lift(x)
     if not (training and t.training) or p == 0:
         return x
+    if p == 1:  # every element dropped (torch's p=1), with no 1/(1-p) to scale by
+        return x * 0.0
     return t.op("ember.dropout", x, t.rng(), p=p, seed=t.seed, key=t.next_key())
 
 

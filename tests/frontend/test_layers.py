@@ -355,3 +355,25 @@ def test_losses():
 def test_shape_errors_name_the_module_path_and_shapes(model, shape, message):
     with pytest.raises(em.ShapeError, match=message):
         em.trace(model, em.TensorSpec(shape))
+
+
+def test_dropout_p_1_drops_everything_in_training_and_nothing_in_eval():
+    import numpy as np
+
+    import ember as em
+
+    class Drop(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc, self.drop = nn.Linear(5, 5), nn.Dropout(1.0)
+
+        def forward(self, x):
+            return self.drop(self.fc(x))
+
+    x = np.ones((4, 5), np.float32)
+    model = Drop()
+    grad = em.compile_grad(model, lambda o, t: (o * t).sum(), backend="interpreter")
+    grads = grad(x, x)  # through a dropout that keeps nothing: loss and gradients 0, not NaN
+    assert grad.loss == 0.0 and not grads[model.fc.weight.id].any()
+    want = em.compile(model.fc, x)(x)
+    np.testing.assert_allclose(em.compile(model.valid(), x)(x), want)

@@ -174,8 +174,8 @@ def test_repr_shows_configs_and_counts():
 
 
 @pytest.mark.parametrize("make, message", [
-    (lambda: nn.Dropout(1.0), r"dropout probability p must be a finite number in \[0, 1\), "
-                              r"got 1.0"),
+    (lambda: nn.Dropout(1.5), r"dropout probability p must be a finite number in \[0, 1\], "
+                              r"got 1.5"),
     (lambda: nn.Dropout(float("nan")), "got nan"),
     (lambda: nn.Dropout(-0.1), "got -0.1"),
     (lambda: nn.Conv2d(3, 8, 3, groups=2), "groups=2 must divide c_in=3 and c_out=8"),
