@@ -82,10 +82,20 @@ def broadcast_to(x, shape) -> Tensor:
     return context.current().op("ember.broadcast", _t(x), shape=[int(d) for d in shape])
 
 
-def linear(x, weight, bias=None) -> Tensor:
-    """x @ weight + bias, with weight [d_in, d_out] (`nn.linear`)."""
+LAYOUTS = ("ember", "torch")
+
+
+def linear(x, weight, bias=None, layout: str = "ember") -> Tensor:
+    """x @ weight + bias (`nn.linear`). NOTE: ember's weight is [d_in, d_out] (burn's, y = x W),
+    the transpose of PyTorch's [d_out, d_in]; a square PyTorch weight would be used
+    transposed without any shape error, so pass `layout="torch"` for one."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"linear: layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
     t = context.current()
-    operands = [t.lift(x), t.lift(weight)] + ([] if bias is None else [t.lift(bias)])
+    w = t.lift(weight)
+    if layout == "torch":
+        w = w.transpose(1, 0)
+    operands = [t.lift(x), w] + ([] if bias is None else [t.lift(bias)])
     return t.op("nn.linear", *operands)
 
 

@@ -1,5 +1,5 @@
-"""Loss options as PyTorch spells them (reduction, class weight, pos_weight): values and
-gradients against torch on the interpreter and cpu."""
+"""Options as PyTorch spells them (loss reduction, class weight, pos_weight, linear's torch
+layout): values and gradients against torch on the interpreter and cpu."""
 
 import numpy as np
 import pytest
@@ -84,3 +84,20 @@ def test_bad_options_are_refused():
     with pytest.raises(em.ShapeError, match="without label smoothing"):
         em.compile(_Loss(nn.Linear(4, 4), lambda o, t: F.cross_entropy(o, t, 0.1, weight=W)),
                    x, y)
+
+
+@pytest.mark.parametrize("backend", ["interpreter", "cpu"])
+def test_linear_takes_a_torch_weight_with_layout_torch(backend):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((5, 4)).astype(np.float32)
+    w, b = rng.standard_normal((4, 4)).astype(np.float32), np.arange(4, dtype=np.float32)
+
+    class Lin(nn.Module):
+        def forward(self, x):
+            return F.linear(x, w, b, layout="torch")
+
+    want = TF.linear(torch.tensor(x), torch.tensor(w), torch.tensor(b)).numpy()
+    np.testing.assert_allclose(em.compile(Lin(), x, backend=backend)(x), want, rtol=1e-5,
+                               atol=1e-6)
+    with pytest.raises(ValueError, match="layout must be one of ember, torch"):
+        em.compile(_Loss(nn.Linear(4, 4), lambda o, t: F.linear(o, w, layout="pt")), x, x)
