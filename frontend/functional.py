@@ -99,13 +99,15 @@ def linear(x, weight, bias=None, layout: str = "ember") -> Tensor:
     return t.op("nn.linear", *operands)
 
 
-def softmax(x, axis: int = -1) -> Tensor:
-    x = _t(x)
+def softmax(x, axis: int = -1, dtype=None) -> Tensor:
+    """Softmax along `axis`, computed in `dtype` when given (torch's dtype=: cast first)."""
+    x = _t(x) if dtype is None else _t(x).astype(dtype)
     return x.trace.op("nn.softmax", x, axis=_axis(axis, x))
 
 
-def log_softmax(x, axis: int = -1) -> Tensor:
-    x = _t(x)
+def log_softmax(x, axis: int = -1, dtype=None) -> Tensor:
+    """Log-softmax along `axis`, computed in `dtype` when given (torch's dtype=)."""
+    x = _t(x) if dtype is None else _t(x).astype(dtype)
     return x.trace.op("nn.log_softmax", x, axis=_axis(axis, x))
 
 

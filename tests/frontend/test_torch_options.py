@@ -101,3 +101,17 @@ def test_linear_takes_a_torch_weight_with_layout_torch(backend):
                                atol=1e-6)
     with pytest.raises(ValueError, match="layout must be one of ember, torch"):
         em.compile(_Loss(nn.Linear(4, 4), lambda o, t: F.linear(o, w, layout="pt")), x, x)
+
+
+@pytest.mark.parametrize("fn", ["softmax", "log_softmax"])
+def test_softmax_dtype_computes_in_that_dtype(fn):
+    x = np.random.default_rng(0).standard_normal((3, 7)).astype(np.float32)
+
+    class Soft(nn.Module):
+        def forward(self, x):
+            return getattr(F, fn)(x, 1, dtype=np.float64)
+
+    got = em.compile(Soft(), x, backend="cpu")(x)
+    want = getattr(TF, fn)(torch.tensor(x), 1, dtype=torch.float64).numpy()
+    assert got.dtype == np.float64
+    np.testing.assert_allclose(got, want, rtol=1e-12)
