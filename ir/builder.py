@@ -16,6 +16,7 @@ class Builder:
         self.block = block
         self.before = before
         self.loc = loc
+        self._at = 0  # where `before` was last seen in the block, so a run of inserts is O(1)
 
     @classmethod
     def before_op(cls, op: Operation) -> Builder:
@@ -24,7 +25,12 @@ class Builder:
     def insert(self, op: Operation) -> Operation:
         if self.before is None:
             return self.block.append(op)
-        return self.block.insert_before(self.before, op)
+        ops = self.block.ops
+        if not (self._at < len(ops) and ops[self._at] is self.before):
+            self._at = ops.index(self.before)
+        self.block.insert(self._at, op)
+        self._at += 1
+        return op
 
     def create(self, name: str, operands: list[Value] = (), attrs: dict[str, Any] | None = None,
                result_types: list[Type] | None = None, regions: list[Region] = (),

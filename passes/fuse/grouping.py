@@ -63,6 +63,7 @@ class Grouper:
                          for op in block.ops for r in op.results}
         self.group: dict[Operation, Group] = {}
         self.groups: list[Group] = []
+        self.now = -1  # position of the op run() is visiting
 
     def new_group(self, op: Operation) -> Group | None:
         d = describe(op)
@@ -78,6 +79,7 @@ class Grouper:
 
     def run(self) -> list[Group]:
         for op in list(self.block.ops):
+            self.now = self.pos[op]
             g = self.new_group(op)
             if g is not None and g.matmul is not None:
                 self.absorb_views(op)
@@ -128,11 +130,15 @@ class Grouper:
         return False
 
     def creates_cycle(self, cons: Group, prod: Group) -> bool:
-        """Whether prod reaches cons through some third group or op."""
+        """Whether prod reaches cons through some third group or op. Ops after the one
+        being visited (`now`) are in no group yet and only reach later ops, never cons,
+        so the search stops there instead of walking the rest of the graph."""
         seen, stack = set(), [u for u in self.users(prod) if self.group.get(u) is not cons
                               and self.group.get(u) is not prod]
         while stack:
             op = stack.pop()
+            if op not in self.group and self.pos.get(op, self.now) > self.now:
+                continue
             node = self.group.get(op, op)
             if id(node) in seen:
                 continue

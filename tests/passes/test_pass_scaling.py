@@ -1,0 +1,67 @@
+"""Passes scale linearly: each is timed on graphs of n and 4n ops and the growth ratio is
+checked (linear is 4, quadratic 16), so the test measures a slope, not a speed."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from ember.ir import Builder, Graph, TensorType
+from ember.passes.manager import PassManager, parse_pipeline
+
+T = TensorType
+
+
+def chain(n: int, d: int = 16) -> Graph:
+    """About n ops: tanh -> mul by a constant, with a matmul every few ops (fuse groups)."""
+    g = Graph("chain", [T((d, d), "f32")], ["x"])
+    b = Builder(g.body)
+    x = g.args[0]
+    w = b.create("ember.param", [], {"id": "w", "path": "w"},
+                 result_types=[T((d, d), "f32")]).result
+    for i in range(n // 4):
+        x = b.op("ember.mul", b.op("ember.tanh", x),
+                 b.op("ember.constant", value=np.array(0.5, dtype=np.float32)))
+        if i % 2:
+            x = b.op("ember.matmul", x, w)
+    b.create("func.return", [b.op("ember.reduce_sum", x, axes=[0, 1], keepdims=False)])
+    return g
+
+
+def params(n: int, d: int = 8) -> Graph:
+    """About n ops: n/3 params, each multiplied into x and summed (the optimizer's shape)."""
+    g = Graph("params", [T((d,), "f32")], ["x"])
+    b = Builder(g.body)
+    acc = None
+    for j in range(n // 3):
+        p = b.create("ember.param", [], {"id": f"p{j}", "path": f"p{j}"},
+                     result_types=[T((d,), "f32")]).result
+        y = b.op("ember.mul", g.args[0], p)
+        acc = y if acc is None else b.op("ember.add", acc, y)
+    b.create("func.return", [b.op("ember.reduce_sum", acc, axes=[0], keepdims=False)])
+    return g
+
+
+def seconds(make, n: int, pipeline: str, before: str) -> float:
+    """The pass's best time of three, each on a fresh graph."""
+    best = float("inf")
+    for _ in range(3):
+        g = make(n)
+        if before:
+            g = PassManager(parse_pipeline(before)).run(g)
+        pm = PassManager(parse_pipeline(pipeline))
+        start = time.perf_counter()
+        pm.run(g)
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+@pytest.mark.parametrize("make, n, pipeline, before", [
+    (chain, 2000, "canonicalize", ""),
+    (params, 1000, "optimizer{kind=sgd}", "autodiff"),
+], ids=lambda p: p if isinstance(p, str) else None)
+def test_pass_time_grows_linearly(make, n, pipeline, before):
+    ratio = seconds(make, 4 * n, pipeline, before) / seconds(make, n, pipeline, before)
+    assert ratio <= 6.5, f"{pipeline}: 4x the ops took {ratio:.1f}x the time"
