@@ -194,8 +194,8 @@ def _reuse(st: Step, owner: list[Value]) -> list[Value]:
     """The operands a kernel may write its result over: those it reads at the very index
     it writes (and at no other), before writing it. That holds for an unfused elementwise
     op's operands of the result's type, and for a single-output `kernel.fused` without
-    reductions that reads the operand through the result's own map, over a space of the
-    result's size (each element written once). Their arguments keep `noalias`: a store
+    reductions that reads the operand only through the result's own map, over a space of
+    the result's size (each element written once). Their arguments keep `noalias`: a store
     depends on the loads at its own index, so no reordering LLVM may do moves it before
     them, and no other index is shared."""
     op = st.op
@@ -204,7 +204,9 @@ def _reuse(st: Step, owner: list[Value]) -> list[Value]:
         if (len(op.results) != 1 or math.prod(a["space"]) != op.result.type.size
                 or any(b.name == "kernel.reduce" for b in op.regions[0].blocks[0].ops)):
             return []
-        same = [k for k, m in enumerate(a["maps"]) if m == a["out_maps"][0]]
+        # ... and through no other map: the slot may be passed twice (x * x.T)
+        same = [k for k, m in enumerate(a["maps"]) if m == a["out_maps"][0] and all(
+            a["maps"][j] == m for j, s in enumerate(st.ins) if s == st.ins[k])]
     elif op.name in KERNELS and has_trait(op.name, "elementwise"):
         same = list(range(len(op.operands)))
     else:

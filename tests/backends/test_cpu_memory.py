@@ -121,3 +121,27 @@ def test_arena_is_what_the_executable_holds_and_guard_mode_keeps_one_buffer_each
         exe = cpu.compile(g)
         assert exe.memory()["arena"] == 3 * 1024
         np.testing.assert_allclose(exe([x])[0], want, rtol=1e-6)
+
+
+def test_a_kernel_reading_its_donor_through_another_map_too_does_not_write_over_it():
+    """x * x^T as one kernel over one buffer: writing the product into x's buffer would
+    clobber elements the transposed read still needs."""
+    from ember.backends import cpu, interpreter
+    from ember.ir import verify
+    from ember.ir.parser import parse
+
+    g = verify(parse("""
+    func.func @f(%x: tensor<8x8xf32>) -> tensor<8x8xf32> {
+      %t = "ember.tanh"(%x) : (tensor<8x8xf32>) -> tensor<8x8xf32>
+      %p = "kernel.fused"(%t, %t) ({
+      ^bb0(%a: f32, %b: f32):
+        %m = "kernel.mul"(%a, %b) : (f32, f32) -> f32
+        "kernel.yield"(%m) : (f32) -> ()
+      }) {maps = [[8, 1], [1, 8]], out_maps = [[8, 1]], out_types = [tensor<8x8xf32>],
+          space = [8, 8]} : (tensor<8x8xf32>, tensor<8x8xf32>) -> tensor<8x8xf32>
+      %r = "ember.neg"(%p) : (tensor<8x8xf32>) -> tensor<8x8xf32>
+      func.return %r : tensor<8x8xf32>
+    }"""))
+    x = np.random.default_rng(0).standard_normal((8, 8)).astype(np.float32)
+    np.testing.assert_allclose(cpu.Executable(g, use_cache=False)([x])[0],
+                               interpreter.run(g, [x])[0], rtol=1e-6)
