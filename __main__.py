@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
 
 def _count(least: int):
@@ -86,7 +87,7 @@ def _opt(args: argparse.Namespace) -> int:
 
     name = "<stdin>" if args.file == "-" else args.file
     try:
-        data = sys.stdin.buffer.read() if args.file == "-" else _read_bytes(args.file)
+        data = sys.stdin.buffer.read() if args.file == "-" else Path(args.file).read_bytes()
         graph = verify(parse(decode(data)))
         manager = PassManager(parse_pipeline(args.passes or ""), verify_each=args.verify_each,
                               print_ir_after_all=args.print_ir_after_all,
@@ -103,11 +104,6 @@ def _opt(args: argparse.Namespace) -> int:
     if args.pass_timing:
         print(manager.timing_report(), file=sys.stderr)
     return 0
-
-
-def _read_bytes(path: str) -> bytes:
-    with open(path, "rb") as f:
-        return f.read()
 
 
 def _emit(graph, emit: str, debuginfo: bool) -> str:
