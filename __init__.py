@@ -9,7 +9,8 @@ from .frontend.param import Param, ParamId, seed
 from .frontend.records import RecordError, load, load_torch, save
 from .frontend.tensor import Tensor
 from .frontend.trace import ShapeError, TensorSpec, trace
-from .runtime import optim
+from .interop import onnx
+from .runtime import distributed, optim
 from .runtime.api import (  # noqa: A004
     checkpoint_strategies,
     compile,
@@ -22,10 +23,10 @@ from .runtime.debug import AnomalyError, ExecutionError
 from .runtime.params import GradientsParams
 
 __all__ = ["AnomalyError", "CheckpointError", "DataLoader", "ExecutionError", "GradientsParams",
-           "ModuleMapper", "ModuleVisitor", "Param", "ParamGroup", "ParamId", "RecordError",
-           "ShapeError", "Tensor", "TensorSpec", "checkpoint_strategies", "compile",
-           "compile_grad", "compile_train_step", "init", "ir", "load", "load_torch", "nn",
-           "optim", "save", "seed", "trace"]
+           "ModuleMapper", "ModuleVisitor", "Param", "ParamGroup", "ParamId",
+           "RecordError", "ShapeError", "Tensor", "TensorSpec", "checkpoint_strategies",
+           "compile", "compile_grad", "compile_train_step", "distributed", "init", "ir",
+           "load", "load_torch", "nn", "onnx", "optim", "save", "seed", "trace"]
 
 # `import ember.nn`, `from ember.nn import functional`, `import ember.optim` work as in
 # PyTorch, though the modules live in frontend/ and runtime/ (the layering's homes)

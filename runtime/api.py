@@ -6,7 +6,9 @@ from collections.abc import Callable
 
 from ..frontend.module import Module
 from ..passes.manager import PASSES
+from . import distributed
 from .compiled import CompiledFunction, GradFunction, TrainStep
+from .distributed import Communicator
 from .optim import Optimizer
 
 # what a `checkpoint{strategy=...}` pass may offer, in order; only those it has are listed
@@ -48,7 +50,8 @@ def compile_grad(model: Module, loss_fn: Callable, backend: str = "cpu",
 def compile_train_step(model: Module, loss_fn: Callable, optimizer: Optimizer,
                        backend: str = "cpu", checkpoint: str = "none",
                        memory_budget: int | None = None, linear: str = "split",
-                       detect_anomaly: bool = False) -> TrainStep:
+                       detect_anomaly: bool = False,
+                       data_parallel: bool | Communicator = False) -> TrainStep:
     """`step(x, y)`: forward, backward and update in one compiled graph; returns the loss.
 
     `checkpoint`: which activations the backward recomputes instead of keeping (see
@@ -58,11 +61,24 @@ def compile_train_step(model: Module, loss_fn: Callable, optimizer: Optimizer,
     implies "min-cut" when `checkpoint` is "none".
     `detect_anomaly`: check every result for NaN/Inf and, if found, name the first op that
     produced it (slow: for debugging).
+    `data_parallel`: True (join the process group the launcher set up, see
+    `em.distributed.init`) or a Communicator: each rank passes its shard of the global
+    batch and the gradients are averaged across ranks before the update (runtime/
+    data_parallel.py), so the run equals single-process training on the global batch.
     """
     checkpoint = _strategy(checkpoint, memory_budget)
-    return TrainStep(model, loss_fn, optimizer, backend=backend, linear=linear,
-                     checkpoint=checkpoint, memory_budget=memory_budget,
-                     detect_anomaly=detect_anomaly)
+    options = dict(backend=backend, linear=linear, checkpoint=checkpoint,
+                   memory_budget=memory_budget, detect_anomaly=detect_anomaly)
+    if data_parallel is False:
+        return TrainStep(model, loss_fn, optimizer, **options)
+    from .data_parallel import DataParallelStep
+
+    if data_parallel is True:
+        data_parallel = distributed.init()
+    if not isinstance(data_parallel, Communicator):
+        raise TypeError(f"data_parallel must be True, False or a Communicator "
+                        f"(em.distributed.init()), got {data_parallel!r}")
+    return DataParallelStep(model, loss_fn, optimizer, data_parallel, **options)
 
 
 def _strategy(checkpoint: str, memory_budget: int | None) -> str:

@@ -212,10 +212,11 @@ class Compiled:
             args.insert(entry.rng_index, np.asarray(self.rng_step, dtype=np.int64))
         return args
 
-    def run(self, entry: Entry, args: list, params: dict) -> list[np.ndarray]:
-        """Run the compiled graph; an error names the op and source line that raised it."""
+    def run(self, entry: Entry, args: list, params: dict, out: dict | None = None) -> list:
+        """Run the compiled graph; an error names the op and source line that raised it.
+        `out`: {result position: array} to write results into (backends with `writes_out`)."""
         try:
-            return entry.run(args, params)
+            return entry.run(args, params) if out is None else entry.run(args, params, out=out)
         except InputCheckError:  # the backend's own check: say which rows or values
             self.check_inputs(entry, tuple(args[:len(entry.specs)]))
             raise

@@ -61,21 +61,31 @@ def write_back(opt, layout: UpdateLayout, table: dict, outs: list, keep=None) ->
     opt.step_count += 1
 
 
+def update_graph(opt, table: dict, ids: list[str], scale: float = 1.0) -> Graph:
+    """The optimizer's update of params `ids` alone: gradients in (multiplied by `scale`:
+    a data-parallel step's 1/world_size), new params and state out."""
+    graph = Graph("update", [TensorType(table[pid].shape, table[pid].dtype) for pid in ids])
+    b = Builder(graph.body)
+    for pid in ids:
+        b.create("ember.param", [], {"id": pid, "path": pid},
+                 result_types=[TensorType(table[pid].shape, table[pid].dtype)])
+    grads = list(graph.args)
+    if scale != 1.0:
+        grads = [b.op("ember.mul", g, b.op("ember.constant", value=np.array(
+            scale, dtype=numpy_dtype(g.type.dtype)))) for g in grads]
+    b.create("func.return", grads)
+    graph.attributes["ember.grads"] = ids
+    (lower,) = parse_pipeline(opt.pass_spec())
+    return lower.apply(graph)
+
+
 def apply_update(opt, model, grads) -> None:
     table = param_table(model)
     ids = [pid for pid, p in table.items() if p.id in grads and p.requires_grad]
     if not ids:
         return
     dtype = table[ids[0]].dtype
-    graph = Graph("update", [TensorType(table[pid].shape, table[pid].dtype) for pid in ids])
-    b = Builder(graph.body)
-    for pid in ids:
-        b.create("ember.param", [], {"id": pid, "path": pid},
-                 result_types=[TensorType(table[pid].shape, table[pid].dtype)])
-    b.create("func.return", list(graph.args))
-    graph.attributes["ember.grads"] = ids
-    (lower,) = parse_pipeline(opt.pass_spec())
-    graph = lower.apply(graph)
+    graph = update_graph(opt, table, ids)
     inputs = [grads[table[pid].id] for pid in ids]
     layout = UpdateLayout.of(graph)
     inputs += hyper_inputs(opt, dtype) + state_inputs(opt, layout, table)

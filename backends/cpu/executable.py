@@ -100,6 +100,7 @@ class Executable:
         _live.add(self)
         self.native_calls = 0
         self.checks_inputs = bool(self.plan.checks)  # the graph's input checks run natively
+        self.writes_out = True  # __call__ takes out=
         self.timings["total"] = time.perf_counter() - t0
         if os.environ.get("EMBER_PASS_TIMING"):  # the backend's stages, as --pass-timing
             print(f"@{graph.name}:\n{self.timing_report()}", file=sys.stderr)
@@ -243,15 +244,40 @@ class Executable:
         return f"param {s.path} (id {s.key})"
 
     def __call__(self, inputs: Sequence[np.ndarray],
-                 params: Mapping[str, np.ndarray] | None = None) -> list[np.ndarray]:
-        arrays = self._run(inputs, params)
-        return [arrays[i] if own and shape is None else
-                arrays[i].reshape(shape) if own else
-                (arrays[i] if shape is None else arrays[i].reshape(shape)).copy()
-                for i, shape, own in self._results]
+                 params: Mapping[str, np.ndarray] | None = None,
+                 out: Mapping[int, np.ndarray] | None = None) -> list[np.ndarray]:
+        """`out`: {result position: array} to write those results into (C-contiguous, of
+        the result's dtype and size): a data-parallel step's flat gradient buffer. A result
+        the kernels write directly is written there; any other is copied there."""
+        into = self._bind_out(out) if out else None
+        arrays = self._run(inputs, params, into)
+        results = [arrays[i] if own and shape is None else
+                   arrays[i].reshape(shape) if own else
+                   (arrays[i] if shape is None else arrays[i].reshape(shape)).copy()
+                   for i, shape, own in self._results]
+        for k, target in (out or {}).items():
+            if results[k].ctypes.data != target.ctypes.data:
+                np.copyto(target.reshape(results[k].shape), results[k])
+            results[k] = target.reshape(results[k].shape)
+        return results
 
-    def _run(self, inputs, params) -> list:
-        """Bind and run: every slot's array (inputs as converted, results) of this call."""
+    def _bind_out(self, out: Mapping[int, np.ndarray]) -> dict[int, np.ndarray]:
+        """{slot: array viewed as the slot's type} for the results the kernels write."""
+        into = {}
+        for k, target in out.items():
+            i, _, own = self._results[k]
+            t = self.slots[i].type
+            if not (target.flags.c_contiguous and target.dtype == numpy_dtype(t.dtype)
+                    and target.size == t.size):
+                raise ValueError(f"out[{k}]: needs a C-contiguous {t} buffer, got "
+                                 f"{target.dtype} of shape {target.shape}")
+            if own:
+                into[i] = target.reshape(t.shape)
+        return into
+
+    def _run(self, inputs, params, into: dict | None = None) -> list:
+        """Bind and run: every slot's array (inputs as converted, results) of this call;
+        `into` gives some results' slots the caller's arrays."""
         if len(inputs) != len(self.graph.args):
             raise ValueError(f"graph @{self.graph.name} takes {len(self.graph.args)} inputs, "
                              f"got {len(inputs)}")
@@ -278,7 +304,11 @@ class Executable:
                 known = pooled.get(id(x))
                 table[i] = known[-1] if known is not None and known[0] is x else _address(x)
             for i in self._fresh:
-                arrays[i], table[i] = self._recycled(i)
+                if into and i in into:
+                    arrays[i] = into[i]
+                    table[i] = into[i].ctypes.data
+                else:
+                    arrays[i], table[i] = self._recycled(i)
             self._entry(table)
             self.native_calls += 1
             if self._status is not None and self._status.value:

@@ -1,0 +1,1 @@
+"""Moving models between ember and other frameworks' file formats (ONNX)."""

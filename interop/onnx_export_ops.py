@@ -1,0 +1,205 @@
+"""What each core `ember.*` op becomes in ONNX (opset 18): one table, `RULES`, keyed by op name.
+
+A rule writes ONNX nodes for one ember op into a `Nodes` and returns the name of the value
+that holds the op's result. Nodes here are plain data (`Node`, numpy constants): this module
+never imports `onnx`, so the rules and the check for ops without one (`missing`) run, and
+are tested, without it; `onnx_export` turns the list into protobuf.
+
+Where ONNX's op differs from ember's at an edge, the rule spells out ember's meaning from
+exact parts instead: `one_hot` as Equal against an index range (ONNX OneHot counts negative
+labels from the end; ember gives them no class), `softplus` with its beta and threshold
+around ONNX's plain Softplus, `cmp ne` as Not(Equal).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..ir import Operation, dtype_of, numpy_dtype
+from ..ir.dialects.ember import softplus_params
+
+OPSET = 18  # the first opset where every reduction takes its axes as an input
+
+# ember dtype -> TensorProto.DataType: fixed numbers of onnx.proto (checked by the tests)
+ONNX_DTYPES = {"f32": 1, "f64": 11, "f16": 10, "bf16": 16, "i64": 7, "i32": 6, "i1": 9}
+
+
+@dataclass(frozen=True)
+class Const:
+    """A tensor value in a node attribute; `dtype` is ember's (bf16 values are held as f32)."""
+
+    value: np.ndarray
+    dtype: str
+
+
+@dataclass
+class Node:
+    op_type: str
+    inputs: list[str]
+    outputs: list[str]
+    attrs: dict = field(default_factory=dict)
+    doc: str = ""  # the ember op and its source line, for a reader of the ONNX file
+
+
+class Nodes:
+    """The ONNX nodes being written, with names that never collide with `reserved` ones
+    (the initializers, named by their param paths): each new value is named after its op,
+    `matmul`, `matmul_1`, ... Every node written while an ember op is exported carries
+    that op in its `doc`."""
+
+    def __init__(self, reserved: set[str]):
+        self.nodes: list[Node] = []
+        self.doc = ""
+        self._taken = set(reserved)
+        self._count: dict[str, int] = {}
+
+    def fresh(self, base: str) -> str:
+        while True:
+            n = self._count.get(base, 0)
+            self._count[base] = n + 1
+            name = base if n == 0 else f"{base}_{n}"
+            if name not in self._taken:
+                self._taken.add(name)
+                return name
+
+    def node(self, op_type: str, *inputs: str, out: str | None = None, **attrs) -> str:
+        """Append `op_type(*inputs) {attrs}` and return the name of its one output (`out`,
+        else a fresh one)."""
+        out = out or self.fresh(op_type.lower())
+        self.nodes.append(Node(op_type, list(inputs), [out], attrs, self.doc))
+        return out
+
+    def const(self, value, dtype: str | None = None) -> str:
+        """A `Constant` node holding `value` (as ember's `dtype`, else numpy's own)."""
+        value = np.asarray(value)
+        return self.node("Constant", value=Const(value, dtype or dtype_of(value.dtype)))
+
+    def ints(self, values) -> str:
+        """A 1-D int64 constant: the shape, axes or index operands ONNX takes as inputs."""
+        return self.const(np.asarray(list(values), np.int64))
+
+
+Rule = Callable[..., str]  # (nodes, op, *input names) -> the name of the op's result
+
+
+def same(op_type: str, **fixed) -> Rule:
+    """The ONNX op of the same meaning, on the same operands."""
+    return lambda b, op, *xs: b.node(op_type, *xs, **fixed)
+
+
+def _reduce(op_type: str) -> Rule:
+    def rule(b: Nodes, op: Operation, x: str) -> str:
+        axes, keep = op.attributes["axes"], int(op.attributes["keepdims"])
+        if not axes:  # ember: reduce nothing; ONNX without axes reduces everything
+            return b.node(op_type, x, keepdims=keep, noop_with_empty_axes=1)
+        return b.node(op_type, x, b.ints(axes), keepdims=keep)
+
+    return rule
+
+
+CMP = {"eq": "Equal", "lt": "Less", "le": "LessOrEqual", "gt": "Greater", "ge": "GreaterOrEqual"}
+
+
+def _cmp(b: Nodes, op: Operation, x: str, y: str) -> str:
+    predicate = op.attributes["predicate"]
+    if predicate == "ne":
+        return b.node("Not", b.node("Equal", x, y))
+    return b.node(CMP[predicate], x, y)
+
+
+def _constant(b: Nodes, op: Operation) -> str:
+    return b.const(op.attributes["value"], op.result.type.dtype)
+
+
+def _softplus(b: Nodes, op: Operation, x: str) -> str:
+    """x where beta x > threshold, else softplus(beta x) / beta (ONNX's has neither)."""
+    beta, threshold = softplus_params(op.attributes)
+    dtype = op.result.type.dtype
+    t = x if beta == 1 else b.node("Mul", x, b.const(beta, dtype))
+    y = b.node("Softplus", t)
+    y = y if beta == 1 else b.node("Div", y, b.const(beta, dtype))
+    return b.node("Where", b.node("Greater", t, b.const(threshold, dtype)), x, y)
+
+
+def _one_hot(b: Nodes, op: Operation, labels: str) -> str:
+    """[..., C]: 1 where the label equals the class index, 0 elsewhere (any label)."""
+    a, ltype = op.attributes, op.operands[0].type
+    classes = b.const(np.arange(a["num_classes"], dtype=numpy_dtype(ltype.dtype)))
+    hit = b.node("Equal", b.node("Unsqueeze", labels, b.ints([-1])), classes)
+    return b.node("Cast", hit, to=ONNX_DTYPES[a["dtype"]])
+
+
+def _window(a: dict) -> dict:
+    """ONNX's names for ember's symmetric [h, w] stride and padding."""
+    (sh, sw), (ph, pw) = a["stride"], a["padding"]
+    return {"strides": [sh, sw], "pads": [ph, pw, ph, pw]}
+
+
+def _conv(b: Nodes, op: Operation, x: str, w: str) -> str:
+    a = op.attributes
+    return b.node("Conv", x, w, **_window(a), dilations=list(a["dilation"]), group=a["groups"])
+
+
+def _conv_transpose(b: Nodes, op: Operation, g: str, w: str) -> str:
+    """conv2d's input gradient is ConvTranspose with the same weight layout; the extra rows
+    at the bottom and right that `input_shape` asks for are ONNX's output_padding."""
+    a, (gt, wt) = op.attributes, (v.type for v in op.operands)
+    extra = [size - ((n - 1) * s - 2 * p + d * (k - 1) + 1) for size, n, s, p, d, k in
+             zip(a["input_shape"][2:], gt.shape[2:], a["stride"], a["padding"], a["dilation"],
+                 wt.shape[2:])]
+    return b.node("ConvTranspose", g, w, **_window(a), dilations=list(a["dilation"]),
+                  group=a["groups"], output_padding=extra)
+
+
+def _pool(op_type: str, **fixed) -> Rule:
+    def rule(b: Nodes, op: Operation, x: str) -> str:
+        a = op.attributes
+        return b.node(op_type, x, kernel_shape=list(a["kernel"]), **_window(a), **fixed)
+
+    return rule
+
+
+SAME = {"add": "Add", "sub": "Sub", "mul": "Mul", "div": "Div", "max": "Max", "min": "Min",
+        "pow": "Pow", "exp": "Exp", "log": "Log", "sqrt": "Sqrt", "tanh": "Tanh",
+        "sigmoid": "Sigmoid", "erf": "Erf", "neg": "Neg", "relu": "Relu", "abs": "Abs",
+        "select": "Where", "matmul": "MatMul", "gather": "Gather"}
+REDUCE = {"reduce_sum": "ReduceSum", "reduce_mean": "ReduceMean", "reduce_max": "ReduceMax"}
+
+RULES: dict[str, Rule] = {
+    **{f"ember.{name}": same(op_type) for name, op_type in SAME.items()},
+    **{f"ember.{name}": _reduce(op_type) for name, op_type in REDUCE.items()},
+    "ember.constant": _constant,
+    "ember.rsqrt": lambda b, op, x: b.node("Reciprocal", b.node("Sqrt", x)),
+    "ember.softplus": _softplus,
+    "ember.cmp": _cmp,
+    "ember.cast": lambda b, op, x: b.node("Cast", x, to=ONNX_DTYPES[op.attributes["dtype"]]),
+    "ember.broadcast": lambda b, op, x: b.node("Expand", x, b.ints(op.attributes["shape"])),
+    "ember.reshape": lambda b, op, x: b.node("Reshape", x, b.ints(op.attributes["shape"]),
+                                             allowzero=1),  # a 0 in the shape is a size
+    "ember.transpose": lambda b, op, x: b.node("Transpose", x, perm=list(op.attributes["perm"])),
+    "ember.one_hot": _one_hot,
+    "ember.conv2d": _conv,
+    "ember.conv2d_grad_input": _conv_transpose,
+    "ember.max_pool2d": _pool("MaxPool"),
+    "ember.avg_pool2d": _pool("AveragePool", count_include_pad=1),
+}
+
+STRUCTURAL = frozenset({"ember.param", "func.return"})  # initializers and graph outputs
+
+_GRADIENT = "a gradient, found only in training graphs"
+NO_RULE = {  # core ops without a rule, and why an inference graph does without them
+    "ember.dropout": "random; an inference trace has none (Dropout is off)",
+    "ember.scatter_add": _GRADIENT,
+    "ember.conv2d_grad_weight": _GRADIENT,
+    "ember.max_pool2d_grad": _GRADIENT,
+    "ember.avg_pool2d_grad": _GRADIENT,
+}
+
+
+def missing(ops: list[Operation]) -> list[tuple[Operation, str]]:
+    """Every op without an export rule, in graph order, with why it has none (if known)."""
+    return [(op, NO_RULE.get(op.name, "")) for op in ops
+            if op.name not in RULES and op.name not in STRUCTURAL]

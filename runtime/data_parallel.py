@@ -1,0 +1,187 @@
+"""Data-parallel training steps: every rank runs the step on its shard of the global batch.
+
+A step is two compiled graphs with one collective between them: the gradient graph
+(forward and backward, as `compile_grad` compiles it) writes its gradients, and the loss,
+scalar metrics and float buffers (BatchNorm's running stats), into one persistent flat
+buffer per dtype; one allreduce sums it across ranks; the update graph (the optimizer
+pass, as a compiled step lowers it) reads the summed gradients in place, scaled by
+1/world_size, so clipping sees the global norm of the averaged gradients and the new
+params and optimizer state are the same on every rank. With a mean-reduced loss and
+equal shards, that is single-process training on the global batch.
+
+At the first step the ranks compare their traced graphs (ids and seeds aside) and fail
+together, naming the ranks that differ, if the models or shapes disagree; then rank 0's
+params and buffers are broadcast, so replicas start equal even from different seeds.
+Averaged buffers keep the replicas equal; the batch statistics themselves are each
+rank's own (as PyTorch's DDP without SyncBatchNorm).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..frontend.module import Module
+from ..ir import numpy_dtype
+from .backend import to_host
+from .compiled import Entry, TrainStep
+from .distributed import Communicator
+from .params import param_values, state_key
+from .pipeline import SIMPLIFY, Stages, grad_pipeline
+from .update import UpdateLayout, hyper_inputs, state_inputs, update_graph, write_back
+
+_ALIGN = 64  # bytes: each view in a flat buffer starts where a kernel's own buffer would
+
+
+def _aligned(nbytes: int, dtype: np.dtype) -> np.ndarray:
+    raw = np.zeros(nbytes + _ALIGN, np.uint8)
+    start = -raw.ctypes.data % _ALIGN
+    return raw[start:start + nbytes].view(dtype)
+
+
+@dataclass
+class FlatBuffers:
+    """Where the reduced results of one gradient graph sit: one buffer per dtype, and a
+    view of it for each result position (the loss, scalar metrics, buffers, gradients)."""
+
+    buffers: list[np.ndarray]
+    views: dict[int, np.ndarray]  # result position -> its place, in the result's shape
+    head: list[int]  # positions averaged here (not by the update graph): loss, metrics, buffers
+
+    @classmethod
+    def of(cls, entry: Entry) -> FlatBuffers:
+        types = [v.type for v in entry.graph.return_op.operands]
+        main, buffers, grads = entry.split(list(range(len(types))))
+        scalars = [k for k in main if types[k].shape == ()]
+        head = [k for k in scalars + buffers if types[k].dtype.startswith(("f", "bf"))]
+        by_dtype: dict[str, list[int]] = {}
+        for k in head + grads:
+            by_dtype.setdefault(types[k].dtype, []).append(k)
+        out, views = [], {}
+        for dtype, positions in by_dtype.items():
+            np_dtype = np.dtype(numpy_dtype(dtype))
+            offsets, n = [], 0
+            for k in positions:
+                offsets.append(n)
+                n += -(-types[k].nbytes // _ALIGN) * _ALIGN
+            flat = _aligned(n, np_dtype)
+            for k, off in zip(positions, offsets):
+                start = off // np_dtype.itemsize
+                views[k] = flat[start:start + types[k].size].reshape(types[k].shape)
+            out.append(flat)
+        return cls(out, views, head)
+
+
+class DataParallelStep(TrainStep):
+    """`compile_train_step(..., data_parallel=True | communicator)`: a TrainStep whose
+    gradients are averaged across the ranks of `comm` before the update."""
+
+    def __init__(self, model: Module, loss_fn: Callable, optimizer, comm: Communicator,
+                 **options):
+        super().__init__(model, loss_fn, optimizer, **options)
+        self.comm = comm
+        self._flat: dict[int, FlatBuffers] = {}  # id(entry) -> its flat buffers
+        self._updates: dict[tuple, tuple] = {}  # key -> (graph, run, layout)
+        self._synced = False
+
+    def pipeline(self):
+        return grad_pipeline(self.linear, self.checkpoint, self.memory_budget)
+
+    def extra_inputs(self, entry: Entry, table: dict) -> list:
+        return []
+
+    def __call__(self, *inputs: np.ndarray):
+        table = self.param_table()
+        entry = self.entry(inputs, table)
+        flat = self._flat.get(id(entry))
+        if flat is None:  # a new graph: every rank must have built the same one
+            self.comm.check_same("the traced training graph", _fingerprint(entry))
+            self._flat = {id(e): self._flat[id(e)] for e in self._cache.values()
+                          if id(e) in self._flat}
+            flat = self._flat[id(entry)] = FlatBuffers.of(entry)
+        if not self._synced:
+            self.broadcast_params(table)
+            self._synced = True
+        if not entry.native_checks:
+            self.check_inputs(entry, inputs)
+        params = self.params(table)
+        args = self.arguments(entry, inputs)
+        direct = getattr(entry.run, "writes_out", False)
+        outs = self.run(entry, args, params, out=flat.views if direct else None)
+        if self.detect_anomaly:
+            self.check_finite(entry, args, params, outs)
+        if not direct:
+            for k, view in flat.views.items():
+                np.copyto(view, to_host(outs[k]))
+        for buffer in flat.buffers:
+            self.comm.allreduce_(buffer)
+        scale = 1.0 / self.comm.world_size
+        outs = list(outs)
+        for k in flat.head:
+            flat.views[k] *= scale
+            outs[k] = flat.views[k].copy()  # a buffer's new value outlives this step
+        grads = [flat.views[k] for k in range(len(outs) - entry.tail, len(outs))]
+        self.finish(entry, table, outs)
+        self.update(table, entry.graph.attributes["ember.grads"], grads)
+        return self.loss if not self.metrics else (self.loss, *self.metrics)
+
+    def update(self, table: dict, ids: list[str], grads: list[np.ndarray]) -> None:
+        """The optimizer's update from the summed gradients, compiled once per params."""
+        key = (state_key(table), self.key_extra(), tuple(ids))
+        found = self._updates.get(key)
+        if found is None:
+            graph = update_graph(self.optimizer, table, list(ids), 1.0 / self.comm.world_size)
+            stages = Stages(graph, [*SIMPLIFY, "fuse"])
+            found = (stages.graph, self.backend.compile(stages.graph),
+                     UpdateLayout.of(stages.graph))
+            if len(self._updates) >= self.cache_size:
+                self._updates.clear()
+            self._updates[key] = found
+        graph, run, layout = found
+        lr_dtype = next(a for a in graph.args if a.name == "lr").type.dtype
+        args = (grads + hyper_inputs(self.optimizer, lr_dtype)
+                + state_inputs(self.optimizer, layout, table))
+        outs = run(args, self.params(table))
+        write_back(self.optimizer, layout, table, outs,
+                   keep=self.keep if self._on_device is not None else None)
+
+    def broadcast_params(self, table: dict) -> None:
+        """Rank 0's params and buffers to every rank (flags stay each rank's own)."""
+        params = [(pid, p) for pid, p in table.items() if p.kind != "flag"]
+        values = param_values(dict(params))
+        by_dtype: dict[np.dtype, list[str]] = {}
+        for pid, _ in params:
+            by_dtype.setdefault(values[pid].dtype, []).append(pid)
+        for dtype, pids in by_dtype.items():
+            flat = np.concatenate([values[pid].ravel() for pid in pids]).astype(dtype)
+            self.comm.broadcast_(flat, root=0)
+            start = 0
+            for pid in pids:
+                n = values[pid].size
+                self.set_param(table, pid, flat[start:start + n].reshape(values[pid].shape)
+                               .copy())
+                start += n
+
+    def save_checkpoint(self, path: str, extra: dict | None = None) -> str:
+        """Rank 0 writes the checkpoint (replicas are equal); every rank returns once the
+        file is in place."""
+        if self.comm.rank == 0:
+            super().save_checkpoint(path, extra)
+        self.comm.barrier()
+        return path
+
+
+def _fingerprint(entry: Entry) -> str:
+    """The traced graph with what legitimately differs between ranks left out: param ids
+    (random unless seeded) and dropout seeds."""
+    text = entry.stages.texts["traced"]
+    for n, pid in enumerate(dict.fromkeys(re.findall(r'\bid = "([^"]+)"', text))):
+        text = text.replace(f'"{pid}"', f'"param{n}"')
+    text = re.sub(r"\bseed = -?\d+", "", text)
+    return text + repr([(s.shape, s.dtype) for s in entry.specs])
+
+
+__all__ = ["DataParallelStep", "FlatBuffers"]

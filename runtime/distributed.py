@@ -1,0 +1,192 @@
+"""Communicators: the collectives a data-parallel step needs, on the engine users launch.
+
+`init(backend="auto")` joins the process group that the launcher describes in the
+environment: torchrun (and Slurm's `srun torchrun`, Kubernetes' PyTorchJob, Ray Train's
+TorchTrainer, which all set RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT) → "gloo", through
+torch.distributed; mpiexec/srun with MPI (OMPI_COMM_WORLD_SIZE, PMI_SIZE) → "mpi", through
+mpi4py; neither → "local", one process. Arrays are numpy arrays reduced in place.
+
+A peer that dies or never joins makes the collective fail with `DistributedError` after
+`timeout` seconds at most (gloo; MPI has no timeout: its launcher ends the job), never a
+hang. `close()` leaves the group (and runs at exit: torch aborts a process that exits
+with a live gloo group).
+"""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import os
+from datetime import timedelta
+
+import numpy as np
+
+DEFAULT_TIMEOUT = 300.0  # seconds; EMBER_DIST_TIMEOUT overrides it
+
+
+class DistributedError(RuntimeError):
+    """A collective failed: a peer died, timed out or disagrees with this rank."""
+
+
+class Communicator:
+    """One process of a group of `world_size`: `allreduce_` sums in place across ranks,
+    `broadcast_` copies rank `root`'s array into everyone's."""
+
+    backend = "local"
+    rank, world_size = 0, 1
+
+    def allreduce_(self, array: np.ndarray) -> np.ndarray:
+        return array
+
+    def broadcast_(self, array: np.ndarray, root: int = 0) -> np.ndarray:
+        return array
+
+    def barrier(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def check_same(self, what: str, fingerprint: str) -> None:
+        """Fail on every rank, naming the ranks that differ, unless all ranks hold the same
+        `fingerprint` (a model's traced graph, the shapes of a batch)."""
+        if self.world_size == 1:
+            return
+        mine = np.frombuffer(hashlib.sha256(fingerprint.encode()).digest(), np.uint8)
+        reference = mine.astype(np.int64)
+        self.broadcast_(reference, root=0)
+        differs = np.zeros(self.world_size, np.int64)
+        differs[self.rank] = int(not np.array_equal(reference, mine))
+        self.allreduce_(differs)
+        if differs.any():
+            ranks = np.nonzero(differs)[0].tolist()
+            raise DistributedError(f"{what} differs between ranks: rank 0 and rank(s) {ranks} "
+                                   "(every rank must build the same model and pass batches "
+                                   "of the same shapes)")
+
+    def __enter__(self) -> Communicator:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<{self.backend} communicator: rank {self.rank} of {self.world_size}>"
+
+
+class GlooCommunicator(Communicator):
+    """torch.distributed with the gloo backend; numpy arrays are shared with torch, not
+    copied (torch.from_numpy)."""
+
+    backend = "gloo"
+
+    def __init__(self, timeout: float):
+        try:
+            import torch
+            import torch.distributed as dist
+        except ImportError:
+            raise DistributedError("the gloo backend runs on torch.distributed: install the "
+                                   "extra, pip install 'ember[distributed]'") from None
+        self._torch, self._dist, self.timeout = torch, dist, timeout
+        self._owned = not dist.is_initialized()
+        if self._owned:
+            missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+                       if k not in os.environ]
+            if missing:
+                raise DistributedError(f"gloo needs {', '.join(missing)} in the environment: "
+                                       "launch with torchrun (python -m torch.distributed.run)")
+            try:
+                dist.init_process_group("gloo", timeout=timedelta(seconds=timeout))
+            except Exception as e:  # noqa: BLE001  (torch raises several kinds)
+                raise DistributedError(
+                    f"rank {os.environ['RANK']} of {os.environ['WORLD_SIZE']} could not join "
+                    f"the process group at {os.environ['MASTER_ADDR']}:"
+                    f"{os.environ['MASTER_PORT']} within {timeout:g} s (did every rank "
+                    f"start?): {type(e).__name__}: {e}") from None
+            atexit.register(self.close)
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+
+    def _collective(self, name: str, run) -> None:
+        try:
+            run()
+        except Exception as e:  # noqa: BLE001
+            raise DistributedError(f"rank {self.rank}: {name} across {self.world_size} ranks "
+                                   f"failed (a peer died, or did not answer within "
+                                   f"{self.timeout:g} s): {type(e).__name__}: {e}") from None
+
+    def allreduce_(self, array):
+        t = self._torch.from_numpy(array)
+        self._collective("allreduce", lambda: self._dist.all_reduce(t))
+        return array
+
+    def broadcast_(self, array, root=0):
+        t = self._torch.from_numpy(array)
+        self._collective("broadcast", lambda: self._dist.broadcast(t, src=root))
+        return array
+
+    def barrier(self):
+        self._collective("barrier", self._dist.barrier)
+
+    def close(self):
+        if self._owned and self._dist.is_initialized():
+            self._dist.destroy_process_group()
+        self._owned = False
+
+
+class MpiCommunicator(Communicator):
+    """mpi4py's COMM_WORLD (shared memory between local ranks: several times faster than
+    gloo's TCP for large arrays)."""
+
+    backend = "mpi"
+
+    def __init__(self):
+        try:
+            from mpi4py import MPI
+        except ImportError:
+            raise DistributedError("the mpi backend needs mpi4py and an MPI library: pip "
+                                   "install 'ember[mpi]'") from None
+        self._mpi, self._comm = MPI, MPI.COMM_WORLD
+        self.rank, self.world_size = self._comm.Get_rank(), self._comm.Get_size()
+
+    def allreduce_(self, array):
+        self._comm.Allreduce(self._mpi.IN_PLACE, array, op=self._mpi.SUM)
+        return array
+
+    def broadcast_(self, array, root=0):
+        self._comm.Bcast(array, root=root)
+        return array
+
+    def barrier(self):
+        self._comm.Barrier()
+
+
+BACKENDS = ("auto", "gloo", "mpi", "local")
+
+
+def detect() -> str:
+    """The backend the environment's launcher implies."""
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        return "gloo"
+    if "OMPI_COMM_WORLD_SIZE" in os.environ or "PMI_SIZE" in os.environ:
+        return "mpi"
+    return "local"
+
+
+def init(backend: str = "auto", timeout: float | None = None) -> Communicator:
+    """Join the process group of this run; `timeout` (seconds, default EMBER_DIST_TIMEOUT
+    or 300) bounds how long a collective waits for a peer."""
+    if backend not in BACKENDS:
+        raise ValueError(f"distributed backend {backend!r}: choose one of {', '.join(BACKENDS)}")
+    if timeout is None:
+        timeout = float(os.environ.get("EMBER_DIST_TIMEOUT", DEFAULT_TIMEOUT))
+    if not timeout > 0:
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout}")
+    backend = detect() if backend == "auto" else backend
+    if backend == "gloo":
+        return GlooCommunicator(timeout)
+    if backend == "mpi":
+        return MpiCommunicator()
+    return Communicator()
+
+
+__all__ = ["Communicator", "DistributedError", "detect", "init"]

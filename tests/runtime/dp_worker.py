@@ -1,0 +1,74 @@
+"""One rank of the data-parallel tests, launched by torchrun (or mpiexec) from
+test_distributed.py: trains on its shard and writes its final params to OUT/rank<r>.npz.
+
+--case train: an MLP with LayerNorm, Adam with clipping, seeded differently per rank
+  (rank 0's params are broadcast). --case batchnorm: the same with BatchNorm1d.
+--case die: rank 1 exits after 3 steps. --case mismatch: rank 1 builds a wider model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import numpy as np
+
+import ember as em
+from ember import nn, optim
+
+STEPS, BATCH = 20, 16
+
+
+def data():
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((512, 20)).astype(np.float32)
+    y = (x[:, :10].argmax(axis=1)).astype(np.int64)
+    return x, y
+
+
+def model(case: str, hidden: int = 32) -> nn.Module:
+    norm = nn.BatchNorm1d(hidden) if case == "batchnorm" else nn.LayerNorm(hidden)
+    return nn.Sequential(nn.Linear(20, hidden), norm, nn.GELU(), nn.Linear(hidden, 10))
+
+
+def train(case: str, comm, rank: int, world_size: int, steps: int = STEPS,
+          batch: int = BATCH, backend: str = "cpu", seed: int = 0) -> nn.Module:
+    """`steps` steps on this rank's shard; with world_size 1 and batch * N, the reference."""
+    em.seed(seed)
+    m = model(case, hidden=48 if case == "mismatch" and rank == 1 else 32)
+    opt = optim.Adam(lr=optim.Cosine(3e-3, steps), clip_norm=0.5)
+    step = em.compile_train_step(m, nn.functional.cross_entropy, opt, backend=backend,
+                                 data_parallel=comm)
+    x, y = data()
+    loader = em.DataLoader(x, y, batch, seed=1, rank=rank, world_size=world_size)
+    done = 0
+    while done < steps:
+        for xb, yb in loader:
+            if case == "die" and rank == 1 and done == 3:
+                os._exit(3)
+            step(xb, yb)
+            done += 1
+            if done == steps:
+                break
+    return m
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--case", default="train")
+    p.add_argument("--out", required=True)
+    p.add_argument("--backend", default="cpu")
+    p.add_argument("--distributed", default="auto")
+    args = p.parse_args()
+    comm = em.distributed.init(args.distributed, timeout=float(os.environ.get("DP_TIMEOUT", 60)))
+    with comm:
+        m = train(args.case, comm, comm.rank, comm.world_size, backend=args.backend,
+                  seed=100 + comm.rank)
+        params = {path: p.val() for path, p in m.all_params() if p.kind != "flag"}
+        np.savez(os.path.join(args.out, f"rank{comm.rank}.npz"), **params)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

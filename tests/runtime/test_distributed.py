@@ -1,0 +1,210 @@
+"""Data-parallel training: real worker processes launched by torchrun (gloo) or mpiexec,
+against single-process training on the global batch."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import ember as em
+from ember import nn, optim
+from ember.runtime.distributed import DistributedError, detect
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import dp_worker  # noqa: E402
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "EMBER_NUM_THREADS": "1", "DP_TIMEOUT": "20"}
+
+
+def torchrun(case: str, out: Path, nproc: int = 2,
+             timeout: float = 180) -> subprocess.CompletedProcess:
+    pytest.importorskip("torch.distributed")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc_per_node={nproc}", str(HERE / "dp_worker.py"), "--case", case,
+           "--out", str(out)]
+    return subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=timeout)
+
+
+def params(path: Path) -> dict[str, np.ndarray]:
+    with np.load(path) as f:
+        return {k: f[k] for k in f.files}
+
+
+def single_process(case: str) -> dict[str, np.ndarray]:
+    """The reference: one process, the global batch (2 x the per-rank batch), rank 0's seed."""
+    m = dp_worker.train(case, em.distributed.Communicator(), 0, 1, batch=2 * dp_worker.BATCH,
+                        seed=100)
+    return {path: p.val() for path, p in m.all_params() if p.kind != "flag"}
+
+
+def test_two_gloo_ranks_equal_single_process_on_the_global_batch(tmp_path):
+    run = torchrun("train", tmp_path)
+    assert run.returncode == 0, run.stderr[-3000:]
+    r0, r1 = params(tmp_path / "rank0.npz"), params(tmp_path / "rank1.npz")
+    for k in r0:  # each rank was seeded differently: rank 0's params were broadcast
+        assert np.array_equal(r0[k], r1[k]), f"replicas differ at {k}"
+    ref = single_process("train")
+    assert r0.keys() == ref.keys()
+    for k in ref:
+        np.testing.assert_allclose(r0[k], ref[k], rtol=1e-5, atol=1e-6, err_msg=k)
+
+
+def test_batchnorm_buffers_are_averaged_so_replicas_stay_equal(tmp_path):
+    run = torchrun("batchnorm", tmp_path)
+    assert run.returncode == 0, run.stderr[-3000:]
+    r0, r1 = params(tmp_path / "rank0.npz"), params(tmp_path / "rank1.npz")
+    assert any("running_mean" in k for k in r0)
+    for k in r0:
+        assert np.array_equal(r0[k], r1[k]), f"replicas differ at {k}"
+
+
+def test_a_rank_that_dies_ends_the_run_with_an_error_not_a_hang(tmp_path):
+    start = time.monotonic()
+    run = torchrun("die", tmp_path, timeout=120)
+    assert run.returncode != 0
+    assert time.monotonic() - start < 100
+    said = run.stdout + run.stderr
+    assert "exitcode" in said or "DistributedError" in said, said[-3000:]
+    assert not (tmp_path / "rank0.npz").exists()
+
+
+def test_ranks_with_different_models_fail_together_naming_the_ranks(tmp_path):
+    run = torchrun("mismatch", tmp_path, timeout=120)
+    assert run.returncode != 0
+    assert "the traced training graph differs between ranks: rank 0 and rank(s) [1]" \
+        in run.stderr, run.stderr[-3000:]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_peer_that_never_joins_is_an_error_within_the_timeout():
+    pytest.importorskip("torch.distributed")
+    env = {**ENV, "RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(_free_port())}
+    code = "import ember as em; em.distributed.init(timeout=3)"
+    start = time.monotonic()
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert run.returncode != 0
+    assert time.monotonic() - start < 45
+    assert "DistributedError: rank 0 of 2 could not join the process group" in run.stderr, \
+        run.stderr[-2000:]
+
+
+@pytest.mark.skipif(shutil.which("mpiexec") is None, reason="no mpiexec on this machine")
+def test_two_mpi_ranks_equal_single_process(tmp_path):
+    pytest.importorskip("mpi4py")
+    cmd = ["mpiexec", "-n", "2", sys.executable, str(HERE / "dp_worker.py"), "--case", "train",
+           "--out", str(tmp_path), "--distributed", "mpi"]
+    run = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=180)
+    assert run.returncode == 0, run.stderr[-3000:]
+    r0, r1 = params(tmp_path / "rank0.npz"), params(tmp_path / "rank1.npz")
+    ref = single_process("train")
+    for k in ref:
+        assert np.array_equal(r0[k], r1[k]), k
+        np.testing.assert_allclose(r0[k], ref[k], rtol=1e-5, atol=1e-6, err_msg=k)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "interpreter"])
+@pytest.mark.parametrize("case, make_opt", [
+    ("train", lambda: optim.Adam(lr=1e-2, clip_norm=0.5)),
+    # not Adam: the bias before BatchNorm has a gradient of ~1e-9, rounding noise that
+    # Adam's normalization turns into steps of 1e-3 (either way of computing it)
+    ("batchnorm", lambda: optim.SGD(lr=0.1, momentum=0.9, clip_norm=0.5))])
+def test_one_rank_data_parallel_step_equals_the_fused_step(backend, case, make_opt):
+    """world_size 1: the split step (gradients, flat buffer, update graph) gives what the
+    single fused training step gives."""
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((32, 20)).astype(np.float32), rng.integers(0, 10, 32)
+    finals = []
+    for dp in (False, em.distributed.Communicator()):
+        em.seed(0)
+        m = dp_worker.model(case)
+        opt = make_opt()
+        step = em.compile_train_step(m, nn.functional.cross_entropy, opt, backend=backend,
+                                     data_parallel=dp)
+        losses = [step(x, y) for _ in range(4)]
+        finals.append((losses, [p.val().copy() for _, p in m.all_params()],
+                       [opt.state[pid][slot].copy() for pid in sorted(opt.state, key=str)
+                        for slot in sorted(opt.state[pid])]))
+    (l0, p0, s0), (l1, p1, s1) = finals
+    np.testing.assert_allclose(l0, l1, rtol=1e-6)
+    for a, b in zip(p0 + s0, p1 + s1):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_data_parallel_rejects_what_is_not_a_communicator():
+    m = dp_worker.model("train")
+    with pytest.raises(TypeError, match="data_parallel must be True, False or a Communicator"):
+        em.compile_train_step(m, nn.functional.cross_entropy, optim.SGD(lr=0.1),
+                              data_parallel="gloo")
+
+
+def test_init_picks_the_backend_from_the_launchers_environment(monkeypatch):
+    for k in ("RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
+        monkeypatch.delenv(k, raising=False)
+    assert detect() == "local"
+    comm = em.distributed.init()
+    assert (comm.rank, comm.world_size, comm.backend) == (0, 1, "local")
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "2")
+    assert detect() == "mpi"
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert detect() == "gloo"
+    with pytest.raises(ValueError, match="choose one of auto, gloo, mpi, local"):
+        em.distributed.init("nccl")
+    with pytest.raises(ValueError, match="timeout must be a positive"):
+        em.distributed.init("local", timeout=0)
+
+
+def test_gloo_without_a_launcher_says_to_use_torchrun(monkeypatch):
+    pytest.importorskip("torch.distributed")
+    for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(k, raising=False)
+    with pytest.raises(DistributedError, match="launch with torchrun"):
+        em.distributed.init("gloo")
+
+
+# -- sharded loading ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("drop_last", [True, False])
+def test_shards_are_disjoint_equal_and_make_up_the_global_batches(drop_last):
+    x = np.arange(103, dtype=np.float32)[:, None]
+    y = np.arange(103)
+    whole = em.DataLoader(x, y, 8, seed=3, drop_last=drop_last)
+    ranks = [em.DataLoader(x, y, 4, seed=3, drop_last=drop_last, rank=r, world_size=2)
+             for r in range(2)]
+    assert len(ranks[0]) == len(ranks[1])
+    for _epoch in range(2):
+        mine = [[yb for _, yb in loader] for loader in ranks]
+        for batches in zip(*mine):
+            assert len(batches[0]) == len(batches[1])
+            if drop_last:
+                assert not set(batches[0]) & set(batches[1])
+        if drop_last:  # exactly the single-process global batches, in order
+            for (_, yb), a, b in zip(whole, *mine):
+                assert np.array_equal(yb, np.concatenate([a, b]))
+        else:  # every row served, the pad taken from the head of the order
+            served = np.concatenate([b for batches in mine for b in batches])
+            assert set(served) == set(range(103)) and len(served) == 104
+
+
+def test_a_shard_loader_checks_its_rank():
+    x, y = np.zeros((10, 1), np.float32), np.zeros(10, np.int64)
+    with pytest.raises(ValueError, match=r"rank must be in \[0, world_size=2\)"):
+        em.DataLoader(x, y, 2, rank=2, world_size=2)
+    with pytest.raises(ValueError, match="batch_size 8 x 2 ranks is larger than the data"):
+        em.DataLoader(x, y, 8, rank=0, world_size=2)
