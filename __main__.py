@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -35,37 +36,65 @@ def _optimizer(args: argparse.Namespace, steps_per_epoch: int):
     return optim.OPTIMIZERS[args.optimizer](lr=schedule, clip_norm=args.clip_norm, **kwargs)
 
 
+def _launch(args: argparse.Namespace) -> int:
+    """`ember train --nproc N`: the same command as N ranks under torchrun, one machine;
+    the cores are split between them (EMBER_NUM_THREADS, unless set)."""
+    argv, i = [], 0
+    while i < len(args.argv):  # the command line without --nproc
+        a = args.argv[i]
+        i += 2 if a == "--nproc" else 1
+        if a != "--nproc" and not a.startswith("--nproc="):
+            argv.append(a)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    env = {"OMP_NUM_THREADS": "1", **os.environ}
+    env.setdefault("EMBER_NUM_THREADS", str(max(1, (cores or 1) // args.nproc)))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc_per_node={args.nproc}", "-m", "ember", *argv]
+    try:
+        return subprocess.run(cmd, env=env).returncode
+    except KeyboardInterrupt:
+        return 130
+
+
 def _train(args: argparse.Namespace) -> int:
     import ember as em
     from ember.runtime import data, models, train
     from ember.runtime.backend import BackendUnavailableError
     from ember.runtime.debug import ExecutionError
+    from ember.runtime.distributed import DistributedError
 
+    if args.nproc > 1 and "LOCAL_RANK" not in os.environ:
+        return _launch(args)
     try:
+        comm = em.distributed.init() if int(os.environ.get("WORLD_SIZE", 1)) > 1 else None
+        say = print if comm is None or comm.rank == 0 else (lambda *a, **k: None)
         em.seed(args.seed)
         image = models.wants_image(args.model)
         dataset = (data.load_npz(args.data, args.seed) if args.data
                    else data.digits(args.seed, image=image))
         model = models.load_model(args.model, dataset.input_shape, dataset.num_classes)
-        optimizer = _optimizer(args, len(dataset.x_train) // args.batch_size)
-        print(f"training {args.model} ({model.num_params():,} params) on "
-              f"{args.data or 'digits'} with {optimizer}, {args.epochs} epochs, "
-              f"batch {args.batch_size}, {args.backend} backend"
-              + (f", checkpoint {args.checkpoint}" if args.checkpoint != "none" else ""))
+        global_batch = args.batch_size * (comm.world_size if comm is not None else 1)
+        optimizer = _optimizer(args, len(dataset.x_train) // global_batch)
+        ranks = f" x {comm.world_size} ranks" if comm is not None else ""
+        say(f"training {args.model} ({model.num_params():,} params) on "
+            f"{args.data or 'digits'} with {optimizer}, {args.epochs} epochs, "
+            f"batch {args.batch_size}{ranks}, {args.backend} backend"
+            + (f", checkpoint {args.checkpoint}" if args.checkpoint != "none" else ""))
         results = train.fit(model, dataset, optimizer, epochs=args.epochs,
                             batch_size=args.batch_size, backend=args.backend, seed=args.seed,
                             dump_ir=args.dump_ir, progress=not args.no_progress,
                             checkpoint=args.checkpoint, memory_budget=args.memory_budget,
                             save=args.save, resume=args.resume,
-                            detect_anomaly=args.detect_anomaly)
+                            detect_anomaly=args.detect_anomaly,
+                            data_parallel=comm if comm is not None else False)
     except BrokenPipeError:  # `ember train | head`: main() handles it, not an error of ours
         raise
     except (ValueError, FloatingPointError, ExecutionError, BackendUnavailableError,
-            OSError, NotImplementedError) as e:
+            OSError, NotImplementedError, DistributedError) as e:
         print(f"ember train: error: {e}", file=sys.stderr)
         return 1
     if results:
-        print(f"final test accuracy {results[-1].test_accuracy:.2%}")
+        say(f"final test accuracy {results[-1].test_accuracy:.2%}")
     return 130 if results.interrupted else 0  # 128 + SIGINT, as a shell reports Ctrl-C
 
 
@@ -156,6 +185,9 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--detect-anomaly", action="store_true",
                    help="check every step for NaN/Inf and name the op that produced it")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
+    t.add_argument("--nproc", type=_count(1), default=1, metavar="N",
+                   help="data-parallel over N processes on this machine (runs torchrun; "
+                   "--batch-size is per process)")
     t.set_defaults(run=_train)
 
     bn = sub.add_parser("bench", help="step time of the built-in models vs numpy and PyTorch")
@@ -180,6 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     o.set_defaults(run=_opt)
 
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     try:
         return args.run(args)
     except BrokenPipeError:  # `ember opt f.mlir | head`: the reader left; that is not an error

@@ -5,10 +5,15 @@ accuracy, steps/s; the compile time once) and a final table. With `save`, a chec
 is written after every epoch and when Ctrl-C stops the run (after the current step);
 `resume` continues a run from one, bit-exactly: `epochs` counts from the start of the
 run, so 1 epoch + save + resume with `epochs=2` equals 2 epochs in one go.
+
+Data-parallel (`data_parallel=True`, as `ember train` under torchrun): each rank trains on
+its shard, `batch_size` rows per rank per step; only rank 0 prints and writes
+checkpoints, and every rank resumes from the same file.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import threading
@@ -102,16 +107,23 @@ def fit(model: nn.Module, data: Dataset, optimizer, epochs: int = 10, batch_size
         backend: str = "cpu", seed: int = 0, dump_ir: str | None = None,
         progress: bool = True, out=None, checkpoint: str = "none",
         memory_budget: int | None = None, save: str | None = None, resume: str | None = None,
-        detect_anomaly: bool = False, step: TrainStep | None = None) -> History:
+        detect_anomaly: bool = False, step: TrainStep | None = None,
+        data_parallel=False) -> History:
     """Train `model` on `data` with cross-entropy; print and return per-epoch results."""
     from .api import compile_train_step
 
-    out = out or sys.stdout
-    loader = DataLoader(data.x_train, data.y_train, batch_size, seed=seed)
     if step is None:
         step = compile_train_step(model, nn.functional.cross_entropy, optimizer,
                                   backend=backend, checkpoint=checkpoint,
-                                  memory_budget=memory_budget, detect_anomaly=detect_anomaly)
+                                  memory_budget=memory_budget, detect_anomaly=detect_anomaly,
+                                  data_parallel=data_parallel)
+    comm = getattr(step, "comm", None)
+    rank, world_size = (comm.rank, comm.world_size) if comm is not None else (0, 1)
+    out = out or sys.stdout
+    if rank != 0:
+        out, progress = open(os.devnull, "w"), False  # noqa: SIM115  (closed with the process)
+    loader = DataLoader(data.x_train, data.y_train, batch_size, seed=seed, rank=rank,
+                        world_size=world_size)
     state = FitState()
     if resume:
         asked, asked_text = step.optimizer.config(), repr(step.optimizer)

@@ -208,3 +208,30 @@ def test_a_shard_loader_checks_its_rank():
         em.DataLoader(x, y, 2, rank=2, world_size=2)
     with pytest.raises(ValueError, match="batch_size 8 x 2 ranks is larger than the data"):
         em.DataLoader(x, y, 8, rank=0, world_size=2)
+
+
+# -- ember train under torchrun ----------------------------------------------------------
+
+def ember_train(*args: str) -> subprocess.CompletedProcess:
+    pytest.importorskip("torch.distributed")
+    return subprocess.run([sys.executable, "-m", "ember", "train", "--no-progress", *args],
+                          env=ENV, capture_output=True, text=True, timeout=240)
+
+
+def test_ember_train_nproc_prints_once_and_resumes_bit_exactly(tmp_path):
+    ck = str(tmp_path / "run.safetensors")
+    two = ember_train("--nproc", "2", "--epochs", "2", "--save", ck)
+    assert two.returncode == 0, two.stderr[-3000:]
+    assert two.stdout.count("final test accuracy") == 1  # rank 0 alone prints
+    assert "batch 32 x 2 ranks" in two.stdout
+    resumed = ember_train("--nproc", "2", "--epochs", "3", "--resume", ck)
+    straight = ember_train("--nproc", "2", "--epochs", "3")
+    assert resumed.returncode == 0 and straight.returncode == 0, resumed.stderr[-3000:]
+
+    def epoch3(run):
+        return next(line for line in run.stdout.splitlines()
+                    if line.startswith("epoch   3")).split("steps/s")[0].rsplit(None, 1)[0]
+    assert epoch3(resumed) == epoch3(straight)
+    # one process on the global batch trains the same (the MLP has no dropout)
+    single = ember_train("--epochs", "3", "--batch-size", "64")
+    assert epoch3(single) == epoch3(straight)

@@ -1,0 +1,166 @@
+"""Data-parallel scaling: ember's training step on 1 and 2 processes of one thread each.
+
+Run: `python benchmarks/dp.py` (`--quick`: fewer steps). Rows, per model:
+- 1 process, the fused step (what `compile_train_step` compiles without data_parallel),
+  batch B;
+- 1 process, the data-parallel step with a local communicator (the split step's own
+  cost: gradient graph, flat buffer, update graph), batch B;
+- 2 processes under torchrun (gloo), batch B per rank: the global batch is 2B.
+Columns: median step time, global samples/s, scaling efficiency (samples/s over twice
+the fused 1-process figure), time per step spent in allreduce, bytes reduced per step.
+Models: the large MLP (784-512-512-10, B 128) and "GPT A" (a char-level GPT: 2 layers,
+n_embd 128, 4 heads, T 64, vocab 65, B 16).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+import ember as em
+from ember import nn, optim
+from ember.runtime.distributed import Communicator
+
+
+class Gpt(nn.Module):
+    def __init__(self, vocab: int = 65, n_embd: int = 128, n_head: int = 4, n_layer: int = 2,
+                 block: int = 64):
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(vocab, n_embd), nn.Embedding(block, n_embd)
+        self.blocks = [Block(n_embd, n_head) for _ in range(n_layer)]
+        self.norm, self.head = nn.LayerNorm(n_embd), nn.Linear(n_embd, vocab)
+        self.block = block
+
+    def forward(self, idx):
+        x = self.tok(idx) + self.pos(np.arange(idx.shape[1]))
+        for b in self.blocks:
+            x = b(x)
+        return self.head(self.norm(x))
+
+
+class Block(nn.Module):
+    def __init__(self, n_embd: int, n_head: int):
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(n_embd), nn.LayerNorm(n_embd)
+        self.attn = nn.MultiHeadAttention(n_embd, n_head, causal=True)
+        self.fc, self.proj = nn.Linear(n_embd, 4 * n_embd), nn.Linear(4 * n_embd, n_embd)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln1(x))
+        return x + self.proj(nn.functional.gelu(self.fc(self.ln2(x))))
+
+
+def lm_loss(logits, y):
+    b, t, v = logits.shape
+    return nn.functional.cross_entropy(logits.reshape(b * t, v), y.reshape(b * t))
+
+
+def workload(name: str, rank: int):
+    """(model, loss_fn, batch (x, y)) of one rank."""
+    rng = np.random.default_rng(rank)
+    if name == "mlp-large":
+        m = nn.Sequential(nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(),
+                          nn.Linear(512, 10))
+        return m, nn.functional.cross_entropy, (
+            rng.standard_normal((128, 784)).astype(np.float32), rng.integers(0, 10, 128))
+    x = rng.integers(0, 65, (16, 64))
+    return Gpt(), lm_loss, (x, np.roll(x, -1, axis=1))
+
+
+class Timed(Communicator):
+    """A communicator that times its allreduces (and counts their bytes)."""
+
+    def __init__(self, inner: Communicator):
+        self.inner, self.backend = inner, inner.backend
+        self.rank, self.world_size = inner.rank, inner.world_size
+        self.seconds, self.bytes, self.calls = 0.0, 0, 0
+
+    def allreduce_(self, array):
+        t = time.perf_counter()
+        self.inner.allreduce_(array)
+        self.seconds += time.perf_counter() - t
+        self.bytes += array.nbytes
+        self.calls += 1
+        return array
+
+    def broadcast_(self, array, root=0):
+        return self.inner.broadcast_(array, root)
+
+    def barrier(self):
+        self.inner.barrier()
+
+    def close(self):
+        self.inner.close()
+
+
+def worker(name: str, mode: str, steps: int, out: str) -> None:
+    """Time `steps` steps in this process (mode: fused, local, or dp under torchrun)."""
+    comm = em.distributed.init() if mode == "dp" else Communicator()
+    timed = Timed(comm)
+    em.seed(0)
+    model, loss_fn, (x, y) = workload(name, comm.rank)
+    step = em.compile_train_step(model, loss_fn, optim.SGD(lr=0.01),
+                                 data_parallel=False if mode == "fused" else timed)
+    for _ in range(5):  # compile and warm up
+        step(x, y)
+    timed.seconds, timed.bytes, timed.calls = 0.0, 0, 0
+    times = []
+    for _ in range(steps):
+        t = time.perf_counter()
+        step(x, y)
+        times.append(time.perf_counter() - t)
+    if comm.rank == 0:
+        with open(out, "w") as f:
+            json.dump({"step": statistics.median(times), "batch": len(x) * comm.world_size,
+                       "allreduce": timed.seconds / steps,
+                       "bytes": timed.bytes // steps if timed.calls else 0}, f)
+    comm.close()
+
+
+def measure(name: str, mode: str, steps: int) -> dict:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "EMBER_NUM_THREADS": "1"}
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "result.json")
+        args = [__file__, "--worker", name, mode, str(steps), out]
+        cmd = ([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                "--nproc_per_node=2", *args] if mode == "dp" else [sys.executable, *args])
+        subprocess.run(cmd, env=env, check=True, capture_output=True, text=True)
+        with open(out) as f:
+            return json.load(f)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--models", default="mlp-large,gpt-a")
+    ap.add_argument("--worker", nargs=4, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        name, mode, steps, out = args.worker
+        worker(name, mode, int(steps), out)
+        return
+    steps = 20 if args.quick else 100
+    print(f"{'model':10} {'processes':22} {'step ms':>8} {'samples/s':>10} {'scaling':>8} "
+          f"{'allreduce ms':>12} {'MB/step':>8}")
+    for name in args.models.split(","):
+        base = None
+        for mode, label in (("fused", "1 (fused step)"), ("local", "1 (data-parallel step)"),
+                            ("dp", "2 (gloo, torchrun)")):
+            r = measure(name, mode, steps)
+            rate = r["batch"] / r["step"]
+            base = base or rate
+            scaling = rate / (base * (2 if mode == "dp" else 1))
+            print(f"{name:10} {label:22} {r['step'] * 1e3:8.2f} {rate:10,.0f} {scaling:8.2f} "
+                  f"{r['allreduce'] * 1e3:12.2f} {r['bytes'] / 2**20:8.2f}")
+
+
+if __name__ == "__main__":
+    main()
