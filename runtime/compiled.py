@@ -127,6 +127,7 @@ class Compiled:
         self.backend = get_backend(backend)
         self.detect_anomaly = detect_anomaly
         self.rng_step = 0  # fed to the graph's `ember.rng` argument; counts runs
+        self.rng_shard = 0  # its high 32 bits: a data-parallel rank (see interpreter/rng.py)
         # device backends: pid -> (the host array a Param holds, its copy on the device)
         self._on_device: dict[str, tuple] | None = {} if backend in DEVICE_BACKENDS else None
         self._cache: OrderedDict[tuple, Entry] = OrderedDict()  # least recently used first
@@ -209,7 +210,8 @@ class Compiled:
         """The graph's arguments: the inputs, with the rng counter at `ember.rng`."""
         args = list(inputs)
         if entry.rng_index is not None:
-            args.insert(entry.rng_index, np.asarray(self.rng_step, dtype=np.int64))
+            args.insert(entry.rng_index,
+                        np.asarray(self.rng_step | self.rng_shard << 32, dtype=np.int64))
         return args
 
     def run(self, entry: Entry, args: list, params: dict, out: dict | None = None) -> list:

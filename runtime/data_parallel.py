@@ -6,8 +6,10 @@ scalar metrics and float buffers (BatchNorm's running stats), into one persisten
 buffer per dtype; one allreduce sums it across ranks; the update graph (the optimizer
 pass, as a compiled step lowers it) reads the summed gradients in place, scaled by
 1/world_size, so clipping sees the global norm of the averaged gradients and the new
-params and optimizer state are the same on every rank. With a mean-reduced loss and
-equal shards, that is single-process training on the global batch.
+params and optimizer state are the same on every rank. Dropout draws, on each rank, the
+mask of its rows of the global batch (the rank is the rng's shard: interpreter/rng.py;
+exact where the batch is the outermost dimension of the dropped tensor). With a
+mean-reduced loss and equal shards, that is single-process training on the global batch.
 
 At the first step the ranks compare their traced graphs (ids and seeds aside) and fail
 together, naming the ranks that differ, if the models or shapes disagree; then rank 0's
@@ -25,7 +27,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..frontend.module import Module
-from ..ir import numpy_dtype
+from ..frontend.param import random_seed
+from ..ir import Graph, has_trait, numpy_dtype
 from .backend import to_host
 from .compiled import Entry, TrainStep
 from .distributed import Communicator
@@ -83,9 +86,23 @@ class DataParallelStep(TrainStep):
                  **options):
         super().__init__(model, loss_fn, optimizer, **options)
         self.comm = comm
+        self.rng_shard = comm.rank  # dropout draws the mask of its rows of the global batch
         self._flat: dict[int, FlatBuffers] = {}  # id(entry) -> its flat buffers
         self._updates: dict[tuple, tuple] = {}  # key -> (graph, run, layout)
         self._synced = False
+        self._dropout_seed: int | None = None  # rank 0's, agreed at the first trace
+
+    def _trace(self, specs: tuple) -> Graph:
+        """The training trace, its random ops seeded as rank 0 seeds them (each rank's
+        own seed would draw masks unrelated to one another)."""
+        graph = super()._trace(specs)
+        if self._dropout_seed is None:
+            seed = np.array([random_seed()], np.int64)
+            self._dropout_seed = int(self.comm.broadcast_(seed, root=0)[0])
+        for op in graph.ops:
+            if has_trait(op.name, "random") and "seed" in op.attributes:
+                op.attributes["seed"] = self._dropout_seed
+        return graph
 
     def pipeline(self):
         return grad_pipeline(self.linear, self.checkpoint, self.memory_budget)
@@ -176,11 +193,10 @@ class DataParallelStep(TrainStep):
 
 def _fingerprint(entry: Entry) -> str:
     """The traced graph with what legitimately differs between ranks left out: param ids
-    (random unless seeded) and dropout seeds."""
+    (random unless seeded)."""
     text = entry.stages.texts["traced"]
     for n, pid in enumerate(dict.fromkeys(re.findall(r'\bid = "([^"]+)"', text))):
         text = text.replace(f'"{pid}"', f'"param{n}"')
-    text = re.sub(r"\bseed = -?\d+", "", text)
     return text + repr([(s.shape, s.dtype) for s in entry.specs])
 
 

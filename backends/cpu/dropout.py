@@ -22,11 +22,13 @@ def _mix(b, x):
     return b.xor(x, b.lshr(x, ir.Constant(I32, 16)))
 
 
-def dropout(b: ir.IRBuilder, x, step, index, attrs: dict, dtype: str):
-    """One element of `ember.dropout` (reference: backends/interpreter/rng.py)."""
+def dropout(b: ir.IRBuilder, x, step, index, attrs: dict, dtype: str, numel: int):
+    """One element of `ember.dropout` of `numel` elements (reference:
+    backends/interpreter/rng.py)."""
     p = float(attrs["p"])
     if p == 0:
         return x
+    index = b.add(index, b.mul(b.ashr(step, i64(32)), i64(numel)))
     seed = ir.Constant(I32, int(attrs["seed"]) & 0xFFFFFFFF)
     key = ir.Constant(I32, int(attrs["key"]) & 0xFFFFFFFF)
     h = _mix(b, b.xor(seed, _mix(b, b.xor(key, _mix(b, b.xor(b.trunc(step, I32), _mix(
@@ -46,4 +48,4 @@ def emit_dropout(b: ir.IRBuilder, op, outs, ins) -> None:
     x, rng = ins
     step = S.load(b, rng, "i64", i64(0))
     loop(b, t.size, lambda i: S.store(b, outs[0], t.dtype, i, dropout(
-        b, S.load(b, x, t.dtype, i), step, i, op.attributes, t.dtype)), "i")
+        b, S.load(b, x, t.dtype, i), step, i, op.attributes, t.dtype, t.size)), "i")

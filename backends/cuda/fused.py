@@ -80,7 +80,8 @@ class Body:
                 e = f"(long long){index(s.attributes['dim'])}"
             elif s.name == "kernel.dropout":
                 e = dropout(*(names.get(x, "0") for x in s.operands), s.attributes,
-                            r.type.dtype)  # p = 0: step and index were not computed
+                            r.type.dtype, s.attributes.get("numel", 0))
+                # p = 0: step and index were not computed
             else:
                 src = s.operands[1 if s.name == "kernel.select" else 0].type.dtype
                 e = expr(s.name, s.attributes, [names[x] for x in s.operands], src)

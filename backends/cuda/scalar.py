@@ -232,15 +232,17 @@ def expr(name: str, attrs: dict, args: list[str], dtype: str) -> str:
     _unsupported(name, dtype)
 
 
-def dropout(x: str, step: str, index: str, attrs: dict, dtype: str) -> str:
-    """One element of `ember.dropout` (`kernel.dropout`): kept with probability 1 - p by the
-    counter hash of (seed, key, step, flat index), then scaled by 1 / (1 - p) rounded to the
-    dtype, as `backends/interpreter/rng.py`. keep = (h >> 8) >= ceil(p * 2**24), exactly."""
+def dropout(x: str, step: str, index: str, attrs: dict, dtype: str, numel: int) -> str:
+    """One element of `ember.dropout` (`kernel.dropout`) of `numel` elements: kept with
+    probability 1 - p by the counter hash of (seed, key, step, shard * numel + flat index),
+    then scaled by 1 / (1 - p) rounded to the dtype, as `backends/interpreter/rng.py`.
+    keep = (h >> 8) >= ceil(p * 2**24), exactly."""
     p = float(attrs["p"])
     if p == 0:
         return x
     keep = math.ceil(p * 2**24)
     seed, key = (int(attrs[k]) & 0xFFFFFFFF for k in ("seed", "key"))
+    index = f"({index}) + ((long long)({step}) >> 32) * {numel}LL"
     h = f"ember_dropout_hash({seed}u, {key}u, (unsigned int){step}, (unsigned int)({index}))"
     return f"(({h} >> 8) >= {keep}u ? {x} / {literal(dtype, 1.0 - p)} : {literal(dtype, 0)})"
 

@@ -40,7 +40,7 @@ def _dropout(lw, op: Operation) -> None:
     ins = [Operand(t.dtype, tuple(contiguous_strides(t.shape))), Operand("i64", (0,) * t.rank)]
 
     def body(vals, i):
-        return [], [dropout(vals[0], vals[1], i, a, t.dtype)]
+        return [], [dropout(vals[0], vals[1], i, a, t.dtype, t.size)]
 
     out = lw.result(op.result)
     lw.launch(map_kernel(lw.name(op), t.shape, out_operands([t.dtype], t.shape), ins, body,

@@ -60,7 +60,8 @@ def _dropout(a, x, step, index):
     x = np.asarray(x)
     if a["p"] == 0:
         return x
-    idx = np.asarray(index).astype(np.uint64).astype(np.uint32)
+    shard = np.asarray(step).astype(np.int64) >> 32
+    idx = (np.asarray(index) + shard * a.get("numel", 0)).astype(np.uint64).astype(np.uint32)
     s, k = (np.uint32(int(a[n]) & 0xFFFFFFFF) for n in ("seed", "key"))
     t = np.asarray(step).astype(np.uint64).astype(np.uint32)
     h = rng.mix32(s ^ rng.mix32(k ^ rng.mix32(t ^ rng.mix32(idx))))

@@ -5,8 +5,11 @@
     u = (h >> 8) * 2**-24;  keep = u >= p;  y = keep ? x / (1 - p) : 0
 
 seed32, key32, step32 are the low 32 bits of the op's `seed`, `key` and the `rng` operand
-(the step counter); index32 is the element's row-major flat index. `1 - p` is computed in
-float64 and rounded to x's dtype before the division. Equivalently, in integers:
+(the step counter); index32 is the low 32 bits of shard * numel + the element's row-major
+flat index, where shard is the `rng` operand's high 32 bits (rng >> 32) and numel the
+result's size. A data-parallel rank passes its rank as the shard, so its slice of the
+global batch draws the mask one process would draw for those rows. `1 - p` is computed
+in float64 and rounded to x's dtype before the division. Equivalently, in integers:
 keep = (h >> 8) >= ceil(p * 2**24).
 """
 
@@ -29,7 +32,8 @@ def mix32(x: np.ndarray) -> np.ndarray:
 
 def dropout_hash(shape, seed: int, key: int, step: int) -> np.ndarray:
     """h (uint32) for every element of a tensor of `shape`."""
-    index = np.arange(int(np.prod(shape, dtype=np.int64)), dtype=np.uint64).astype(np.uint32)
+    n = int(np.prod(shape, dtype=np.int64))
+    index = (np.arange(n, dtype=np.uint64) + np.uint64((int(step) >> 32) * n)).astype(np.uint32)
     s, k, t = (np.uint32(int(v) & _MASK) for v in (seed, key, step))
     return mix32(s ^ mix32(k ^ mix32(t ^ mix32(index)))).reshape(shape)
 

@@ -112,13 +112,15 @@ class KIndex(OpDef):
 
 @register
 class KDropout(OpDef):
-    """`kernel.dropout(x, step, index) {p, seed, key}`: `ember.dropout` of one element,
-    `index` being its row-major flat index in the dropout's result (i64), `step` the rng."""
+    """`kernel.dropout(x, step, index) {p, seed, key, numel}`: `ember.dropout` of one
+    element, `index` being its row-major flat index in the dropout's result (i64) of
+    `numel` elements, `step` the rng (its high 32 bits: the shard, see rng.py)."""
 
     name = "kernel.dropout"
     traits = frozenset({"pure", "random", "scalar_operands"})
     arity = (3, 3)
     attrs = {"p": float, "seed": int, "key": int}
+    optional_attrs = {"numel": int}
 
     @classmethod
     def infer(cls, operand_types, attrs):

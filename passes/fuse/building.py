@@ -185,7 +185,7 @@ class _Kernel:
                     i = self.add("kernel.mul", [i, self.const(st, "i64")])
                 flat = i if flat is None else self.add("kernel.add", [flat, i])
             flat = flat if flat is not None else self.const(0, "i64")
-            keep = {k: a[k] for k in ("p", "seed", "key")}
+            keep = {**{k: a[k] for k in ("p", "seed", "key")}, "numel": math.prod(shape)}
             r = self.add("kernel.dropout", [ins[0], ins[1], flat], keep)
         elif name == "ember.one_hot":
             rd = g.vdims[op.result][-1]

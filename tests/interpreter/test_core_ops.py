@@ -91,3 +91,14 @@ def test_log_softmax_is_stable_for_large_logits():
     out = run("nn.log_softmax", big, axis=1)
     assert np.isfinite(out).all()
     np.testing.assert_allclose(out, [[0.0, -1000.0, -2000.0]], rtol=1e-6)
+
+
+def test_a_shard_of_the_batch_draws_its_rows_of_the_global_mask():
+    """rng = step | shard << 32: shard r of a [4, 6] batch draws rows 4r..4r+3 of the mask
+    that the [8, 6] global batch draws at that step (data-parallel dropout)."""
+    from ember.backends.interpreter import rng
+
+    whole = rng.dropout_keep((8, 6), 0.5, seed=3, key=9, step=11)
+    for shard in (0, 1):
+        part = rng.dropout_keep((4, 6), 0.5, seed=3, key=9, step=11 | shard << 32)
+        np.testing.assert_array_equal(part, whole[4 * shard:4 * shard + 4])

@@ -3,7 +3,8 @@ test_distributed.py: trains on its shard and writes its final params to OUT/rank
 
 --case train: an MLP with LayerNorm, Adam with clipping, seeded differently per rank
   (rank 0's params are broadcast). --case batchnorm: the same with BatchNorm1d.
---case die: rank 1 exits after 3 steps. --case mismatch: rank 1 builds a wider model.
+--case dropout: with a Dropout layer. --case die: rank 1 exits after 3 steps.
+--case mismatch: rank 1 builds a wider model.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ def data():
 
 def model(case: str, hidden: int = 32) -> nn.Module:
     norm = nn.BatchNorm1d(hidden) if case == "batchnorm" else nn.LayerNorm(hidden)
-    return nn.Sequential(nn.Linear(20, hidden), norm, nn.GELU(), nn.Linear(hidden, 10))
+    drop = [nn.Dropout(0.3)] if case == "dropout" else []
+    return nn.Sequential(nn.Linear(20, hidden), norm, nn.GELU(), *drop, nn.Linear(hidden, 10))
 
 
 def train(case: str, comm, rank: int, world_size: int, steps: int = STEPS,

@@ -46,13 +46,15 @@ def single_process(case: str) -> dict[str, np.ndarray]:
     return {path: p.val() for path, p in m.all_params() if p.kind != "flag"}
 
 
-def test_two_gloo_ranks_equal_single_process_on_the_global_batch(tmp_path):
-    run = torchrun("train", tmp_path)
+@pytest.mark.parametrize("case", ["train", "dropout"])
+def test_two_gloo_ranks_equal_single_process_on_the_global_batch(tmp_path, case):
+    """Dropout too: each rank draws the mask of its rows of the global batch."""
+    run = torchrun(case, tmp_path)
     assert run.returncode == 0, run.stderr[-3000:]
     r0, r1 = params(tmp_path / "rank0.npz"), params(tmp_path / "rank1.npz")
     for k in r0:  # each rank was seeded differently: rank 0's params were broadcast
         assert np.array_equal(r0[k], r1[k]), f"replicas differ at {k}"
-    ref = single_process("train")
+    ref = single_process(case)
     assert r0.keys() == ref.keys()
     for k in ref:
         np.testing.assert_allclose(r0[k], ref[k], rtol=1e-5, atol=1e-6, err_msg=k)
