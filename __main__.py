@@ -69,10 +69,16 @@ def _train(args: argparse.Namespace) -> int:
         comm = em.distributed.init() if int(os.environ.get("WORLD_SIZE", 1)) > 1 else None
         say = print if comm is None or comm.rank == 0 else (lambda *a, **k: None)
         em.seed(args.seed)
-        image = models.wants_image(args.model)
+        onnx_model = em.onnx.load(args.model) if args.model.endswith(".onnx") else None
+        image = (models.wants_image(args.model) if onnx_model is None
+                 else len(onnx_model.input_dims[0] or ()) == 4)
         dataset = (data.load_npz(args.data, args.seed) if args.data
                    else data.digits(args.seed, image=image))
-        model = models.load_model(args.model, dataset.input_shape, dataset.num_classes)
+        if onnx_model is None:
+            model = models.load_model(args.model, dataset.input_shape, dataset.num_classes)
+        else:  # the data must fit the imported model's input: said before compiling
+            model = onnx_model
+            model.check_inputs(dataset.x_train.shape)
         global_batch = args.batch_size * (comm.world_size if comm is not None else 1)
         optimizer = _optimizer(args, len(dataset.x_train) // global_batch)
         ranks = f" x {comm.world_size} ranks" if comm is not None else ""
@@ -116,8 +122,11 @@ def _opt(args: argparse.Namespace) -> int:
 
     name = "<stdin>" if args.file == "-" else args.file
     try:
-        data = sys.stdin.buffer.read() if args.file == "-" else Path(args.file).read_bytes()
-        graph = verify(parse(decode(data)))
+        if args.file.endswith(".onnx"):
+            graph = _onnx_graph(args.file, args.input_shape or [])
+        else:
+            data = sys.stdin.buffer.read() if args.file == "-" else Path(args.file).read_bytes()
+            graph = verify(parse(decode(data)))
         manager = PassManager(parse_pipeline(args.passes or ""), verify_each=args.verify_each,
                               print_ir_after_all=args.print_ir_after_all,
                               print_ir_after=tuple(args.print_ir_after or ()),
@@ -125,7 +134,7 @@ def _opt(args: argparse.Namespace) -> int:
         graph = verify(manager.run(graph))
         text = _emit(graph, args.emit, args.debuginfo)
     except (OSError, ParseError, VerifyError, PipelineError, UnsupportedOpError,
-            CodegenError) as e:
+            CodegenError, ValueError) as e:  # ValueError: OnnxImportError, a bad --input-shape
         located = getattr(e, "line", None) is not None  # "line:col: error: ..." already
         print(f"{name}:{e}" if located else f"{name}: error: {e}", file=sys.stderr)
         return 1
@@ -133,6 +142,23 @@ def _opt(args: argparse.Namespace) -> int:
     if args.pass_timing:
         print(manager.timing_report(), file=sys.stderr)
     return 0
+
+
+def _onnx_graph(path: str, shapes: list[str]):
+    """An ONNX model's forward, traced for its declared input shapes (or `name=1x3x8x8`)."""
+    import ember as em
+
+    given = {}
+    for text in shapes:
+        name, sep, dims = text.rpartition("=")
+        try:
+            given[name] = tuple(int(d) for d in dims.split("x"))
+        except ValueError:
+            given[name] = None
+        if not sep or given[name] is None:
+            raise ValueError(f"--input-shape {text!r}: want NAME=DIMS, e.g. x=1x3x32x32")
+    model = em.onnx.load(path)
+    return em.trace(model, *model.input_specs(given))
 
 
 def _emit(graph, emit: str, debuginfo: bool) -> str:
@@ -158,7 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
 
     t = sub.add_parser("train", help="train a built-in model on built-in data")
-    t.add_argument("--model", default="mlp", help="mlp, cnn, or path/to/file.py:ClassName")
+    t.add_argument("--model", default="mlp", help="mlp, cnn, path/to/file.py:ClassName, or an "
+                   ".onnx classifier to fine-tune")
     t.add_argument("--data", default=None, help=".npz with x and y (default: digits)")
     t.add_argument("--optimizer", choices=("sgd", "adam", "adamw"), default="sgd")
     t.add_argument("--lr", type=float, default=None, help="default: 0.05 for sgd, else 1e-3")
@@ -201,7 +228,10 @@ def main(argv: list[str] | None = None) -> int:
     bn.set_defaults(run=_bench)
 
     o = sub.add_parser("opt", help="parse IR, run passes, print the result (as mlir-opt)")
-    o.add_argument("file", help="an .mlir file, or - for stdin")
+    o.add_argument("file", help="an .mlir file, an .onnx model (its forward is printed), or - "
+                   "for stdin")
+    o.add_argument("--input-shape", action="append", metavar="NAME=DIMS",
+                   help="an .onnx input's shape, e.g. x=1x3x32x32 (for symbolic dims)")
     o.add_argument("-p", "--passes", default="", help="e.g. 'decompose{linear=split},autodiff'")
     o.add_argument("--print-ir-after-all", action="store_true")
     o.add_argument("--print-ir-after", action="append", metavar="PASS")

@@ -1,0 +1,179 @@
+"""ONNX's own backend node tests for every op `em.onnx.load` imports, on the interpreter and
+the cpu backend, against the outputs ONNX ships with them.
+
+The installed onnx wheel has no `onnx/backend/test/data/node/*/model.onnx` files, so the
+cases are generated in memory by `onnx.backend.test.case.node.collect_testcases()` (the
+code that writes those files): the same models and data. ember compiles for static shapes,
+so a case input that feeds a static slot (a Reshape's shape, a Slice's starts, a Pad's pads)
+is given to the import as a constant rather than at run time.
+
+Every case that does not run is in EXPECTED_SKIPS with the reason, and must be skipped for
+that reason (an OnnxImportError at import, or the cpu backend lacking a dtype): a case that
+starts to pass, or newly stops, fails here until the list is updated.
+`python tests/interop/test_onnx_conformance.py` prints the per-op table of the README.
+"""
+
+import functools
+import warnings
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+
+import ember as em  # noqa: E402
+from ember.interop.onnx_import import load  # noqa: E402
+from ember.interop.onnx_ops import RULES  # noqa: E402
+
+OPS = ("Add Sub Mul Div Pow Neg Abs Erf Sqrt Exp Log Tanh Sigmoid Relu LeakyRelu Gelu Softmax "
+       "LogSoftmax Gemm MatMul Conv ConvTranspose MaxPool AveragePool GlobalAveragePool "
+       "BatchNormalization LayerNormalization Dropout ReduceSum ReduceMean ReduceMax ReduceMin "
+       "Reshape Transpose Flatten Concat Gather Sum Max Min Clip Where Squeeze Unsqueeze Expand "
+       "Slice Cast Split Identity Pad ArgMax Shape Constant").split()
+BACKENDS = ("interpreter", "cpu")
+TOLERANCE = {"interpreter": (1e-5, 1e-6), "cpu": (1e-4, 1e-5)}  # (rtol, atol) in the dtype
+ROUNDED = {"test_averagepool_2d_ceil_last_window_starts_on_pad"}  # expected values to 4 digits
+
+_INTS = "int8 int16 uint8 uint16 uint32 uint64"
+_CAST_TYPES = ["test_cast_" + n for n in """
+    BFLOAT16_to_FLOAT FLOAT16_to_FLOAT4E2M1 FLOAT16_to_FLOAT8E4M3FN
+    FLOAT16_to_FLOAT8E4M3FNUZ FLOAT16_to_FLOAT8E5M2 FLOAT16_to_FLOAT8E5M2FNUZ
+    FLOAT16_to_INT2 FLOAT16_to_INT4 FLOAT16_to_UINT2 FLOAT16_to_UINT4
+    FLOAT4E2M1_to_FLOAT FLOAT4E2M1_to_FLOAT16 FLOAT8E4M3FNUZ_to_FLOAT
+    FLOAT8E4M3FNUZ_to_FLOAT16 FLOAT8E4M3FN_to_FLOAT FLOAT8E4M3FN_to_FLOAT16
+    FLOAT8E5M2FNUZ_to_FLOAT FLOAT8E5M2FNUZ_to_FLOAT16 FLOAT8E5M2_to_FLOAT
+    FLOAT8E5M2_to_FLOAT16 FLOAT_to_BFLOAT16 FLOAT_to_FLOAT4E2M1 FLOAT_to_FLOAT8E4M3FN
+    FLOAT_to_FLOAT8E4M3FNUZ FLOAT_to_FLOAT8E5M2 FLOAT_to_FLOAT8E5M2FNUZ FLOAT_to_INT2
+    FLOAT_to_INT4 FLOAT_to_UINT2 FLOAT_to_UINT4 INT2_to_FLOAT INT2_to_FLOAT16
+    INT2_to_INT8 INT4_to_FLOAT INT4_to_FLOAT16 INT4_to_INT8 UINT2_to_FLOAT
+    UINT2_to_FLOAT16 UINT2_to_UINT8 UINT4_to_FLOAT UINT4_to_FLOAT16 UINT4_to_UINT8
+    e8m0_FLOAT16_to_FLOAT8E8M0 e8m0_FLOAT8E8M0_to_FLOAT e8m0_FLOAT8E8M0_to_FLOAT16
+    e8m0_FLOAT_to_FLOAT8E8M0 no_saturate_FLOAT16_to_FLOAT8E4M3FN
+    no_saturate_FLOAT16_to_FLOAT8E4M3FNUZ no_saturate_FLOAT16_to_FLOAT8E5M2
+    no_saturate_FLOAT16_to_FLOAT8E5M2FNUZ no_saturate_FLOAT_to_FLOAT8E4M3FN
+    no_saturate_FLOAT_to_FLOAT8E4M3FNUZ no_saturate_FLOAT_to_FLOAT8E5M2
+    no_saturate_FLOAT_to_FLOAT8E5M2FNUZ
+""".split()]
+# reason -> the cases skipped for it (on every backend)
+EXPECTED_SKIPS = {
+    "ONNX types ember has not (int8/16, unsigned, bfloat16, float8, 4- and 2-bit)": [
+        f"test_{op}_{t}" for op in ("add", "sub", "mul", "div", "max", "min")
+        for t in _INTS.split()] + [
+        "test_clip_default_int8_inbounds", "test_clip_default_int8_max",
+        "test_clip_default_int8_min", "test_maxpool_2d_uint8", "test_pow_types_float32_uint32",
+        "test_pow_types_float32_uint64"] + _CAST_TYPES,
+    "3-d convolutions and pools": ["test_averagepool_3d_default", "test_maxpool_3d_default",
+                                   "test_convtranspose_3d"],
+    "pools with dilations": [
+        "test_averagepool_2d_dilations", "test_averagepool_3d_dilations_small",
+        *(f"test_averagepool_3d_dilations_large_count_include_pad_is_{i}_ceil_mode_is_{c}"
+          for i in (0, 1) for c in ("True", "False")),
+        "test_maxpool_2d_dilations", "test_maxpool_3d_dilations",
+        "test_maxpool_3d_dilations_use_ref_impl", "test_maxpool_3d_dilations_use_ref_impl_large"],
+    "MaxPool's Indices output": ["test_maxpool_with_argmax_2d_precomputed_pads",
+                                 "test_maxpool_with_argmax_2d_precomputed_strides"],
+    "training mode (BatchNormalization, Dropout)": [
+        "test_batchnorm_epsilon_training_mode", "test_batchnorm_example_training_mode",
+        "test_training_dropout", "test_training_dropout_default",
+        "test_training_dropout_default_mask", "test_training_dropout_mask",
+        "test_training_dropout_zero_ratio", "test_training_dropout_zero_ratio_mask"],
+    "opsets before 13": ["test_dropout_default_old", "test_dropout_random_old"],
+    "sequence and optional values": ["test_identity_opt", "test_identity_sequence"],
+    "max/min of bool tensors or over an empty axis": [
+        "test_reduce_max_bool_inputs", "test_reduce_min_bool_inputs", "test_reduce_max_empty_set",
+        "test_reduce_max_empty_set_bool", "test_reduce_min_empty_set"],
+}
+CPU_SKIPS = {"float16 (the cpu backend has no f16)": [
+    "test_cast_FLOAT_to_FLOAT16", "test_cast_FLOAT16_to_FLOAT", "test_cast_FLOAT16_to_DOUBLE",
+    "test_cast_DOUBLE_to_FLOAT16", "test_max_float16", "test_min_float16"]}
+
+
+@functools.cache
+def cases() -> dict:
+    """The node tests of OPS (one node each, not the function-expanded variants)."""
+    from onnx.backend.test.case import node
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        found = node.collect_testcases()
+    return {c.name: c for c in found if len(c.model.graph.node) == 1
+            and c.model.graph.node[0].op_type in OPS and not c.name.endswith("_expanded")}
+
+
+def _array(v) -> np.ndarray:
+    return onnx.numpy_helper.to_array(v) if isinstance(v, onnx.TensorProto) else np.asarray(v)
+
+
+def _skip_reason(name: str, backend: str) -> str | None:
+    tables = [EXPECTED_SKIPS] + ([CPU_SKIPS] if backend == "cpu" else [])
+    return next((r for t in tables for r, names in t.items() if name in names), None)
+
+
+def run(name: str, backend: str) -> list[np.ndarray]:
+    """Import and compile the case, run it on its first data set; the outputs."""
+    from ember.backends.errors import UnsupportedOpError
+
+    case = cases()[name]
+    node = case.model.graph.node[0]
+    static = RULES[node.op_type].static if node.op_type in RULES else ()
+    inputs, _ = case.data_sets[0]
+    names = [i.name for i in case.model.graph.input]
+    values = dict(zip(names, map(_array, inputs)))
+    bound = {n: values[n] for k, n in enumerate(node.input) if k in static and n in values}
+    feeds = [v for n, v in values.items() if n not in bound]
+    try:
+        forward = em.compile(load(case.model, constants=bound), *feeds, backend=backend)
+    except UnsupportedOpError as e:
+        raise em.onnx.OnnxImportError(f"the {backend} backend: {e}") from e
+    out = forward(*feeds)
+    return list(out) if isinstance(out, tuple) else [out]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", sorted(cases()))
+def test_node(name, backend):
+    reason = _skip_reason(name, backend)
+    try:
+        got = run(name, backend)
+    except em.onnx.OnnxImportError as e:
+        if reason is None:
+            raise
+        pytest.skip(f"{reason}: {e}")
+    assert reason is None, f"{name} now runs on {backend}: strike it from the skips ({reason})"
+    rtol, atol = TOLERANCE[backend]
+    if name in ROUNDED:
+        rtol = cases()[name].rtol
+    want = [_array(v) for v in cases()[name].data_sets[0][1]]
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and g.dtype == w.dtype, (g.shape, g.dtype, w.shape, w.dtype)
+        np.testing.assert_allclose(g, w, rtol=rtol, atol=atol, equal_nan=True)
+
+
+def test_every_expected_skip_is_a_case():
+    listed = {n for t in (EXPECTED_SKIPS, CPU_SKIPS) for names in t.values() for n in names}
+    assert not listed - set(cases()), sorted(listed - set(cases()))
+
+
+def test_every_op_has_a_passing_case():
+    skipped = {n for names in EXPECTED_SKIPS.values() for n in names}
+    covered = {cases()[n].model.graph.node[0].op_type for n in cases() if n not in skipped}
+    assert covered == set(OPS), sorted(set(OPS) - covered)
+
+
+def table() -> str:
+    """The README's table: cases per op that run (on both backends) and that are skipped."""
+    rows = ["| op | pass | skip (why) |", "|---|---|---|"]
+    for op in OPS:
+        names = [n for n, c in cases().items() if c.model.graph.node[0].op_type == op]
+        why = sorted({r for n in names for b in BACKENDS if (r := _skip_reason(n, b))})
+        skip = sum(_skip_reason(n, "interpreter") is not None for n in names)
+        cpu = sum(n in sum(CPU_SKIPS.values(), []) for n in names)
+        rows.append(f"| {op} | {len(names) - skip} | {skip or ''}"
+                    + (f" (+{cpu} on cpu)" if cpu else "") + (f" ({'; '.join(why)})" if why
+                                                              else "") + " |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(table())
