@@ -5,7 +5,8 @@ Run: `python benchmarks/dp.py` (`--quick`: fewer steps). Rows, per model:
   batch B;
 - 1 process, the data-parallel step with a local communicator (the split step's own
   cost: gradient graph, flat buffer, update graph), batch B;
-- 2 processes under torchrun (gloo), batch B per rank: the global batch is 2B.
+- 2 processes under torchrun (gloo), batch B per rank: the global batch is 2B;
+- 2 processes under mpiexec (mpi4py), where mpiexec and mpi4py are installed.
 Columns: median step time, global samples/s, scaling efficiency (samples/s over twice
 the fused 1-process figure), time per step spent in allreduce, bytes reduced per step.
 Models: the large MLP (784-512-512-10, B 128) and "GPT A" (a char-level GPT: 2 layers,
@@ -15,8 +16,10 @@ n_embd 128, 4 heads, T 64, vocab 65, B 16).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -103,7 +106,8 @@ class Timed(Communicator):
 
 def worker(name: str, mode: str, steps: int, out: str) -> None:
     """Time `steps` steps in this process (mode: fused, local, or dp under torchrun)."""
-    comm = em.distributed.init() if mode == "dp" else Communicator()
+    comm = em.distributed.init("mpi" if mode == "mpi" else "auto") if mode in ("dp", "mpi") \
+        else Communicator()
     timed = Timed(comm)
     em.seed(0)
     model, loss_fn, (x, y) = workload(name, comm.rank)
@@ -126,12 +130,15 @@ def worker(name: str, mode: str, steps: int, out: str) -> None:
 
 
 def measure(name: str, mode: str, steps: int) -> dict:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "EMBER_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "EMBER_NUM_THREADS": "1",
+           "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "result.json")
-        args = [__file__, "--worker", name, mode, str(steps), out]
-        cmd = ([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                "--nproc_per_node=2", *args] if mode == "dp" else [sys.executable, *args])
+        args = [sys.executable, __file__, "--worker", name, mode, str(steps), out]
+        launch = {"dp": [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                         "--nproc_per_node=2"],
+                  "mpi": ["mpiexec", "--oversubscribe", "-n", "2"]}
+        cmd = launch.get(mode, []) + (args[1:] if mode == "dp" else args)
         subprocess.run(cmd, env=env, check=True, capture_output=True, text=True)
         with open(out) as f:
             return json.load(f)
@@ -152,12 +159,15 @@ def main() -> None:
           f"{'allreduce ms':>12} {'MB/step':>8}")
     for name in args.models.split(","):
         base = None
-        for mode, label in (("fused", "1 (fused step)"), ("local", "1 (data-parallel step)"),
-                            ("dp", "2 (gloo, torchrun)")):
+        modes = [("fused", "1 (fused step)"), ("local", "1 (data-parallel step)"),
+                 ("dp", "2 (gloo, torchrun)")]
+        if shutil.which("mpiexec") and importlib.util.find_spec("mpi4py"):
+            modes.append(("mpi", "2 (mpi4py, mpiexec)"))
+        for mode, label in modes:
             r = measure(name, mode, steps)
             rate = r["batch"] / r["step"]
             base = base or rate
-            scaling = rate / (base * (2 if mode == "dp" else 1))
+            scaling = rate / (base * (2 if mode in ("dp", "mpi") else 1))
             print(f"{name:10} {label:22} {r['step'] * 1e3:8.2f} {rate:10,.0f} {scaling:8.2f} "
                   f"{r['allreduce'] * 1e3:12.2f} {r['bytes'] / 2**20:8.2f}")
 

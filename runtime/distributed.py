@@ -3,8 +3,8 @@
 `init(backend="auto")` joins the process group that the launcher describes in the
 environment: torchrun (and Slurm's `srun torchrun`, Kubernetes' PyTorchJob, Ray Train's
 TorchTrainer, which all set RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT) → "gloo", through
-torch.distributed; mpiexec/srun with MPI (OMPI_COMM_WORLD_SIZE, PMI_SIZE) → "mpi", through
-mpi4py; neither → "local", one process. Arrays are numpy arrays reduced in place.
+torch.distributed; mpiexec/srun with MPI (OMPI_COMM_WORLD_SIZE, PMI_SIZE, PMIX_RANK) →
+"mpi", through mpi4py; neither → "local", one process. Arrays are numpy arrays reduced in place.
 
 A peer that dies or never joins makes the collective fail with `DistributedError` after
 `timeout` seconds at most (gloo; MPI has no timeout: its launcher ends the job), never a
@@ -167,7 +167,7 @@ def detect() -> str:
     """The backend the environment's launcher implies."""
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         return "gloo"
-    if "OMPI_COMM_WORLD_SIZE" in os.environ or "PMI_SIZE" in os.environ:
+    if any(k in os.environ for k in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK")):
         return "mpi"
     return "local"
 

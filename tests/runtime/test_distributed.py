@@ -111,7 +111,11 @@ def test_two_mpi_ranks_equal_single_process(tmp_path):
     pytest.importorskip("mpi4py")
     cmd = ["mpiexec", "-n", "2", sys.executable, str(HERE / "dp_worker.py"), "--case", "train",
            "--out", str(tmp_path), "--distributed", "mpi"]
-    run = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=180)
+    # as root (CI containers), OpenMPI wants both variables; --oversubscribe: 2 ranks on
+    # machines with fewer slots
+    env = {**ENV, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+           "OMPI_MCA_rmaps_base_oversubscribe": "1"}
+    run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
     assert run.returncode == 0, run.stderr[-3000:]
     r0, r1 = params(tmp_path / "rank0.npz"), params(tmp_path / "rank1.npz")
     ref = single_process("train")
@@ -156,7 +160,7 @@ def test_data_parallel_rejects_what_is_not_a_communicator():
 
 
 def test_init_picks_the_backend_from_the_launchers_environment(monkeypatch):
-    for k in ("RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
+    for k in ("RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"):
         monkeypatch.delenv(k, raising=False)
     assert detect() == "local"
     comm = em.distributed.init()
@@ -237,3 +241,15 @@ def test_ember_train_nproc_prints_once_and_resumes_bit_exactly(tmp_path):
     # one process on the global batch trains the same (the MLP has no dropout)
     single = ember_train("--epochs", "3", "--batch-size", "64")
     assert epoch3(single) == epoch3(straight)
+
+
+def test_the_data_parallel_example_runs_under_torchrun():
+    pytest.importorskip("torch.distributed")
+    example = HERE.parent.parent / "examples" / "data_parallel.py"
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                          "--nproc_per_node=2", str(example)], env=ENV, capture_output=True,
+                         text=True, timeout=180)
+    assert run.returncode == 0, run.stderr[-3000:]
+    epochs = [line for line in run.stdout.splitlines() if line.startswith("epoch")]
+    assert len(epochs) == 5 and epochs[-1].endswith("(2 ranks)")  # printed by rank 0 alone
+    assert float(epochs[-1].split("test acc")[1].split("%")[0]) > 90
