@@ -6,7 +6,7 @@ its op to its last use (results returned by the graph: to the end). Buffers are 
 place: an elementwise op (or a reshape) whose operand of the same shape and dtype dies
 there writes its result into that operand's buffer. Buffers then get offsets in one arena,
 greedily by size (largest first, lowest offset that no buffer alive at the same time
-overlaps), 64-byte aligned.
+overlaps), 64-byte aligned (a backend may ask for more: the cuda one aligns to 256).
 
 The plan's report breaks the peak down by class: `params`, `optimizer_state` (the state
 arguments the optimizer pass adds, `ember.state`), `inputs` (every other argument),
@@ -40,8 +40,8 @@ def nbytes(key) -> int:
     return t.nbytes if isinstance(t, TensorType) else 0
 
 
-def _aligned(n: int) -> int:
-    return -(-n // ALIGN) * ALIGN
+def _aligned(n: int, align: int = ALIGN) -> int:
+    return -(-n // align) * align
 
 
 # --- graph roles -------------------------------------------------------------------------
@@ -125,9 +125,10 @@ class MemoryPlan:
         return "\n".join(f"{k:<{width}}  {v:>14,}" for k, v in r.items())
 
 
-def plan(steps: list[Step], resident: dict[Hashable, str], outputs: Iterable) -> MemoryPlan:
+def plan(steps: list[Step], resident: dict[Hashable, str], outputs: Iterable,
+         align: int = ALIGN) -> MemoryPlan:
     """Plan `steps` (in order); `resident` values (args, params, constants) are not in the
-    arena; `outputs` live to the end."""
+    arena; `outputs` live to the end. Every buffer starts on an `align`-byte boundary."""
     end = len(steps)
     define: dict[Hashable, int] = {}
     last: dict[Hashable, int] = {}
@@ -163,7 +164,7 @@ def plan(steps: list[Step], resident: dict[Hashable, str], outputs: Iterable) ->
                 claimed.add(id(buf))
                 in_place[r] = donor
             else:
-                buf = Buffer(_aligned(nbytes(r)), t, t)
+                buf = Buffer(_aligned(nbytes(r), align), t, t)
                 buffers.append(buf)
             buf.values.append(r)
             buf.end = max(buf.end, last[r])

@@ -1,5 +1,5 @@
-"""`checkpoint{strategy=none|all|balanced|min-cut budget=BYTES}`: what the backward keeps
-and what it recomputes.
+"""`checkpoint{strategy=none|all|balanced|min-cut budget=BYTES segments=N}`: what the
+backward keeps and what it recomputes.
 
 Runs on the joint graph that autodiff returns (before the optimizer pass). The forward
 part is every op the forward results (loss, outputs, buffer updates) depend on; the
@@ -8,13 +8,22 @@ backward part, and chooses the *saved set*: the forward values that stay alive i
 backward. Every other forward value the backward reads is recomputed there: its op (and,
 recursively, whatever it needs that is not saved) is duplicated just before the first
 backward op that reads it, marked `ember.recompute = true` (CSE never merges such a copy
-back). A random op is copied with its attributes and its rng operand, so a recomputed
-dropout draws exactly the mask the forward drew. Graph arguments, params, constants and
-the forward results are always available and never recomputed.
+back). Copies are shared, so a recomputed matmul or conv runs at most once per backward
+*segment* (see `_Scheduler`): the backward is cut into `segments` runs of equally many
+ops, and a copy made in one is read by every later op of that run. A random op is copied
+with its attributes and its rng operand, so a recomputed dropout draws exactly the mask
+the forward drew. Graph arguments, params, constants and the forward results are always
+available and never recomputed.
 
 - `none`: save every forward value the backward reads.
-- `all`: save nothing recomputable: the backward recomputes chains from the inputs
-  (the least memory; a deep chain is recomputed more than once, see `_Scheduler`).
+- `all`: save nothing recomputable: the backward recomputes chains from the inputs. In
+  1 segment that is the forward once, its copies alive about as long as `balanced` keeps
+  the originals; in 2, segment 1 recomputes the whole forward and keeps what it needs,
+  segment 2 the front half again (1.5 forwards, about half the memory); each segment
+  more: less memory, one more partial forward. Unless `segments` is given, it takes the
+  count with the lowest planned peak whose recomputed work stays within 3 forwards
+  (RECOMPUTE_CAP), so a training step costs at most about twice `none`'s (and no
+  longer grows with the square of the depth).
 - `balanced`: save results of compute-bound ops (matmul, conv, linear, attention: the
   rule table's "compute" class) and recompute memory-bound chains from them.
 - `min-cut`: the saved set is a minimum s-t cut (networkx max-flow) of a graph in which
@@ -22,8 +31,13 @@ the forward results are always available and never recomputed.
   recompute as the tie-break, compute-bound ops never recomputed. With `budget` (bytes,
   the planned peak of the joint graph, params and inputs included), it sweeps the
   bytes/recompute trade-off (then allows recomputing compute-bound ops, then recomputes
-  everything) and takes the cheapest schedule whose planned peak fits; if none does,
-  it fails naming the best achievable peak.
+  everything, in 1, 2, 4, 8 and 16 segments) and takes the cheapest schedule whose planned
+  peak fits; if none does, it fails naming the best achievable peak.
+
+So no strategy's peak, as planned here (before `fuse`), exceeds `none`'s: a shared copy
+lives from its recomputation (in the backward) to its last use in its segment, inside the
+lifetime the original has under `none` (from the forward to its last backward use); a
+cheap copy made only to recompute another lives a few ops.
 
 The graph gets `ember.checkpoint = "<strategy>"`, `ember.saved = ["%N", ...]` (the saved
 values as numbered in the dump right after this pass) and `ember.saved_bytes`.
@@ -53,7 +67,9 @@ from .manager import Pass, PipelineError, register_pass
 
 STRATEGIES = ("none", "all", "balanced", "min-cut")
 RECOMPUTE = "ember.recompute"
-WINDOW = 2  # backward ops within which a copy made to recompute another is shared
+WINDOW = 2  # backward ops within which a cheap copy made to recompute another is shared
+MAX_SEGMENTS = 8
+RECOMPUTE_CAP = 3  # forwards' worth of work that `all` may recompute to plan less memory
 
 
 class Clone:
@@ -130,11 +146,12 @@ class Joint:
             seen.update((v, None) for v in op.operands if not self.free(v))
         return list(seen)
 
-    def schedule(self, keep: Callable[[Operation], bool], window: int = WINDOW) -> Schedule:
+    def schedule(self, keep: Callable[[Operation], bool], segments: int = 1,
+                 window: int = WINDOW) -> Schedule:
         """Forward ops, then backward ops with the copies they need just before them; a
         forward op is saved when `keep(op)` or when it cannot be recomputed (see
-        `_Scheduler` for `window`)."""
-        return _Scheduler(self, keep, window).run()
+        `_Scheduler` for `segments` and `window`)."""
+        return _Scheduler(self, keep, segments, window).run()
 
     def plan(self, s: Schedule) -> MemoryPlan:
         resident = dict(argument_classes(self.graph))
@@ -180,16 +197,22 @@ class Joint:
 
 
 class _Scheduler:
-    """Copies are shared, but only while sharing keeps them short-lived. A value the
-    backward reads directly is copied once and reused by every later backward op (it
-    lives from its first backward use to its last: never longer than `none` would keep
-    the original). A value copied only to recompute another one is reused by a later
-    backward op only within `window` backward ops of its last use; after that it is
-    recomputed again, so a long chain recomputed early in the backward (to rebuild a value
-    near the loss) does not stay alive until the backward reaches its own layers."""
+    """Copies are shared within a segment of the backward (`segments` runs of equally
+    many backward ops), but cheap ones only while sharing keeps them short-lived. A value
+    the backward reads directly, and a copy of a compute-bound op (matmul, conv), is
+    copied once per segment and read by every later op of the segment: recomputing the
+    chain behind it again for each reader is what made `all` quadratic in depth (a chain
+    from the inputs per value read). A cheap copy (a memory-bound op) made only to
+    recompute another is reused only within `window` backward ops of its last use; after
+    that it is recomputed again, from the shared copies, so a long chain of elementwise
+    ops recomputed early in the backward does not stay alive until its other readers.
+    At a segment's start every copy is forgotten: what the segment needs again it
+    recomputes, so no copy lives from one segment into the next."""
 
-    def __init__(self, joint: Joint, keep: Callable[[Operation], bool], window: int):
+    def __init__(self, joint: Joint, keep: Callable[[Operation], bool], segments: int,
+                 window: int):
         self.joint, self.keep, self.window = joint, keep, window
+        self.segments = segments
         self.s = Schedule([Entry(op, list(op.operands), list(op.results), forward=True)
                            for op in joint.forward])
         self.memo: dict[Value, Clone] = {}
@@ -197,7 +220,11 @@ class _Scheduler:
         self.now = 0
 
     def run(self) -> Schedule:
+        n = len(self.joint.backward)
         for now, bop in enumerate(self.joint.backward):
+            if now * self.segments // n != (now - 1) * self.segments // n:  # a new segment
+                self.memo.clear()
+                self.scratch.clear()
             self.now = now
             operands = [self.get(v) for v in bop.operands]
             self.s.entries.append(Entry(bop, operands, list(bop.results)))
@@ -241,8 +268,12 @@ class _Scheduler:
                                         clone=True))
             self.s.cost += work(op)
             self.s.clones += 1
-            self.scratch.update((r, (c, self.now)) for r, c in zip(op.results, clones))
-        self.memo[v] = self.scratch[v][0]
+            if compute_bound(op):
+                self.memo.update(zip(op.results, clones))
+            else:
+                self.scratch.update((r, (c, self.now)) for r, c in zip(op.results, clones))
+        if v not in self.memo:  # read directly: shared for the rest of the segment
+            self.memo[v] = self.scratch[v][0]
         return self.memo[v]
 
 
@@ -284,6 +315,7 @@ class Checkpoint(Pass):
     STRATEGIES: ClassVar[tuple[str, ...]] = STRATEGIES
     strategy: str = "none"
     budget: int = 0
+    segments: int = 0  # 0: 1, or for `all` the best within RECOMPUTE_CAP
 
     def __post_init__(self):
         if self.strategy not in STRATEGIES:
@@ -292,6 +324,9 @@ class Checkpoint(Pass):
         if self.budget < 0:
             raise PipelineError(f"checkpoint: budget must be a number of bytes >= 0, "
                                 f"got {self.budget}")
+        if self.segments < 0:
+            raise PipelineError(f"checkpoint: segments must be >= 1 (or 0: the strategy's "
+                                f"default), got {self.segments}")
 
     def check(self, graph: Graph) -> None:
         a = graph.attributes
@@ -317,9 +352,12 @@ class Checkpoint(Pass):
         if self.strategy == "min-cut":
             s = self._min_cut(joint)
         else:
-            keep = {"none": lambda op: True, "all": lambda op: False,
-                    "balanced": compute_bound}[self.strategy]
-            s = joint.schedule(keep)
+            if self.strategy == "all" and not self.segments:
+                s = self._all(joint)
+            else:
+                keep = {"none": lambda op: True, "all": lambda op: False,
+                        "balanced": compute_bound}[self.strategy]
+                s = joint.schedule(keep, self.segments or 1)
             if self.budget:
                 peak = joint.plan(s).peak_bytes
                 if peak > self.budget:
@@ -333,11 +371,25 @@ class Checkpoint(Pass):
         graph.attributes["ember.saved_bytes"] = sum(map(nbytes, s.saved))
         return graph
 
+    def _all(self, joint: Joint) -> Schedule:
+        """The lowest planned peak over 1, 2, ... segments, while the recomputed work stays
+        within RECOMPUTE_CAP forwards (fewer segments on a tie)."""
+        cap = RECOMPUTE_CAP * joint.total_work()
+        best: tuple | None = None  # (peak, schedule)
+        for n in range(1, MAX_SEGMENTS + 1):
+            s = joint.schedule(lambda op: False, n)
+            if best is not None and s.cost > cap:
+                break
+            peak = joint.plan(s).peak_bytes
+            if best is None or peak < best[0]:
+                best = (peak, s)
+        return best[1]
+
     def _min_cut(self, joint: Joint) -> Schedule:
         top = joint.total_work()  # one byte outweighs all recomputation
         if not self.budget:
             keep = joint.min_cut(top, allow_compute=False)
-            return joint.schedule(lambda op: op in keep)
+            return joint.schedule(lambda op: op in keep, self.segments or 1)
         seen: set[frozenset] = set()
         best: tuple | None = None  # (cost, peak, schedule) of the cheapest that fits
         lowest: tuple | None = None  # (peak, how) of the lowest peak found
@@ -347,9 +399,11 @@ class Checkpoint(Pass):
                 if keep in seen:
                     continue
                 seen.add(keep)
-                best, lowest = self._consider(joint, joint.schedule(lambda op, k=keep: op in k),
-                                              best, lowest)
-        best, lowest = self._consider(joint, joint.schedule(lambda op: False), best, lowest)
+                s = joint.schedule(lambda op, k=keep: op in k, self.segments or 1)
+                best, lowest = self._consider(joint, s, best, lowest)
+        for n in (1, 2, 4, 8, 16):  # then recompute everything, in more and more segments
+            s = joint.schedule(lambda op: False, n)
+            best, lowest = self._consider(joint, s, best, lowest)
         if best is None:
             raise PipelineError(f"checkpoint: the memory budget of {self.budget} bytes cannot "
                                 f"be met: the best achievable planned peak is {lowest[0]} "

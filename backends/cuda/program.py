@@ -4,10 +4,11 @@ arena plan that places its results and scratch.
 
 Each graph value that needs memory gets a slot: graph inputs and params (bound per
 call), constants (uploaded once), op results and scratch (im2col columns, reduction
-partials, GEMM accumulators). Results and scratch live in ONE arena allocated once: each
-slot lives from the first step that touches it to the last, and slots whose lifetimes do
-not overlap share bytes (greedy, largest first). Results the graph returns are allocated
-fresh per call (the caller keeps them).
+partials, GEMM accumulators). Results and scratch live in ONE arena allocated once, at
+the offsets of the memory planner every backend uses (ir/memory_plan.py): each slot lives
+from the first step that touches it to the last, and slots whose lifetimes do not overlap
+share bytes. Results the graph returns are allocated fresh per call (the caller keeps
+them).
 """
 
 from __future__ import annotations
@@ -18,10 +19,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ...ir import TensorType
+from ...ir import memory_plan as mp
 from . import launch as L
 
 
-@dataclass
+@dataclass(eq=False)
 class Slot:
     """kind: "arg" (key: input index), "param" (key: param id), "const" (value), "temp" (an
     op result) or "scratch" (an op's working memory). Temps and scratch sit at byte
@@ -133,28 +135,25 @@ def step_slots(step) -> list[int]:
 
 
 def plan_arena(p: Program) -> None:
-    """Offsets in one arena for every temp and scratch slot but the returned ones: a slot
-    lives from the first step that touches it to the last; slots alive at a common step
-    never share a byte. Largest first, each at the lowest offset that fits."""
+    """Offsets in one arena, from the memory planner (ir/memory_plan.py) that plans every
+    backend's arena, for every temp and scratch slot but the returned ones. A slot lives
+    from the first step that touches it to the last (scratch is written by one step and
+    read by the next, so "touches" is all the planner needs); where a kernel writes over
+    its operand the lowering already gave both one slot, so the planner reuses nothing
+    more (`reuse=[]`). Buffers are 256-byte aligned, as cuBLAS and vector loads want."""
     returned = {i for i, _ in p.outputs}
-    live: dict[int, list[int]] = {}
-    for k, step in enumerate(p.steps):
-        for i in step_slots(step):
-            if p.slots[i].kind in ("temp", "scratch") and i not in returned:
-                live.setdefault(i, [k, k])[1] = k
-    for i, s in enumerate(p.slots):  # a result no step touches still gets bytes
-        if s.kind in ("temp", "scratch") and i not in returned and i not in live:
-            live[i] = [0, len(p.steps)]
-    placed: list[tuple[int, int, int, int]] = []  # (offset, end, first, last)
-    for i in sorted(live, key=lambda i: (-p.slots[i].type.nbytes, i)):
-        first, last = live[i]
-        size = L.round_up(max(p.slots[i].type.nbytes, 1))
-        offset = 0
-        for lo, hi, *_ in sorted(b for b in placed if b[2] <= last and first <= b[3]):
-            if offset + size <= lo:
-                break
-            offset = max(offset, hi)
-        p.slots[i].offset = offset
-        placed.append((offset, offset + size, first, last))
-    p.arena_bytes = max((b[1] for b in placed), default=0)
-
+    arena = [s for i, s in enumerate(p.slots)
+             if s.kind in ("temp", "scratch") and i not in returned]
+    planned, seen = set(arena), set()
+    steps = []
+    for step in p.steps:
+        touched = [p.slots[i] for i in dict.fromkeys(step_slots(step))
+                   if p.slots[i] in planned]
+        first = [s for s in touched if s not in seen]
+        seen.update(first)
+        steps.append(mp.Step(type(step).__name__, [s for s in touched if s not in first],
+                             first, reuse=[]))
+    memory = mp.plan(steps, {}, (), align=L.ALIGN)
+    for s in arena:
+        s.offset = memory.offsets[s]
+    p.arena_bytes = memory.arena_bytes
