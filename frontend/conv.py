@@ -20,7 +20,8 @@ def _default(init):
 
 
 def _padding(layer: str, padding, kernel, stride, dilation):
-    """Validate padding now (int, pair, "valid", "same"); forward resolves it the same way."""
+    """Validate padding now (int, pair, "valid", "same"; "same" may be uneven, as torch's);
+    forward resolves it the same way."""
     try:
         return F.conv_padding(padding, kernel, stride, dilation)
     except ValueError as e:
@@ -28,7 +29,8 @@ def _padding(layer: str, padding, kernel, stride, dilation):
 
 
 class Conv2d(Module):
-    """NCHW convolution; weight [c_out, c_in/groups, kh, kw], bias [c_out]."""
+    """Convolution of [N, C, H, W] or [C, H, W]; weight [c_out, c_in/groups, kh, kw], bias
+    [c_out]."""
 
     def __init__(self, c_in: int, c_out: int, kernel_size, stride=1, padding=0, dilation=1,
                  groups: int = 1, bias: bool = True, init=None):
@@ -57,7 +59,8 @@ class Conv2d(Module):
 
 
 class Conv1d(Module):
-    """NCL convolution (conv2d with H = 1); weight [c_out, c_in/groups, k], bias [c_out]."""
+    """Convolution of [N, C, L] or [C, L] (conv2d with H = 1); weight [c_out, c_in/groups, k],
+    bias [c_out]."""
 
     def __init__(self, c_in: int, c_out: int, kernel_size: int, stride: int = 1, padding=0,
                  dilation: int = 1, groups: int = 1, bias: bool = True, init=None):
@@ -100,11 +103,10 @@ class ConvTranspose2d(Module):
         self.kernel_size = pair("ConvTranspose2d kernel_size", kernel_size)
         self.stride = pair("ConvTranspose2d stride", stride)
         self.padding = pair("ConvTranspose2d padding", padding, 0)
-        self.output_padding = pair("ConvTranspose2d output_padding", output_padding, 0)
         self.dilation = pair("ConvTranspose2d dilation", dilation)
-        if any(o >= s for o, s in zip(self.output_padding, self.stride)):
-            raise ValueError(f"ConvTranspose2d output_padding {self.output_padding} must be "
-                             f"smaller than stride {self.stride}")
+        self.output_padding = F.check_output_padding(
+            "ConvTranspose2d", pair("ConvTranspose2d output_padding", output_padding, 0),
+            self.stride, self.dilation)
         self.groups = groups_divide("ConvTranspose2d", groups, c_in, c_out)
         area = math.prod(self.kernel_size)
         fans = {"fan_in": c_out // groups * area, "fan_out": c_in // groups * area}

@@ -9,14 +9,17 @@ value; shape errors raise `em.ShapeError` naming the module path and the shapes.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
+from .. import ir
 from . import context
-from .config import number
+from .config import number, positive
 from .config import pair as _pair
 from .param import Param
-from .tensor import Tensor, axes_list
+from .tensor import Tensor, axes_list, scalar_axes
 
 
 def _t(x) -> Tensor:
@@ -56,6 +59,47 @@ def maximum(a, b) -> Tensor:
 def minimum(a, b) -> Tensor:
     """Elementwise min, broadcast; NaN if either is NaN (torch.minimum)."""
     return context.current().op("ember.min", *_pair_of(a, b))
+
+
+def add(a, b, alpha=1) -> Tensor:
+    """a + alpha * b, broadcast (torch.add's `alpha`)."""
+    a, b = _pair_of(a, b)
+    return a + (b if alpha == 1 else b * alpha)
+
+
+def sub(a, b, alpha=1) -> Tensor:
+    """a - alpha * b, broadcast (torch.sub's `alpha`)."""
+    a, b = _pair_of(a, b)
+    return a - (b if alpha == 1 else b * alpha)
+
+
+ROUNDING_MODES = (None, "trunc", "floor")
+EXACT = {"bf16": 2 ** 7, "f16": 2 ** 10, "f32": 2 ** 23, "f64": 2 ** 52}  # |x| >= these: whole
+
+
+def _trunc(q: Tensor) -> Tensor:
+    """q rounded toward zero: through i64 where |q| is below the dtype's whole numbers (so
+    huge values, inf and NaN pass as they are); no gradient, as torch's."""
+    whole = q.astype("i64").astype(q.dtype)
+    small = q.abs() < float(EXACT[q.dtype])
+    return q.trace.op("ember.select", small, whole, q, stop_gradient=True)
+
+
+def div(a, b, rounding_mode: str | None = None) -> Tensor:
+    """a / b, broadcast; `rounding_mode` "trunc" (toward zero) or "floor" rounds the
+    quotient as torch.div does, integer tensors computed in f64 (exact below 2**53)."""
+    if rounding_mode not in ROUNDING_MODES:
+        raise ValueError(f"div: rounding_mode must be None, 'trunc' or 'floor', got "
+                         f"{rounding_mode!r}")
+    a, b = _pair_of(a, b)
+    if rounding_mode is None:
+        return a / b
+    dtype = a.dtype if a.dtype in EXACT else "f64"
+    q = a.astype(dtype) / b.astype(dtype)
+    t = _trunc(q)
+    if rounding_mode == "floor":
+        t = t - (t > q).astype(dtype)
+    return t.astype(a.dtype)
 
 
 def where(condition, a, b) -> Tensor:
@@ -99,16 +143,24 @@ def linear(x, weight, bias=None, layout: str = "ember") -> Tensor:
     return t.op("nn.linear", *operands)
 
 
-def softmax(x, axis: int = -1, dtype=None) -> Tensor:
-    """Softmax along `axis`, computed in `dtype` when given (torch's dtype=: cast first)."""
+def _along(name: str, x, axis: int, dtype) -> Tensor:
+    """`name` along `axis` of x cast to `dtype` (torch's dtype=: cast first); a 0-d x is
+    taken as one axis of size 1 (torch allows its dim 0 or -1)."""
     x = _t(x) if dtype is None else _t(x).astype(dtype)
-    return x.trace.op("nn.softmax", x, axis=_axis(axis, x))
+    if x.ndim == 0:
+        scalar_axes(x, axis)
+        return x.trace.op(name, x.reshape(1), axis=0).reshape(())
+    return x.trace.op(name, x, axis=_axis(axis, x))
+
+
+def softmax(x, axis: int = -1, dtype=None) -> Tensor:
+    """Softmax along `axis`, computed in `dtype` when given."""
+    return _along("nn.softmax", x, axis, dtype)
 
 
 def log_softmax(x, axis: int = -1, dtype=None) -> Tensor:
-    """Log-softmax along `axis`, computed in `dtype` when given (torch's dtype=)."""
-    x = _t(x) if dtype is None else _t(x).astype(dtype)
-    return x.trace.op("nn.log_softmax", x, axis=_axis(axis, x))
+    """Log-softmax along `axis`, computed in `dtype` when given."""
+    return _along("nn.log_softmax", x, axis, dtype)
 
 
 
@@ -146,90 +198,282 @@ def erf(x) -> Tensor:
 
 # -- convolutions and pools -------------------------------------------------------------------
 
+def _batched(what: str, x: Tensor, rank: int, fn: Callable) -> Tensor | tuple:
+    """fn on x [N, C, ...] of `rank` dims, or on x without its batch dim ([C, ...], as torch
+    accepts): then on a batch of one, removed again from each result."""
+    if x.ndim == rank:
+        return fn(x)
+    if x.ndim != rank - 1:
+        raise x.trace.error(f"{what}: input must have {rank} dims (batched) or {rank - 1} "
+                            f"(unbatched), got {list(x.shape)}")
+    out = fn(x.reshape(1, *x.shape))
+    return tuple(o.reshape(o.shape[1:]) for o in out) if isinstance(out, tuple) else (
+        out.reshape(out.shape[1:]))
+
+
+def _const(x: Tensor, a: np.ndarray) -> Tensor:
+    """The array `a` as a constant of x's dtype."""
+    return x.trace.constant(np.asarray(a, ir.numpy_dtype(x.dtype)), x.dtype)
+
+
+def _take(x: Tensor, axis: int, index: np.ndarray, valid: np.ndarray, fill) -> Tensor:
+    """x gathered along `axis` at the integer array `index`, whose dims replace that axis,
+    and `fill` where `valid` is False: the windows and asymmetric padding that the core
+    pool and conv ops cannot express, as one gather (its gradient a scatter_add)."""
+    t, rest = x.trace, [a for a in range(x.ndim) if a != axis]
+    at = t.lift(np.clip(index, 0, x.shape[axis] - 1).astype(np.int64))
+    g = t.op("ember.gather", x.transpose(axis, *rest), at, axis=0)
+    if not valid.all():
+        mask = t.lift(valid.reshape(valid.shape + (1,) * len(rest)))
+        g = t.op("ember.select", mask, g, t.lift(fill, x.dtype))
+    k = index.ndim
+    return g.transpose(*range(k, k + axis), *range(k), *range(k + axis, g.ndim))
+
+
+Padding = tuple[tuple[int, int], tuple[int, int]]
+
+
 def conv_padding(padding, kernel: tuple[int, int], stride: tuple[int, int],
-                 dilation: tuple[int, int]) -> tuple[int, int]:
-    """Explicit symmetric padding from an int, a pair, "valid" or "same"."""
+                 dilation: tuple[int, int]) -> Padding:
+    """(before, after) padding of H and W from an int, a pair, "valid" or "same"; "same"
+    with an uneven total puts the extra one after (right, bottom), as torch."""
     if padding == "valid":
-        return (0, 0)
+        return ((0, 0), (0, 0))
     if padding == "same":
         if stride != (1, 1):
             raise ValueError(f"padding='same' needs stride 1, got stride {stride}")
-        total = [d * (k - 1) for k, d in zip(kernel, dilation)]
-        if any(t % 2 for t in total):
-            raise ValueError(f"padding='same' needs an odd effective kernel (dilation*(k-1) "
-                             f"even); kernel {kernel} with dilation {dilation} would need "
-                             "uneven padding")
-        return (total[0] // 2, total[1] // 2)
+        totals = [d * (k - 1) for k, d in zip(kernel, dilation)]
+        return tuple((total // 2, total - total // 2) for total in totals)
     if isinstance(padding, str):
         raise ValueError(f"padding must be an int, a pair, 'valid' or 'same', got {padding!r}")
-    return _pair("padding", padding, lo=0)
+    ph, pw = _pair("padding", padding, lo=0)
+    return ((ph, ph), (pw, pw))
+
+
+def _crop(x: Tensor, axis: int, start: int, length: int) -> Tensor:
+    """x[start : start + length] along `axis`, zeros past x's end (a slice or a padding)."""
+    if (start, length) == (0, x.shape[axis]):
+        return x
+    index = np.arange(start, start + length)
+    return _take(x, axis, index, index < x.shape[axis], 0.0)
 
 
 def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups: int = 1) -> Tensor:
-    """NCHW convolution, weight [c_out, c_in/groups, kh, kw] (`nn.conv2d`)."""
+    """Convolution of [N, C, H, W] or [C, H, W] x, weight [c_out, c_in/groups, kh, kw]
+    (`nn.conv2d`, after zeros for an uneven padding="same")."""
     t = context.current()
     x, w = t.lift(x), t.lift(weight)
     if w.ndim != 4:
         raise t.error(f"conv2d: weight must be [c_out, c_in/groups, kh, kw], got {list(w.shape)}")
     stride, dilation = _pair("stride", stride), _pair("dilation", dilation)
-    pad = conv_padding(padding, w.shape[2:], stride, dilation)
-    operands = [x, w] + ([] if bias is None else [t.lift(bias)])
-    return t.op("nn.conv2d", *operands, stride=list(stride), padding=list(pad),
-                dilation=list(dilation), groups=groups)
+    pads = conv_padding(padding, w.shape[2:], stride, dilation)
+    operands = [w] + ([] if bias is None else [t.lift(bias)])
+
+    def conv(x4: Tensor) -> Tensor:
+        for axis, (before, after) in enumerate(pads):
+            x4 = _crop(x4, 2 + axis, 0, x4.shape[2 + axis] + after - before)
+        return t.op("nn.conv2d", x4, *operands, stride=list(stride),
+                    padding=[before for before, _ in pads], dilation=list(dilation),
+                    groups=groups)
+
+    return _batched("conv2d", x, 4, conv)
 
 
 def conv1d(x, weight, bias=None, stride: int = 1, padding=0, dilation: int = 1,
            groups: int = 1) -> Tensor:
-    """NCL convolution, weight [c_out, c_in/groups, k]: conv2d with H = 1."""
+    """Convolution of [N, C, L] or [C, L] x, weight [c_out, c_in/groups, k]: conv2d with
+    H = 1."""
     t = context.current()
     x, w = t.lift(x), t.lift(weight)
-    if x.ndim != 3 or w.ndim != 3:
+    if x.ndim not in (2, 3) or w.ndim != 3:
         raise t.error(f"conv1d: input {list(x.shape)} and weight {list(w.shape)} must be "
-                      "[N, C, L] and [c_out, c_in/groups, k]")
+                      "[N, C, L] or [C, L], and [c_out, c_in/groups, k]")
     pad = padding if isinstance(padding, str) else (0, _pair("padding", padding, lo=0)[0])
-    y = conv2d(x.reshape(x.shape[0], x.shape[1], 1, x.shape[2]),
+    y = conv2d(x.reshape(*x.shape[:-1], 1, x.shape[-1]),
                w.reshape(w.shape[0], w.shape[1], 1, w.shape[2]), bias,
                (1, _pair("stride", stride)[0]), pad, (1, _pair("dilation", dilation)[0]), groups)
-    return y.reshape(y.shape[0], y.shape[1], y.shape[3])
+    return y.reshape(*y.shape[:-2], y.shape[-1])
 
 
 def conv_transpose2d(x, weight, bias=None, stride=1, padding=0, output_padding=0,
                      groups: int = 1, dilation=1) -> Tensor:
-    """The transpose of conv2d (PyTorch's weight layout [c_in, c_out/groups, kh, kw])."""
+    """The transpose of conv2d on [N, C, H, W] or [C, H, W] x (PyTorch's weight layout
+    [c_in, c_out/groups, kh, kw]); `output_padding` adds rows and columns after, each
+    smaller than the stride or the dilation (torch's rule)."""
     t = context.current()
     x, w = t.lift(x), t.lift(weight)
     stride, dilation = _pair("stride", stride), _pair("dilation", dilation)
     pad, out_pad = _pair("padding", padding, lo=0), _pair("output_padding", output_padding, 0)
-    if any(o >= s for o, s in zip(out_pad, stride)):
-        raise ValueError(f"output_padding {out_pad} must be smaller than stride {stride}")
-    if x.ndim != 4 or w.ndim != 4:
-        raise t.error(f"conv_transpose2d: input {list(x.shape)} and weight {list(w.shape)} "
-                      "must be [N, C, H, W] and [c_in, c_out/groups, kh, kw]")
-    n, _, h, wd = x.shape
-    out = [(size - 1) * s - 2 * p + d * (k - 1) + o + 1 for size, s, p, d, k, o in
-           zip((h, wd), stride, pad, dilation, w.shape[2:], out_pad)]
-    y = t.op("ember.conv2d_grad_input", x, w, stride=list(stride), padding=list(pad),
-             dilation=list(dilation), groups=groups,
-             input_shape=[n, w.shape[1] * groups, *out])
-    return y if bias is None else y + t.lift(bias).reshape(1, -1, 1, 1)
+    check_output_padding("conv_transpose2d", out_pad, stride, dilation)
+    if w.ndim != 4:
+        raise t.error(f"conv_transpose2d: weight must be [c_in, c_out/groups, kh, kw], got "
+                      f"{list(w.shape)}")
+
+    def transposed(x4: Tensor) -> Tensor:
+        full = [(size - 1) * s + d * (k - 1) + 1 for size, s, d, k in
+                zip(x4.shape[2:], stride, dilation, w.shape[2:])]
+        out = [f - 2 * p + o for f, p, o in zip(full, pad, out_pad)]
+        if all(o < s for o, s in zip(out_pad, stride)):  # the op's own padding crops
+            y = _conv_transpose(x4, w, stride, pad, dilation, groups, out)
+        else:  # output_padding past the stride: crop the unpadded output, zeros past it
+            y = _conv_transpose(x4, w, stride, (0, 0), dilation, groups, full)
+            for axis in (0, 1):
+                y = _crop(y, 2 + axis, pad[axis], out[axis])
+        return y if bias is None else y + t.lift(bias).reshape(1, -1, 1, 1)
+
+    return _batched("conv_transpose2d", x, 4, transposed)
 
 
-def _pool(name: str, x, kernel_size, stride, padding) -> Tensor:
-    x = _t(x)
-    kernel = _pair("kernel_size", kernel_size)
-    stride = kernel if stride is None else _pair("stride", stride)
-    return x.trace.op(name, x, kernel=list(kernel), stride=list(stride),
-                      padding=list(_pair("padding", padding, lo=0)))
+def _conv_transpose(x: Tensor, w: Tensor, stride, padding, dilation, groups: int,
+                    size: list[int]) -> Tensor:
+    """conv2d's input gradient as a transposed convolution to [H, W] `size`."""
+    return x.trace.op("ember.conv2d_grad_input", x, w, stride=list(stride),
+                      padding=list(padding), dilation=list(dilation), groups=groups,
+                      input_shape=[x.shape[0], w.shape[1] * groups, *size])
 
 
-def max_pool2d(x, kernel_size, stride=None, padding=0) -> Tensor:
-    """Max over windows of NCHW x (stride defaults to the kernel); padding never wins."""
-    return _pool("ember.max_pool2d", x, kernel_size, stride, padding)
+def check_output_padding(what: str, output_padding: tuple[int, int], stride: tuple[int, int],
+                         dilation: tuple[int, int]) -> tuple[int, int]:
+    """torch's rule: each output_padding smaller than its stride or its dilation."""
+    if any(o >= max(s, d) for o, s, d in zip(output_padding, stride, dilation)):
+        raise ValueError(f"{what} output_padding {output_padding} must be smaller than "
+                         f"stride {stride} or dilation {dilation}")
+    return output_padding
 
 
-def avg_pool2d(x, kernel_size, stride=None, padding=0) -> Tensor:
-    """Mean over windows of NCHW x; zero padding is counted (PyTorch's count_include_pad)."""
-    return _pool("ember.avg_pool2d", x, kernel_size, stride, padding)
+@dataclass(frozen=True)
+class PoolWindows:
+    """The windows of a 2-D pool as torch defines them; `of` checks the arguments."""
+
+    kernel: tuple[int, int]
+    stride: tuple[int, int]
+    padding: tuple[int, int]
+    dilation: tuple[int, int] = (1, 1)
+    ceil_mode: bool = False
+
+    @classmethod
+    def of(cls, what: str, kernel_size, stride=None, padding=0, dilation=1,
+           ceil_mode: bool = False) -> PoolWindows:
+        kernel = _pair(f"{what} kernel_size", kernel_size)
+        stride = kernel if stride is None else _pair(f"{what} stride", stride)
+        pad, dil = _pair(f"{what} padding", padding, lo=0), _pair(f"{what} dilation", dilation)
+        if any(2 * p > d * (k - 1) + 1 for p, k, d in zip(pad, kernel, dil)):
+            raise ValueError(f"{what} padding {pad} must be at most half the kernel {kernel}"
+                             + (f" (dilation {dil})" if dil != (1, 1) else ""))
+        return cls(kernel, stride, pad, dil, bool(ceil_mode))
+
+    def out(self, what: str, x: Tensor) -> tuple[int, int]:
+        """torch's pooled sizes: with ceil_mode one more window where it would start inside
+        the input or its left padding."""
+        sizes = []
+        for size, k, s, p, d in zip(x.shape[2:], self.kernel, self.stride, self.padding,
+                                    self.dilation):
+            span = size + 2 * p - d * (k - 1) - 1
+            n = (span + (s - 1 if self.ceil_mode else 0)) // s + 1
+            if self.ceil_mode and (n - 1) * s >= size + p:
+                n -= 1
+            if span < 0 or n < 1:
+                raise x.trace.error(f"{what}: kernel {self.kernel} (dilation {self.dilation}) "
+                                    f"does not fit input {list(x.shape)} padded by "
+                                    f"{self.padding}")
+            sizes.append(n)
+        return sizes[0], sizes[1]
+
+    def taps(self, axis: int, size: int, out: int) -> tuple[np.ndarray, np.ndarray]:
+        """Input positions [out, k] of the windows' taps along `axis` (0: H, 1: W), and
+        whether each lies inside the input."""
+        k, s, p, d = self.kernel[axis], self.stride[axis], self.padding[axis], self.dilation[axis]
+        pos = np.arange(out)[:, None] * s - p + np.arange(k) * d
+        return pos, (pos >= 0) & (pos < size)
+
+    def core(self, what: str, x: Tensor) -> bool:
+        """Whether the core pool op (floor sizes, no dilation) computes these windows."""
+        if self.dilation != (1, 1):
+            return False
+        floor = PoolWindows(self.kernel, self.stride, self.padding)
+        return not self.ceil_mode or self.out(what, x) == floor.out(what, x)
+
+    def attrs(self) -> dict:
+        return {"kernel": list(self.kernel), "stride": list(self.stride),
+                "padding": list(self.padding)}
+
+
+def _window_max(x: Tensor, axis: int, taps, index: Tensor | None):
+    """The max over windows along `axis` and, given `index` (each element's flat index into
+    its input plane), the index of each window's first max: the smallest index among its
+    maxima, torch's row-major first."""
+    g = _take(x, axis, *taps, -math.inf)
+    m = g.max(axis + 1, keepdims=True)
+    if index is None:
+        return m.reshape(m.shape[:axis + 1] + m.shape[axis + 2:]), None
+    hit = g == m
+    negated = where(hit, -_take(index, axis, *taps, 0), -(2 ** 62))
+    return m.reshape(m.shape[:axis + 1] + m.shape[axis + 2:]), -negated.max(axis + 1)
+
+
+def _max_pool(x: Tensor, win: PoolWindows, return_indices: bool):
+    """Max pooling: the core op where it fits, else two separable window maxima (over W,
+    then H) of gathers; these split the gradient among tied maxima, the core op gives it
+    to the first."""
+    if win.core("max_pool2d", x) and not return_indices:
+        return x.trace.op("ember.max_pool2d", x, **win.attrs())
+    (oh, ow), (h, w) = win.out("max_pool2d", x), x.shape[2:]
+    index = x.trace.lift(np.arange(h * w, dtype=np.int64).reshape(1, 1, h, w))
+    y, index = _window_max(x, 3, win.taps(1, w, ow), index if return_indices else None)
+    y, index = _window_max(y, 2, win.taps(0, h, oh), index)
+    return (y, index) if return_indices else y
+
+
+def max_pool2d(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode: bool = False,
+               return_indices: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+    """Max over windows of [N, C, H, W] or [C, H, W] x, torch's arguments (stride defaults
+    to the kernel; padding never wins); `return_indices` adds each max's flat index into
+    its input plane (i64), as torch's."""
+    x, win = _t(x), PoolWindows.of("max_pool2d", kernel_size, stride, padding, dilation,
+                                    ceil_mode)
+    return _batched("max_pool2d", x, 4, lambda x4: _max_pool(x4, win, bool(return_indices)))
+
+
+def _avg_divisor(win: PoolWindows, x: Tensor, count_include_pad: bool,
+                 divisor_override: int | None) -> np.ndarray:
+    """torch's divisor of each window [OH, OW]: `divisor_override`, else its taps inside the
+    input or, with `count_include_pad`, inside the padded input (ceil_mode's extra taps
+    never count)."""
+    if divisor_override is not None:
+        return np.full(win.out("avg_pool2d", x), float(divisor_override))
+    counts = []
+    for axis, out in enumerate(win.out("avg_pool2d", x)):
+        pos, valid = win.taps(axis, x.shape[2 + axis], out)
+        padded = pos < x.shape[2 + axis] + win.padding[axis]
+        counts.append((padded if count_include_pad else valid).sum(1))
+    return np.outer(*counts)
+
+
+def _avg_pool(x: Tensor, win: PoolWindows, count_include_pad: bool,
+              divisor_override: int | None) -> Tensor:
+    """Window sums over the divisor: the core op (which divides by the kernel area)
+    rescaled where it fits, else two separable window sums of gathers."""
+    if win.core("avg_pool2d", x):
+        y = x.trace.op("ember.avg_pool2d", x, **win.attrs())
+        scale = math.prod(win.kernel) / _avg_divisor(win, x, count_include_pad,
+                                                     divisor_override)
+        return y if (scale == 1).all() else y * _const(x, scale)
+    (oh, ow), (h, w) = win.out("avg_pool2d", x), x.shape[2:]
+    y = _take(x, 3, *win.taps(1, w, ow), 0.0).sum(4)
+    y = _take(y, 2, *win.taps(0, h, oh), 0.0).sum(3)
+    return y / _const(x, _avg_divisor(win, x, count_include_pad, divisor_override))
+
+
+def avg_pool2d(x, kernel_size, stride=None, padding=0, ceil_mode: bool = False,
+               count_include_pad: bool = True, divisor_override: int | None = None) -> Tensor:
+    """Mean over windows of [N, C, H, W] or [C, H, W] x, torch's arguments: zero padding is
+    counted unless `count_include_pad=False`; `divisor_override` replaces the count."""
+    x, win = _t(x), PoolWindows.of("avg_pool2d", kernel_size, stride, padding,
+                                    ceil_mode=ceil_mode)
+    if divisor_override is not None:
+        positive("avg_pool2d divisor_override", divisor_override)
+    return _batched("avg_pool2d", x, 4, lambda x4: _avg_pool(x4, win, bool(count_include_pad),
+                                                             divisor_override))
 
 
 def _adaptive_matrix(size: int, out: int) -> np.ndarray:
@@ -373,21 +617,58 @@ def embedding(indices, weight) -> Tensor:
     return t.op("ember.gather", t.lift(weight), t.lift(indices), axis=0)
 
 
-def scaled_dot_product_attention(q, k, v, causal: bool = False, scale: float | None = None
-                                 ) -> Tensor:
-    """softmax(q k^T * scale + causal mask) v on [..., T, d] (`nn.attention`); scale
-    defaults to 1/sqrt(d)."""
+def _broadcast(*shapes) -> tuple[int, ...] | None:
+    """numpy's broadcast of `shapes`, None where they do not broadcast."""
+    try:
+        return np.broadcast_shapes(*shapes)
+    except ValueError:
+        return None
+
+
+def _same_batch(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """q [..., Tq, d], k [..., Tk, d], v [..., Tk, dv] with their leading dims broadcast to
+    one shape (torch's SDPA lets [H, T, d] queries meet [B, H, T, d] keys)."""
+    batch = _broadcast(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    if min(q.ndim, k.ndim, v.ndim) < 2 or batch is None:
+        raise q.trace.error(f"attention: q {list(q.shape)}, k {list(k.shape)} and v "
+                            f"{list(v.shape)} must be [..., T, d] with leading dims that "
+                            "broadcast")
+    return tuple(x if x.shape[:-2] == batch else broadcast_to(x, batch + x.shape[-2:])
+                 for x in (q, k, v))
+
+
+def _masked_scores(s: Tensor, mask: Tensor) -> Tensor:
+    """Scores with torch SDPA's `attn_mask`: a bool mask keeps where True (-inf elsewhere),
+    a float mask is added; it broadcasts to the scores [..., Tq, Tk]."""
+    if _broadcast(mask.shape, s.shape) != s.shape:
+        raise s.trace.error(f"attention: attn_mask {list(mask.shape)} does not broadcast to "
+                            f"the scores [..., Tq, Tk] {list(s.shape)}")
+    return where(mask, s, -math.inf) if mask.dtype == "i1" else s + mask
+
+
+def scaled_dot_product_attention(q, k, v, causal: bool = False, scale: float | None = None,
+                                 attn_mask=None) -> Tensor:
+    """softmax(q k^T * scale + mask) v on [..., T, d], leading dims broadcast (`nn.attention`;
+    with `attn_mask`, torch SDPA's: bool True = attend, or float added, composed of core
+    ops); scale defaults to 1/sqrt(d)."""
     t = context.current()
-    q, k, v = t.lift(q), t.lift(k), t.lift(v)
+    q, k, v = _same_batch(t.lift(q), t.lift(k), t.lift(v))
     scale = 1 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    return t.op("nn.attention", q, k, v, causal=bool(causal), scale=scale)
+    if attn_mask is None:
+        return t.op("nn.attention", q, k, v, causal=bool(causal), scale=scale)
+    if causal:
+        raise ValueError("scaled_dot_product_attention: give attn_mask or causal, not both "
+                         "(as torch)")
+    s = (q @ k.transpose(*range(k.ndim - 2), k.ndim - 1, k.ndim - 2)) * scale
+    return softmax(_masked_scores(s, t.lift(attn_mask)), -1) @ v
 
 
 def multi_head_attention(query, key, value, num_heads: int, q_weight, k_weight, v_weight,
                          out_weight, q_bias=None, k_bias=None, v_bias=None, out_bias=None,
-                         causal: bool = False) -> Tensor:
+                         causal: bool = False, attn_mask=None) -> Tensor:
     """[B, T, D] inputs projected (weights [D, D]), split into heads, attended, merged and
-    projected out."""
+    projected out. `attn_mask` broadcasts to [B, heads, Tq, Tk] with torch SDPA's meaning
+    (bool True = attend), NOT torch.nn.MultiheadAttention's (True = masked out)."""
     t = context.current()
     query, key, value = t.lift(query), t.lift(key), t.lift(value)
     for name, x in (("query", query), ("key", key), ("value", value)):
@@ -404,17 +685,26 @@ def multi_head_attention(query, key, value, num_heads: int, q_weight, k_weight, 
     q, k, v = heads(query, q_weight, q_bias), heads(key, k_weight, k_bias), heads(value,
                                                                                    v_weight,
                                                                                    v_bias)
-    y = scaled_dot_product_attention(q, k, v, causal)
+    y = scaled_dot_product_attention(q, k, v, causal, attn_mask=attn_mask)
     bsz, _, n, dh = y.shape
     return linear(y.transpose(0, 2, 1, 3).reshape(bsz, n, num_heads * dh), out_weight, out_bias)
 
 
 # -- losses ----------------------------------------------------------------------------
 
-def _labels(logits: Tensor, labels: Tensor, what: str) -> None:
-    if logits.ndim != 2 or labels.shape != logits.shape[:1]:
-        raise logits.trace.error(f"{what}: input {list(logits.shape)} and target "
-                                 f"{list(labels.shape)} disagree (want [N, C] and [N])")
+def _class_last(x: Tensor) -> Tensor:
+    """[N, C, d1, ...] as [N, d1, ..., C]: the class axis where one_hot puts it, so that
+    spatial inputs are per-position classifications with no reshape of the labels."""
+    return x if x.ndim <= 2 else x.transpose(0, *range(2, x.ndim), 1)
+
+
+def _labels(scores: Tensor, labels: Tensor, what: str) -> None:
+    """Class scores [N, C, d1, ...] must have labels [N, d1, ...] (torch's spatial targets)."""
+    want = scores.shape[:1] + scores.shape[2:]
+    if scores.ndim < 2 or labels.shape != want:
+        raise scores.trace.error(f"{what}: input {list(scores.shape)} and target "
+                                 f"{list(labels.shape)} disagree (want [N, C, d1, ...] and "
+                                 "[N, d1, ...])")
 
 
 def _one_hot(labels: Tensor, num_classes: int, dtype: str) -> Tensor:
@@ -443,46 +733,71 @@ def _class_weights(weight, labels_one_hot: Tensor) -> Tensor | None:
     if weight is None:
         return None
     w = _t(weight)
-    c = labels_one_hot.shape[1]
+    c = labels_one_hot.shape[-1]
     if w.shape != (c,):
         raise w.trace.error(f"weight must have one value per class, [{c}], got {list(w.shape)}")
-    return (labels_one_hot * w).sum(1)
+    return (labels_one_hot * w).sum(-1)
+
+
+def _may_be_ignored(labels: Tensor, ignore_index: int, num_classes: int) -> bool:
+    """Whether a label can equal `ignore_index`. Not when it is outside [0, C) and the labels
+    are a graph input: the runtime rejects out-of-range input labels before each run (so
+    torch's default -100 costs nothing there)."""
+    return 0 <= ignore_index < num_classes or labels.value.op is not None
+
+
+def _sample_weights(labels: Tensor, hot: Tensor, weight, ignore_index: int) -> Tensor | None:
+    """Per-sample weights: the class weight of each label, times 0 where the label is
+    `ignore_index` (torch's: an ignored sample counts neither in the sum nor in the mean)."""
+    weights = _class_weights(weight, hot)
+    if not _may_be_ignored(labels, ignore_index, hot.shape[-1]):
+        return weights
+    keep = (labels != ignore_index).astype(hot.dtype)
+    return keep if weights is None else weights * keep
 
 
 def cross_entropy(logits, target, label_smoothing: float = 0.0, weight=None,
-                  reduction: str = "mean") -> Tensor:
-    """Cross-entropy of logits [N, C] against integer labels [N] or class probabilities
-    [N, C], with PyTorch's label smoothing, class `weight` [C] (integer labels) and
-    `reduction` ("mean", "sum", "none")."""
+                  reduction: str = "mean", ignore_index: int = -100) -> Tensor:
+    """Cross-entropy of logits [N, C, d1, ...] against integer labels [N, d1, ...] or class
+    probabilities shaped as the logits, with PyTorch's label smoothing, class `weight` [C],
+    `ignore_index` (integer labels) and `reduction` ("mean", "sum", "none")."""
     logits, target = _t(logits), _t(target)
     if not 0.0 <= label_smoothing <= 1.0:
         raise ValueError(f"label_smoothing must be in [0, 1], got {label_smoothing!r}")
     integer = target.dtype in ("i32", "i64")
-    if integer and label_smoothing == 0 and weight is None and reduction == "mean":
-        return logits.trace.op("nn.cross_entropy", logits, target)
     weights = None
     if integer:
         _labels(logits, target, "cross_entropy")
-        target = _one_hot(target, logits.shape[1], logits.dtype)
-        weights = _class_weights(weight, target)
-    elif target.shape != logits.shape or logits.ndim != 2:
+        c = logits.shape[1]
+        if (logits.ndim == 2 and label_smoothing == 0 and weight is None
+                and reduction == "mean" and not _may_be_ignored(target, ignore_index, c)):
+            return logits.trace.op("nn.cross_entropy", logits, target)
+        labels, target = target, _one_hot(target, c, logits.dtype)
+        weights = _sample_weights(labels, target, weight, ignore_index)
+    elif target.shape != logits.shape or logits.ndim < 2:
         raise logits.trace.error(f"cross_entropy: logits {list(logits.shape)} and target "
-                                 f"probabilities {list(target.shape)} disagree (want [N, C])")
+                                 f"probabilities {list(target.shape)} disagree (want both "
+                                 "[N, C, d1, ...])")
+    else:
+        target = _class_last(target)
     if weight is not None and (not integer or label_smoothing):
         raise logits.trace.error("cross_entropy: weight= is supported for integer labels "
                                  "without label smoothing")
     if label_smoothing:
         target = target * (1.0 - label_smoothing) + label_smoothing / logits.shape[1]
-    return _reduced(-(target * log_softmax(logits, 1)).sum(1), reduction, weights)
+    logp = log_softmax(_class_last(logits), -1)
+    return _reduced(-(target * logp).sum(-1), reduction, weights)
 
 
-def nll_loss(log_probs, target, weight=None, reduction: str = "mean") -> Tensor:
-    """-log_probs[i, target[i]] over log-probabilities [N, C] and labels [N], with class
-    `weight` [C] and `reduction` as torch's."""
+def nll_loss(log_probs, target, weight=None, reduction: str = "mean",
+             ignore_index: int = -100) -> Tensor:
+    """-log_probs[i, target[i]] over log-probabilities [N, C, d1, ...] and labels
+    [N, d1, ...], with class `weight` [C], `ignore_index` and `reduction` as torch's."""
     log_probs, target = _t(log_probs), _t(target)
     _labels(log_probs, target, "nll_loss")
     hot = _one_hot(target, log_probs.shape[1], log_probs.dtype)
-    return _reduced(-(hot * log_probs).sum(1), reduction, _class_weights(weight, hot))
+    losses = -(hot * _class_last(log_probs)).sum(-1)
+    return _reduced(losses, reduction, _sample_weights(target, hot, weight, ignore_index))
 
 
 def mse_loss(a, b, reduction: str = "mean") -> Tensor:
@@ -503,10 +818,10 @@ def binary_cross_entropy_with_logits(logits, target, pos_weight=None,
     return _reduced((1.0 - y) * x + log_weight * softplus(-x), reduction)
 
 
-__all__ = ["adaptive_avg_pool2d", "avg_pool2d", "batch_norm", "binary_cross_entropy_with_logits",
-           "broadcast_to", "clamp", "conv1d", "conv2d", "conv_transpose2d", "cross_entropy",
-           "dropout", "embedding", "erf", "flatten", "gelu", "group_norm", "layer_norm",
-           "leaky_relu", "linear", "log_softmax", "max_pool2d", "maximum", "minimum", "mse_loss",
-           "multi_head_attention", "nll_loss", "relu", "rms_norm", "rsqrt",
-           "scaled_dot_product_attention", "sigmoid", "silu", "softmax", "softplus", "tanh",
-           "where"]
+__all__ = ["adaptive_avg_pool2d", "add", "avg_pool2d", "batch_norm",
+           "binary_cross_entropy_with_logits", "broadcast_to", "clamp", "conv1d", "conv2d",
+           "conv_transpose2d", "cross_entropy", "div", "dropout", "embedding", "erf", "flatten",
+           "gelu", "group_norm", "layer_norm", "leaky_relu", "linear", "log_softmax",
+           "max_pool2d", "maximum", "minimum", "mse_loss", "multi_head_attention", "nll_loss",
+           "relu", "rms_norm", "rsqrt", "scaled_dot_product_attention", "sigmoid", "silu",
+           "softmax", "softplus", "sub", "tanh", "where"]

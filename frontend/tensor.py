@@ -18,6 +18,27 @@ def axes_list(axis, ndim: int) -> list[int]:
     return [a % ndim if -ndim <= a < ndim else a for a in axes]
 
 
+def scalar_axes(x: Tensor, axis) -> None:
+    """torch lets a 0-d tensor take dim 0 or -1 (as if it had one axis of size 1)."""
+    for a in (axis,) if isinstance(axis, int) else axis:
+        if a not in (0, -1):
+            raise x.trace.error(f"axis {a} is out of range for a 0-d tensor (0 or -1, as torch)")
+
+
+def matmul(a: Tensor, b: Tensor) -> Tensor:
+    """torch.matmul: a 1-D operand is a row on the left or a column on the right, and that
+    dim is removed from the result; batch dims broadcast (`ember.matmul` needs rank >= 2)."""
+    if a.ndim > 1 and b.ndim > 1:
+        return a.trace.op("ember.matmul", a, b)
+    if 0 in (a.ndim, b.ndim) or a.shape[-1] != b.shape[-2 if b.ndim > 1 else 0]:
+        raise a.trace.error(f"matmul: shapes {list(a.shape)} and {list(b.shape)} do not "
+                            "multiply")
+    y = a.trace.op("ember.matmul", a.reshape(1, a.shape[0]) if a.ndim == 1 else a,
+                   b.reshape(b.shape[0], 1) if b.ndim == 1 else b)
+    rows, cols = y.shape[-2:-1] if a.ndim > 1 else (), y.shape[-1:] if b.ndim > 1 else ()
+    return y.reshape(y.shape[:-2] + rows + cols)
+
+
 class Tensor:
     """A value of the graph being traced; `shape` and `dtype` are concrete."""
 
@@ -47,8 +68,8 @@ class Tensor:
     def __rtruediv__(self, o): return self._binary("ember.div", o, True)
     def __pow__(self, o): return self._binary("ember.pow", o)
     def __rpow__(self, o): return self._binary("ember.pow", o, True)
-    def __matmul__(self, o): return self._binary("ember.matmul", o)
-    def __rmatmul__(self, o): return self._binary("ember.matmul", o, True)
+    def __matmul__(self, o): return matmul(self, self.trace.lift(o, self.dtype))
+    def __rmatmul__(self, o): return matmul(self.trace.lift(o, self.dtype), self)
     def __lt__(self, o): return self._binary("ember.cmp", o, predicate="lt")
     def __le__(self, o): return self._binary("ember.cmp", o, predicate="le")
     def __gt__(self, o): return self._binary("ember.cmp", o, predicate="gt")
@@ -72,6 +93,9 @@ class Tensor:
     def tanh(self): return self.trace.op("ember.tanh", self)
 
     def _reduce(self, name: str, axis, keepdims: bool) -> Tensor:
+        if self.ndim == 0 and axis is not None:  # torch's dim 0 or -1 of a scalar: itself
+            scalar_axes(self, axis)
+            return self.reshape(1)._reduce(name, 0, False)
         return self.trace.op(name, self, axes=axes_list(axis, self.ndim), keepdims=bool(keepdims))
 
     def sum(self, axis=None, keepdims=False):

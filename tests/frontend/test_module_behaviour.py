@@ -182,7 +182,6 @@ def test_repr_shows_configs_and_counts():
     (lambda: nn.Conv2d(-3, 8, 3), "Conv2d c_in must be a positive integer, got -3"),
     (lambda: nn.Conv2d(3, 8, 0), "kernel_size must be an integer >= 1 or a pair of them, got 0"),
     (lambda: nn.Conv2d(3, 8, 3, stride=2, padding="same"), "'same' needs stride 1"),
-    (lambda: nn.Conv2d(3, 8, 2, padding="same"), "odd effective kernel"),
     (lambda: nn.Conv2d(3, 8, 3, padding="full"), "got 'full'"),
     (lambda: nn.Conv2d(3, 8, 3, padding=-1), "got -1"),
     (lambda: nn.Conv1d(3, 8, 3, groups=3), "groups=3 must divide c_in=3 and c_out=8"),
