@@ -1,6 +1,7 @@
 """ember: a staged graph compiler for deep learning."""
 
 import sys as _sys
+from importlib import metadata as _metadata
 
 from . import ir  # noqa: F401
 from .frontend import init, nn
@@ -21,12 +22,29 @@ from .runtime.checkpoint import CheckpointError
 from .runtime.data import DataLoader
 from .runtime.debug import AnomalyError, ExecutionError
 from .runtime.params import GradientsParams
+from .runtime.summary import summary
+
+
+def _version() -> str:
+    """The installed distribution's version; in a checkout run without `pip install`, the one
+    pyproject.toml declares (the file the distribution's version comes from)."""
+    try:
+        return _metadata.version("ember")
+    except _metadata.PackageNotFoundError:
+        import tomllib
+        from pathlib import Path
+
+        text = (Path(__file__).resolve().parent / "pyproject.toml").read_text()
+        return tomllib.loads(text)["project"]["version"]
+
+
+__version__ = _version()
 
 __all__ = ["AnomalyError", "CheckpointError", "DataLoader", "ExecutionError", "GradientsParams",
            "ModuleMapper", "ModuleVisitor", "Param", "ParamGroup", "ParamId",
            "RecordError", "ShapeError", "Tensor", "TensorSpec", "checkpoint_strategies",
            "compile", "compile_grad", "compile_train_step", "distributed", "init", "ir",
-           "load", "load_torch", "nn", "onnx", "optim", "save", "seed", "trace"]
+           "load", "load_torch", "nn", "onnx", "optim", "save", "seed", "summary", "trace"]
 
 # `import ember.nn`, `from ember.nn import functional`, `import ember.optim` work as in
 # PyTorch, though the modules live in frontend/ and runtime/ (the layering's homes)

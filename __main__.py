@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -62,12 +63,20 @@ def _train(args: argparse.Namespace) -> int:
     from ember.runtime.backend import BackendUnavailableError
     from ember.runtime.debug import ExecutionError
     from ember.runtime.distributed import DistributedError
+    from ember.runtime.logging import MetricLogs
+    from ember.runtime.plot import plot_run, require_matplotlib
 
     if args.nproc > 1 and "LOCAL_RANK" not in os.environ:
         return _launch(args)
+    logs = None
     try:
+        if args.plot:
+            require_matplotlib()  # said now, not after the run has trained
+        if args.profile and args.backend != "cpu":
+            raise ValueError(f"--profile times the cpu backend's kernels, not {args.backend}'s")
         comm = em.distributed.init() if int(os.environ.get("WORLD_SIZE", 1)) > 1 else None
-        say = print if comm is None or comm.rank == 0 else (lambda *a, **k: None)
+        lead = comm is None or comm.rank == 0
+        say = print if lead else (lambda *a, **k: None)
         em.seed(args.seed)
         onnx_model = em.onnx.load(args.model) if args.model.endswith(".onnx") else None
         image = (models.wants_image(args.model) if onnx_model is None
@@ -80,25 +89,36 @@ def _train(args: argparse.Namespace) -> int:
             model = onnx_model
             model.check_inputs(dataset.x_train.shape)
         global_batch = args.batch_size * (comm.world_size if comm is not None else 1)
-        optimizer = _optimizer(args, len(dataset.x_train) // global_batch)
+        steps_per_epoch = len(dataset.x_train) // global_batch
+        optimizer = _optimizer(args, steps_per_epoch)
         ranks = f" x {comm.world_size} ranks" if comm is not None else ""
         say(f"training {args.model} ({model.num_params():,} params) on "
             f"{args.data or 'digits'} with {optimizer}, {args.epochs} epochs, "
             f"batch {args.batch_size}{ranks}, {args.backend} backend"
             + (f", checkpoint {args.checkpoint}" if args.checkpoint != "none" else ""))
+        if args.summary:
+            say(em.summary(model, dataset.x_train[:args.batch_size]))
+        if lead:  # rank 0 writes the logs, as it writes the checkpoints
+            logs = MetricLogs.open(args.log_dir, args.log or [], append=bool(args.resume))
         results = train.fit(model, dataset, optimizer, epochs=args.epochs,
                             batch_size=args.batch_size, backend=args.backend, seed=args.seed,
                             dump_ir=args.dump_ir, progress=not args.no_progress,
                             checkpoint=args.checkpoint, memory_budget=args.memory_budget,
                             save=args.save, resume=args.resume,
                             detect_anomaly=args.detect_anomaly,
-                            data_parallel=comm if comm is not None else False)
+                            data_parallel=comm if comm is not None else False,
+                            logs=logs, profile=args.profile)
+        if args.plot and logs is not None and results:
+            say(f"wrote {plot_run(args.plot, results, logs.steps, steps_per_epoch)}")
     except BrokenPipeError:  # `ember train | head`: main() handles it, not an error of ours
         raise
     except (ValueError, FloatingPointError, ExecutionError, BackendUnavailableError,
-            OSError, NotImplementedError, DistributedError) as e:
+            OSError, NotImplementedError, DistributedError, ImportError) as e:
         print(f"ember train: error: {e}", file=sys.stderr)
         return 1
+    finally:
+        if logs is not None:
+            logs.close()
     if results:
         say(f"final test accuracy {results[-1].test_accuracy:.2%}")
     return 130 if results.interrupted else 0  # 128 + SIGINT, as a shell reports Ctrl-C
@@ -114,34 +134,80 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+SPLIT_MARKER = re.compile(r"^[ \t]*// -----[ \t]*$", re.M)  # mlir-opt's --split-input-file
+
+
 def _opt(args: argparse.Namespace) -> int:
+    """As mlir-opt: each input (the file, or each `// -----` chunk of it) is parsed, run
+    through the passes and printed; an error is reported per chunk, and the output goes to
+    stdout, or to `-o FILE` (written atomically, and only when every chunk succeeded)."""
     from ember.backends.errors import CodegenError, UnsupportedOpError
-    from ember.ir import VerifyError, verify
-    from ember.ir.parser import ParseError, decode, parse
+    from ember.ir import VerifyError
+    from ember.ir.diagnostic import render
+    from ember.ir.parser import ParseError, decode
     from ember.passes.manager import PassManager, PipelineError, parse_pipeline
 
+    errors = (OSError, ParseError, VerifyError, PipelineError, UnsupportedOpError,
+              CodegenError, ValueError)  # ValueError: OnnxImportError, a bad --input-shape
     name = "<stdin>" if args.file == "-" else args.file
+    text = None
+    try:  # the command line's own mistakes first, once, as a usage error
+        passes = parse_pipeline(args.passes or "")
+        PassManager(passes, print_ir_after=args.print_ir_after or ())  # rejects typos
+    except PipelineError as e:
+        print(f"ember opt: error: {e}", file=sys.stderr)
+        return 1
     try:
         if args.file.endswith(".onnx"):
-            graph = _onnx_graph(args.file, args.input_shape or [])
+            inputs = [_onnx_graph(args.file, args.input_shape or [])]
         else:
             data = sys.stdin.buffer.read() if args.file == "-" else Path(args.file).read_bytes()
-            graph = verify(parse(decode(data)))
-        manager = PassManager(parse_pipeline(args.passes or ""), verify_each=args.verify_each,
-                              print_ir_after_all=args.print_ir_after_all,
-                              print_ir_after=tuple(args.print_ir_after or ()),
-                              timing=args.pass_timing)
-        graph = verify(manager.run(graph))
-        text = _emit(graph, args.emit, args.debuginfo)
-    except (OSError, ParseError, VerifyError, PipelineError, UnsupportedOpError,
-            CodegenError, ValueError) as e:  # ValueError: OnnxImportError, a bad --input-shape
-        located = getattr(e, "line", None) is not None  # "line:col: error: ..." already
-        print(f"{name}:{e}" if located else f"{name}: error: {e}", file=sys.stderr)
+            text = decode(data)
+            inputs = _chunks(text) if args.split_input_file else [text]
+    except errors as e:
+        print(render(name, e, text), file=sys.stderr)
         return 1
-    print(text, end="")
-    if args.pass_timing:
-        print(manager.timing_report(), file=sys.stderr)
-    return 0
+    outputs, failed = [], False
+    for source in inputs:
+        manager = PassManager(passes, verify_each=args.verify_each,
+                              print_ir_after_all=args.print_ir_after_all,
+                              print_ir_after=args.print_ir_after or (), timing=args.pass_timing)
+        try:
+            outputs.append(_opt_one(source, manager, args))
+        except errors as e:
+            print(render(name, e, text), file=sys.stderr)
+            failed = True
+            continue
+        if args.pass_timing:
+            print(manager.timing_report(), file=sys.stderr)
+    result = "// -----\n".join(outputs)
+    if args.output is None:
+        print(result, end="")
+    elif not failed:
+        from ember.files import write_atomically
+
+        write_atomically(args.output, result.encode())
+    return 1 if failed else 0
+
+
+def _chunks(text: str) -> list[str]:
+    """The `// -----` chunks of `text`, each padded with the newlines before it, so that
+    its errors name lines of the whole file."""
+    out, start = [], 0
+    for m in [*SPLIT_MARKER.finditer(text), None]:
+        stop = len(text) if m is None else m.start()
+        out.append("\n" * text.count("\n", 0, start) + text[start:stop])
+        start = stop if m is None else m.end()
+    return out
+
+
+def _opt_one(source, manager, args: argparse.Namespace) -> str:
+    """One input (text, or a traced graph) through the passes, as --emit asks."""
+    from ember.ir import verify
+    from ember.ir.parser import parse
+
+    graph = verify(parse(source) if isinstance(source, str) else source)
+    return _emit(verify(manager.run(graph)), args.emit, args.debuginfo)
 
 
 def _onnx_graph(path: str, shapes: list[str]):
@@ -172,15 +238,35 @@ def _emit(graph, emit: str, debuginfo: bool) -> str:
         from ember.backends.cuda import emit_cuda
 
         return emit_cuda(graph)
+    if emit == "dot":
+        from ember.ir.dot import to_dot
+
+        return to_dot(graph)
     from ember.ir.printer import print_graph
 
     return print_graph(graph, debuginfo=debuginfo)
 
 
+class _ListPasses(argparse.Action):
+    """`--list-passes`: print the registered passes and exit, as `--help` does."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from ember.passes.manager import describe_passes
+
+        print(describe_passes())
+        parser.exit()
+
+
 def main(argv: list[str] | None = None) -> int:
+    from ember import __version__
+    from ember.passes.manager import describe_passes
     from ember.runtime.api import checkpoint_strategies
 
     parser = argparse.ArgumentParser(prog="ember", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"ember {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     t = sub.add_parser("train", help="train a built-in model on built-in data")
@@ -212,6 +298,16 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--detect-anomaly", action="store_true",
                    help="check every step for NaN/Inf and name the op that produced it")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
+    t.add_argument("--log-dir", metavar="DIR", help="write metrics per step and per epoch to "
+                   "DIR/metrics.jsonl, DIR/metrics.csv and TensorBoard events (if installed)")
+    t.add_argument("--log", action="append", metavar="FILE", help="write metrics to FILE "
+                   "(.jsonl or .csv; repeatable)")
+    t.add_argument("--plot", metavar="PATH.png", help="plot loss and accuracy at the end "
+                   "(needs matplotlib: pip install 'ember[plot]')")
+    t.add_argument("--summary", action="store_true", help="print the model's layers, output "
+                   "shapes, params and FLOPs before training")
+    t.add_argument("--profile", metavar="PATH.json", help="at the end, time the step's kernels "
+                   "on one batch and write a Chrome/Perfetto trace (cpu backend)")
     t.add_argument("--nproc", type=_count(1), default=1, metavar="N",
                    help="data-parallel over N processes on this machine (runs torchrun; "
                    "--batch-size is per process)")
@@ -227,9 +323,16 @@ def main(argv: list[str] | None = None) -> int:
     bn.add_argument("--threads", type=int, default=1, help="PyTorch threads (0: its default)")
     bn.set_defaults(run=_bench)
 
-    o = sub.add_parser("opt", help="parse IR, run passes, print the result (as mlir-opt)")
-    o.add_argument("file", help="an .mlir file, an .onnx model (its forward is printed), or - "
-                   "for stdin")
+    o = sub.add_parser("opt", help="parse IR, run passes, print the result (as mlir-opt)",
+                       epilog=f"passes:\n{describe_passes()}",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    o.add_argument("file", nargs="?", default="-", help="an .mlir file, an .onnx model (its "
+                   "forward is printed), or - for stdin (the default)")
+    o.add_argument("-o", dest="output", metavar="FILE", help="write the output here "
+                   "(atomically) instead of to stdout")
+    o.add_argument("--split-input-file", action="store_true",
+                   help="process each '// -----' chunk of the input on its own")
+    o.add_argument("--list-passes", action=_ListPasses, help="list the passes and exit")
     o.add_argument("--input-shape", action="append", metavar="NAME=DIMS",
                    help="an .onnx input's shape, e.g. x=1x3x32x32 (for symbolic dims)")
     o.add_argument("-p", "--passes", default="", help="e.g. 'decompose{linear=split},autodiff'")
@@ -238,7 +341,8 @@ def main(argv: list[str] | None = None) -> int:
     o.add_argument("--verify-each", action="store_true")
     o.add_argument("--pass-timing", action="store_true")
     o.add_argument("--mlir-print-debuginfo", dest="debuginfo", action="store_true")
-    o.add_argument("--emit", choices=("mlir", "llvm", "cuda"), default="mlir")
+    o.add_argument("--emit", choices=("mlir", "llvm", "cuda", "dot"), default="mlir",
+                   help="the IR, the LLVM IR or CUDA C a backend compiles, or Graphviz dot")
     o.set_defaults(run=_opt)
 
     args = parser.parse_args(argv)

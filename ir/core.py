@@ -230,3 +230,18 @@ class Graph:
         from .printer import print_graph
 
         return print_graph(self)
+
+    def __repr__(self) -> str:
+        """One line for a REPL or a list of graphs (`str(graph)` is the whole text)."""
+        ins = ", ".join(str(a.type) for a in self.args)
+        term = self.body.terminator
+        outs = ", ".join(str(v.type) for v in term.operands) if term is not None else ""
+        n = sum(1 for _ in self.walk())
+        return f"<Graph @{self.name}({ins}) -> ({outs}): {n} ops>"
+
+    def _repr_html_(self) -> str:
+        """A notebook shows the MLIR text, folded under its one-line repr."""
+        from html import escape
+
+        return (f"<details><summary><code>{escape(repr(self))}</code></summary>"
+                f"<pre>{escape(str(self))}</pre></details>")

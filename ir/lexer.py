@@ -15,7 +15,10 @@ from typing import Any
 
 MAX_DEPTH = 100  # nesting of regions, arrays and dicts: deeper input is an error, not a crash
 
-_TOKEN = re.compile(r"""
+# One match: the spaces and comments before a token, then the token. A string without
+# escapes (or lone surrogates) is read here too; any other string, and a character no token
+# starts with, match `slow` (empty): `Lexer.lex_string` reads the one, the other is an error.
+_TOKEN = re.compile(r"""(?:\s+|//[^\n]*)*(?:
     (?P<pct>%[A-Za-z0-9_$.\-]+(?:\#[0-9]+)?)
   | (?P<at>@(?:[A-Za-z_][A-Za-z0-9_$.]*)?)
   | (?P<caret>\^[A-Za-z0-9_$.\-]+)
@@ -26,8 +29,9 @@ _TOKEN = re.compile(r"""
   | (?P<id>[A-Za-z_][A-Za-z0-9_$.]*)
   | (?P<arrow>->)
   | (?P<punct>[(){}\[\]<>,:=\-*?!+|])
-""", re.VERBOSE)
-_SPACE = re.compile(r"(?:\s+|//[^\n]*)*")
+  | (?P<str>"[^"\\\n\ud800-\udfff]*")
+  | (?P<eof>\Z)
+  | (?P<slow>))""", re.VERBOSE)
 _ESCAPES = {'"': 0x22, "\\": 0x5C, "n": 0x0A, "t": 0x09}
 
 
@@ -46,13 +50,12 @@ class ParseError(ValueError):
         super().__init__(f"{line}:{col}: error: {message}")
 
 
-@dataclass
+@dataclass(slots=True)
 class Token:
     kind: str  # pct at caret hash float hex int id arrow punct str eof
     text: str
     pos: int
     value: Any = None
-
 
 def decode(data: bytes) -> str:
     """The text of a file's bytes: what is not UTF-8 is a ParseError at its line and column."""
@@ -89,17 +92,20 @@ class Lexer:
         return self.error(f"expected {what}, got {got}", tok.pos)
 
     def lex(self, pos: int) -> None:
-        """Make the token at `pos` (after spaces and comments) the current one."""
-        pos = _SPACE.match(self.text, pos).end()
-        if pos >= len(self.text):
-            self.tok = Token("eof", "", pos)
-        elif self.text[pos] == '"':
+        """Make the token at `pos` (after spaces and comments) the current one: one match
+        of one regex. `end` is where the text read so far ends (`pos`)."""
+        self.end = pos
+        m = _TOKEN.match(self.text, pos)
+        kind = m.lastgroup
+        if kind == "slow":
+            pos = m.end()
+            if self.text[pos] != '"':
+                raise self.error(f"unexpected character '{self.text[pos]}'", pos)
             self.tok = self.lex_string(pos)
         else:
-            m = _TOKEN.match(self.text, pos)
-            if m is None:
-                raise self.error(f"unexpected character '{self.text[pos]}'", pos)
-            self.tok = Token(m.lastgroup, m.group(), pos)
+            text = m[kind]
+            self.tok = Token(kind, text, m.end() - len(text),
+                             text[1:-1] if kind == "str" else None)
 
     def lex_string(self, start: int) -> Token:
         out, i, text = bytearray(), start + 1, self.text

@@ -22,6 +22,8 @@ from .lexer import ParseError, Token, decode
 __all__ = ["ParseError", "decode", "parse", "parse_module"]
 
 _SSA_NAME = re.compile(r"%([0-9]+|[A-Za-z_$.\-][A-Za-z0-9_$.\-]*)(?:#([0-9]+))?")
+_PCT = re.compile(r"%[A-Za-z0-9_$.\-]+(?:#[0-9]+)?")  # the lexer's `pct` token
+_OPERANDS = re.compile(rf"\((?:(?:{_PCT.pattern}, )*{_PCT.pattern})?\)")
 
 
 def parse(text: str) -> Graph:
@@ -195,8 +197,21 @@ class _Parser(AttributeParser):
             raise self.error(f"redefinition of value '%{name}'", pos)
         self.scopes[-1][name] = values
 
+    def operands(self) -> list[tuple[Value, Token]]:
+        """`(%a, %b)`; as ember prints it, in one match instead of a token at a time."""
+        m = _OPERANDS.match(self.text, self.tok.pos)
+        if m is None:
+            self.expect("(")
+            return self.comma_list(")", self.use)
+        uses = [self.value_of(Token("pct", n[0], n.start()))
+                for n in _PCT.finditer(self.text, m.start(), m.end())]
+        self.lex(m.end())
+        return uses
+
     def use(self) -> tuple[Value, Token]:
-        tok = self.take("pct", "a value '%name'")
+        return self.value_of(self.take("pct", "a value '%name'"))
+
+    def value_of(self, tok: Token) -> tuple[Value, Token]:
         m = _SSA_NAME.fullmatch(tok.text)
         if m is None:
             raise self.error(f"expected a valid value name, got '{tok.text}'", tok.pos)
@@ -301,8 +316,7 @@ class _Parser(AttributeParser):
 
     def generic_op(self, results: list, in_func: bool = False) -> Operation:
         name = self.advance().value
-        self.expect("(")
-        uses = self.comma_list(")", self.use)
+        uses = self.operands()
         if self.at("["):
             raise self.error("successors are not supported")
         attrs = {}

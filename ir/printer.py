@@ -22,11 +22,19 @@ BARE_ID = re.compile(r"[A-Za-z_][A-Za-z0-9_$.]*")
 VALUE_ID = re.compile(r"[A-Za-z_$.\-][A-Za-z0-9_$.\-]*")  # digit-only names are for results
 _HEX_WIDTH = {"f64": 16, "f32": 8, "f16": 4}
 _UNKNOWN = "%<<UNKNOWN SSA VALUE>>"
+_LOC_AT_END = re.compile(r' loc\("[^"]*":\d+:\d+\)$', re.M)
 
 
 def print_graph(graph: Graph, debuginfo: bool = False) -> str:
     """`module { func.func @name(...) {...} }`; `debuginfo` adds each op's `loc(...)`."""
     return print_module([graph], debuginfo)
+
+
+def strip_locations(text: str) -> str:
+    """What `print_graph(graph)` prints, from what `print_graph(graph, debuginfo=True)`
+    printed: every line's trailing `loc(...)` dropped (a `"` inside a printed string is
+    `\\22`, so only a location can end a line in `loc("...":line:col)`)."""
+    return _LOC_AT_END.sub("", text)
 
 
 def print_module(graphs: list[Graph], debuginfo: bool = False) -> str:

@@ -8,8 +8,10 @@ string fully describes what runs and a dump can name each stage.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import shlex
 import sys
+import textwrap
 import time
 import typing
 from collections.abc import Callable, Iterable
@@ -105,6 +107,38 @@ def _split_top(text: str) -> list[str]:
     return parts + [cur]
 
 
+def unknown_pass(name: str, where: str = "") -> PipelineError:
+    """The error for a pass name that is not registered: the closest names first (a typo's
+    fix is usually one of them), then every pass."""
+    close = difflib.get_close_matches(name, PASSES, n=3)
+    hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+    return PipelineError(f"{where}unknown pass '{name}'{hint} (known passes: "
+                         f"{', '.join(sorted(PASSES))})")
+
+
+def describe_passes() -> str:
+    """Every registered pass with its options and its docstring's first line, for
+    `ember opt --list-passes` and `--help`."""
+    lines = []
+    for name in sorted(PASSES):
+        cls = PASSES[name]
+        opts = " ".join(f"{k}=<{getattr(t, '__name__', t)}>" for k, t in cls.options().items())
+        lines.append(f"  {name}{f'{{{opts}}}' if opts else ''}")
+        lines += textwrap.wrap(_summary(cls), 92, initial_indent=" " * 6,
+                               subsequent_indent=" " * 6)
+    return "\n".join(lines)
+
+
+def _summary(cls: type[Pass]) -> str:
+    """The first paragraph of the pass's own docstring, else of its module's (one pass per
+    file); dataclass's generated `Name(field, ...)` docstring is no summary."""
+    for doc in (cls.__doc__, sys.modules[cls.__module__].__doc__):
+        first = " ".join((doc or "").strip().split("\n\n", 1)[0].split())
+        if first and not first.startswith(f"{cls.__name__}("):
+            return first
+    return ""
+
+
 def parse_pipeline(text: str) -> list[Pass]:
     """`"decompose{linear=split},autodiff,canonicalize"` -> pass instances, in order."""
     passes = []
@@ -117,8 +151,7 @@ def parse_pipeline(text: str) -> list[Pass]:
         name, _, rest = part.partition("{")
         name = name.strip()
         if name not in PASSES:
-            raise PipelineError(f"unknown pass '{name}' (known passes: "
-                                f"{', '.join(sorted(PASSES))})")
+            raise unknown_pass(name)
         if rest and not rest.rstrip().endswith("}"):
             raise PipelineError(f"pass '{name}': options must end with '}}', got {part!r}")
         opts = {}
@@ -142,6 +175,9 @@ class PassManager:
         self.verify_each = verify_each
         self.print_ir_after_all = print_ir_after_all
         self.print_ir_after = set(print_ir_after)
+        unknown = sorted(self.print_ir_after - PASSES.keys())
+        if unknown:  # a typo would otherwise print nothing, silently
+            raise unknown_pass(unknown[0], "--print-ir-after: ")
         self.timing = timing  # timings are always kept; the caller prints timing_report()
         self.on_stage = on_stage
         self.out = out

@@ -13,6 +13,7 @@ input checks a backend may run natively (backends/input_checks.py).
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import sys
@@ -28,10 +29,13 @@ from ..backends.input_checks import InputCheckError
 from ..frontend.module import Module
 from ..frontend.trace import ShapeError, TensorSpec, trace_function
 from ..ir import Graph, Operation
+from ..ir.printer import print_graph, strip_locations
+from . import stage_cache
 from .backend import DEVICE_BACKENDS, get_backend, to_host
 from .debug import AnomalyError, ExecutionError, describe, find_anomaly, locate_error
 from .params import GradientsParams, ParamTable, param_values, state_key
 from .pipeline import Stages, grad_pipeline, inference_pipeline, training_pipeline
+from .profile_trace import write_trace
 from .update import UpdateLayout, hyper_inputs, state_inputs, write_back
 
 
@@ -187,7 +191,7 @@ class Compiled:
         labels = _label_inputs(graph)
         if labels:  # checked natively where the backend can (cpu), else by check_inputs
             graph.attributes["ember.label_args"] = [list(label) for label in labels]
-        stages = Stages(graph, self.pipeline())
+        stages = stage_cache.stages(graph, self.pipeline(), self.backend_name)
         run = self.backend.compile(stages.graph)
         entry = Entry(stages.graph, run, stages, time.perf_counter() - start, specs, labels)
         dump = os.environ.get("EMBER_DUMP_IR")
@@ -283,14 +287,30 @@ class Compiled:
     def stages(self) -> list[str]:
         return self._require().stages.names
 
-    def ir(self, stage: str | None = None) -> str:
-        """The IR text after `stage` (default: the final, compiled one)."""
-        texts = self._require().stages.texts
+    def ir(self, stage: str | None = None, debuginfo: bool = False) -> str:
+        """The IR text after `stage` (default: the final, compiled one); `debuginfo` keeps
+        each op's `loc(...)`, the source line that made it."""
         if stage is None:
-            return str(self._require().graph)
-        if stage not in texts:
-            raise KeyError(f"no stage {stage!r}; stages are {', '.join(texts)}")
-        return texts[stage]
+            return print_graph(self._require().graph, debuginfo=debuginfo)
+        text = self._require().stages.text(stage)  # a KeyError names the stages
+        return text if debuginfo else strip_locations(text)
+
+    def profile(self, *inputs: np.ndarray, path: str | None = None,
+                repeat: int = 20) -> list[tuple[str, float]]:
+        """Seconds per kernel of the compiled graph on `inputs` (median of `repeat` runs;
+        params, optimizer state and counters are left as they were). With `path`, also a
+        Chrome/Perfetto trace JSON with one event per kernel (runtime/profile_trace.py)."""
+        table = self.param_table()
+        entry = self.entry(inputs, table)
+        native = getattr(entry.run, "profile", None)
+        if native is None:
+            raise NotImplementedError(f"the {self.backend_name} backend does not time its "
+                                      "kernels; profile on the cpu backend")
+        args = self.arguments(entry, inputs) + self.extra_inputs(entry, table)
+        kernels = native(args, self.params(table), repeat=repeat)
+        if path is not None:
+            write_trace(path, kernels, process=f"{self.kind} ({self.backend_name} backend)")
+        return kernels
 
     def dump_ir(self, directory: str) -> list[str]:
         """Write every stage of the last compiled graph to `directory` (numbered)."""
@@ -299,6 +319,28 @@ class Compiled:
     @property
     def graph(self) -> Graph:
         return self._require().graph
+
+    def settings(self) -> list[str]:
+        """What `repr` shows besides the model and backend (a step's optimizer)."""
+        return []
+
+    def __repr__(self) -> str:
+        """`TrainStep(Mlp, SGD(lr=0.1, ...), backend='cpu', compiled for [32, 64], [32])`."""
+        parts = [type(self.model).__name__, *self.settings(), f"backend={self.backend_name!r}"]
+        if self._last is None:
+            parts.append("not compiled yet")
+        else:
+            shapes = ", ".join(str(list(s.shape)) for s in self._last.specs)
+            more = len(self._cache) - 1
+            parts.append(f"compiled for {shapes}" + (f" (+{more} cached)" if more else ""))
+        return f"{type(self).__name__}({', '.join(parts)})"
+
+    def _repr_html_(self) -> str:
+        """A notebook shows the repr and, folded, the compiled IR."""
+        from html import escape
+
+        head = f"<p><code>{escape(repr(self))}</code></p>"
+        return head if self._last is None else head + self._last.graph._repr_html_()
 
     @property
     def compile_seconds(self) -> float:
@@ -310,15 +352,25 @@ class Compiled:
         return self._last
 
 
-def write_stages(stages: Stages, directory: str, prefix: str = "") -> list[str]:
-    """One `.mlir` file per stage, numbered in pipeline order."""
+def write_stages(stages: Stages, directory: str, prefix: str) -> list[str]:
+    """One `.mlir` file per stage, numbered in pipeline order, with each op's `loc(...)`.
+    Earlier dumps of the same function in `directory` (before a recompile for new shapes,
+    or by an earlier run) are kept: this one is then `<prefix>-2.00-traced.mlir`, `-3`, ...
+    (the first file is created exclusively, so concurrent dumps never share a number)."""
     os.makedirs(directory, exist_ok=True)
-    paths = []
-    for i, (name, text) in enumerate(stages.texts.items()):
-        path = os.path.join(directory, f"{prefix}{'.' if prefix else ''}{i:02d}-{name}.mlir")
+    texts = list(stages.texts.items())
+    for n in itertools.count(1):
+        base = os.path.join(directory, prefix if n == 1 else f"{prefix}-{n}")
+        paths = [f"{base}.{i:02d}-{name}.mlir" for i, (name, _) in enumerate(texts)]
+        try:
+            with open(paths[0], "x") as f:
+                f.write(texts[0][1])
+            break
+        except FileExistsError:
+            continue
+    for path, (_, text) in zip(paths[1:], texts[1:]):
         with open(path, "w") as f:
             f.write(text)
-        paths.append(path)
     return paths
 
 
@@ -395,6 +447,10 @@ class _Training(Compiled):
 
     def check_new_inputs(self, inputs: tuple) -> None:
         _batch_sizes_agree(inputs)  # before tracing, so the error is this one
+
+    def settings(self) -> list[str]:
+        strategy = getattr(self, "checkpoint", "none")  # set by each subclass
+        return [f"checkpoint={strategy!r}"] if strategy != "none" else []
 
     def finish(self, entry: Entry, table: dict, outs: list) -> list:
         """Check the loss, keep loss and metrics, write buffers; returns the tail."""
@@ -475,6 +531,9 @@ class TrainStep(_Training):
 
     def key_extra(self) -> tuple:
         return (self.optimizer.kind, *self.optimizer.options().items())
+
+    def settings(self) -> list[str]:
+        return [repr(self.optimizer), *super().settings()]
 
     def extra_inputs(self, entry: Entry, table: dict) -> list:
         return (hyper_inputs(self.optimizer, entry.lr_dtype)

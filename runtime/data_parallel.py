@@ -29,6 +29,7 @@ import numpy as np
 from ..frontend.module import Module
 from ..frontend.param import random_seed
 from ..ir import Graph, has_trait, numpy_dtype
+from ..ir.printer import strip_locations
 from .backend import to_host
 from .compiled import Entry, TrainStep
 from .distributed import Communicator
@@ -194,7 +195,7 @@ class DataParallelStep(TrainStep):
 def _fingerprint(entry: Entry) -> str:
     """The traced graph with what legitimately differs between ranks left out: param ids
     (random unless seeded)."""
-    text = entry.stages.texts["traced"]
+    text = strip_locations(entry.stages.text("traced"))  # paths may differ between hosts
     for n, pid in enumerate(dict.fromkeys(re.findall(r'\bid = "([^"]+)"', text))):
         text = text.replace(f'"{pid}"', f'"param{n}"')
     return text + repr([(s.shape, s.dtype) for s in entry.specs])

@@ -46,42 +46,92 @@ def training_pipeline(optimizer_spec: str, linear: str = "split", checkpoint: st
             *SIMPLIFY, "fuse"]
 
 
+def stage_names(pipeline: list[str]) -> list[str]:
+    """The stage names a dump uses: "traced", then each pass, a repeated one as `name.2`."""
+    names = ["traced"]
+    for p in parse_pipeline(",".join(pipeline)):
+        key, n = p.name, 2
+        while key in names:
+            key, n = f"{p.name}.{n}", n + 1
+        names.append(key)
+    return names
+
+
 class Stages:
-    """Runs a pipeline on a traced graph and keeps the IR text of every stage.
+    """Runs a pipeline on a traced graph and keeps the IR text of every stage, with each
+    op's source location (`loc(...)`; `strip_locations` gives the plain text).
 
     It also keeps the graph as it was before `fuse`, with source locations, as text
     (`unfused_text`): replaying that one op by op names the scalar op behind an error or
     a NaN, which a fused kernel would hide.
+
+    Given the `final` graph (a stage cache hit, runtime/stage_cache.py), it runs no pass
+    until someone asks for an intermediate stage's text or the unfused graph: then the
+    passes run once on the traced graph, so every stage reads as if they had run at once
+    and the unfused text has this trace's own source locations.
     """
 
-    def __init__(self, graph: Graph, pipeline: list[str], verify_each: bool = True):
-        self.texts: dict[str, str] = {"traced": str(graph)}
-        passes = parse_pipeline(",".join(pipeline))
-        names = [p.name for p in passes]
-        self._before_fuse = names.index("fuse") - 1 if "fuse" in names else None
-        self.unfused_text: str | None = None
-        if self._before_fuse == -1:
-            self.unfused_text = print_graph(graph, debuginfo=True)
-        self._done = 0
-        manager = PassManager(passes, verify_each=verify_each, on_stage=self._keep)
-        self.graph = manager.run(graph)
-        self.timings = manager.timings
-        if os.environ.get("EMBER_PASS_TIMING"):  # the IR passes; the backend prints its own
-            print(f"@{graph.name} IR passes:\n{manager.timing_report()}", file=sys.stderr)
+    def __init__(self, graph: Graph, pipeline: list[str], verify_each: bool = True,
+                 final: Graph | None = None):
+        self.names = stage_names(pipeline)
+        self._traced_text = print_graph(graph, debuginfo=True)  # dumps keep loc(...)
+        self._pipeline, self._verify_each = pipeline, verify_each
+        self._pending = graph if final is not None else None
+        self.cached = final is not None  # the final graph came from the stage cache
+        self.timings: list[tuple[str, float]] = []
+        timing = bool(os.environ.get("EMBER_PASS_TIMING"))  # the backend prints its own
+        self.graph = final if final is not None else self._run(graph, timing)
 
-    def _keep(self, name: str, graph: Graph) -> None:
-        key, n = name, 2
-        while key in self.texts:
-            key, n = f"{name}.{n}", n + 1
-        self.texts[key] = str(graph)
-        if self._done == self._before_fuse:
-            self.unfused_text = print_graph(graph, debuginfo=True)
-        self._done += 1
+    def _run(self, graph: Graph, timing: bool = False) -> Graph:
+        """Run every pass on `graph`, keeping each stage's text; the final graph."""
+        self._texts: dict[str, str] = {"traced": self._traced_text}
+        passes = parse_pipeline(",".join(self._pipeline))
+        names = [p.name for p in passes]
+        before_fuse = names.index("fuse") - 1 if "fuse" in names else None
+        self._unfused_text: str | None = None
+        if before_fuse == -1:
+            self._unfused_text = self._traced_text
+
+        def keep(name: str, stage: Graph) -> None:
+            text = print_graph(stage, debuginfo=True)
+            self._texts[self.names[len(self._texts)]] = text
+            if len(self._texts) - 2 == before_fuse:
+                self._unfused_text = text
+
+        manager = PassManager(passes, verify_each=self._verify_each, on_stage=keep)
+        final = manager.run(graph)
+        self.timings = manager.timings
+        if timing:
+            print(f"@{graph.name} IR passes:\n{manager.timing_report()}", file=sys.stderr)
+        return final
+
+    def _ran(self) -> Stages:
+        """Itself, after running the passes it deferred (a cache hit), if any."""
+        if self._pending is not None:
+            graph, self._pending = self._pending, None
+            self._run(graph)
+        return self
+
+    def text(self, stage: str) -> str:
+        """The IR text after `stage`; the traced and the final text need no deferred pass."""
+        if stage not in self.names:
+            raise KeyError(f"no stage {stage!r}; stages are {', '.join(self.names)}")
+        if stage == "traced":
+            return self._traced_text
+        if self._pending is not None and stage == self.names[-1]:
+            return print_graph(self.graph, debuginfo=True)
+        return self.texts[stage]
+
+    @property
+    def texts(self) -> dict[str, str]:
+        """Stage name -> its IR text, in pipeline order."""
+        return self._ran()._texts
+
+    @property
+    def unfused_text(self) -> str | None:
+        return self._ran()._unfused_text
 
     def unfused(self) -> Graph:
         """The graph before fusion (the final one when nothing was fused)."""
-        return self.graph if self.unfused_text is None else parse(self.unfused_text)
-
-    @property
-    def names(self) -> list[str]:
-        return list(self.texts)
+        text = self.unfused_text
+        return self.graph if text is None else parse(text)

@@ -22,11 +22,15 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
-from tqdm import tqdm
+
+# a widget in notebooks; not tqdm.auto, whose asyncio wrapper calls iter() on the loader
+# when built, and each iter() of a DataLoader serves the next epoch
+from tqdm.autonotebook import tqdm
 
 from ..frontend import nn
 from .compiled import CompiledFunction, TrainStep
 from .data import DataLoader, Dataset
+from .logging import MetricLogs
 
 
 @dataclass
@@ -108,8 +112,11 @@ def fit(model: nn.Module, data: Dataset, optimizer, epochs: int = 10, batch_size
         progress: bool = True, out=None, checkpoint: str = "none",
         memory_budget: int | None = None, save: str | None = None, resume: str | None = None,
         detect_anomaly: bool = False, step: TrainStep | None = None,
-        data_parallel=False) -> History:
-    """Train `model` on `data` with cross-entropy; print and return per-epoch results."""
+        data_parallel=False, logs: MetricLogs | None = None,
+        profile: str | None = None) -> History:
+    """Train `model` on `data` with cross-entropy; print and return per-epoch results.
+    `logs`: where each step's and epoch's metrics go (runtime/logging.py); `profile`: a
+    path for a Chrome trace of the step's kernels on one batch, written at the end."""
     from .api import compile_train_step
 
     if step is None:
@@ -122,6 +129,7 @@ def fit(model: nn.Module, data: Dataset, optimizer, epochs: int = 10, batch_size
     out = out or sys.stdout
     if rank != 0:
         out, progress = open(os.devnull, "w"), False  # noqa: SIM115  (closed with the process)
+        logs, profile = None, None
     loader = DataLoader(data.x_train, data.y_train, batch_size, seed=seed, rank=rank,
                         world_size=world_size)
     state = FitState()
@@ -137,7 +145,7 @@ def fit(model: nn.Module, data: Dataset, optimizer, epochs: int = 10, batch_size
     forwards: dict[str, CompiledFunction] = {}
     with stop_on_interrupt() as stop:
         while state.epoch < epochs and not stop.is_set():
-            r = _epoch(step, loader, state, epochs, progress, stop, out, dump_ir)
+            r = _epoch(step, loader, state, epochs, progress, stop, out, dump_ir, logs)
             if r is None:
                 break
             with evaluating(model):
@@ -150,6 +158,8 @@ def fit(model: nn.Module, data: Dataset, optimizer, epochs: int = 10, batch_size
             state.epoch, state.batch = state.epoch + 1, 0
             print(f"epoch {r.epoch:3d}  loss {r.loss:.4f}  train acc {r.train_accuracy:.2%}  "
                   f"test acc {r.test_accuracy:.2%}  {r.steps_per_second:,.0f} steps/s", file=out)
+            if logs is not None:
+                logs.epoch(step.optimizer.step_count, asdict(r))
             if save:
                 step.save_checkpoint(save, state.extra())
         state.interrupted = stop.is_set()
@@ -163,6 +173,10 @@ def fit(model: nn.Module, data: Dataset, optimizer, epochs: int = 10, batch_size
             print(f"interrupted at {where}", file=out)
     if state.history:
         print(table(state.history), file=out)
+    if profile and len(loader):
+        xb, yb = next(iter(loader))
+        kernels = step.profile(xb, yb, path=profile)
+        print(f"wrote a trace of the step's {len(kernels)} kernels to {profile}", file=out)
     return History(state.history, interrupted=state.interrupted)
 
 
@@ -188,7 +202,8 @@ def _say_what_resuming_leaves(step: TrainStep, state: FitState, epochs: int, pat
 
 
 def _epoch(step: TrainStep, loader: DataLoader, state: FitState, epochs: int, progress: bool,
-           stop: threading.Event, out, dump_ir: str | None) -> EpochResult | None:
+           stop: threading.Event, out, dump_ir: str | None,
+           logs: MetricLogs | None) -> EpochResult | None:
     """One epoch (or its rest, after a resume); None when stopped before it ended."""
     loader.set_epoch(state.epoch, state.batch)
     first_compile = step._last is None
@@ -196,8 +211,11 @@ def _epoch(step: TrainStep, loader: DataLoader, state: FitState, epochs: int, pr
     bar = tqdm(loader, desc=f"epoch {state.epoch + 1}/{epochs}", leave=False,
                disable=not progress, file=sys.stderr, initial=state.batch, total=len(loader))
     for xb, yb in bar:
+        lr = step.optimizer.lr  # the lr of this update
         losses.append(step(xb, yb))
         state.batch += 1
+        if logs is not None:
+            logs.step(state.epoch + 1, step.optimizer.step_count, losses[-1], lr)
         if first_compile and len(losses) == 1:
             print(f"compiled the training step in {step.compile_seconds:.2f} s "
                   f"({step.backend_name} backend)", file=out)

@@ -52,6 +52,14 @@ def _where(op: Operation) -> str:
     return f"'{op.name}'" + (f" at {op.loc}" if op.loc else "")
 
 
+def _order_hint(op: Operation) -> str:
+    """Kernels exist only after `fuse`, which lowers to scalar bodies that have no rules:
+    a kernel reaching autodiff means the pipeline is in the wrong order."""
+    if op.dialect != "kernel":
+        return ""
+    return "; run autodiff before fuse (e.g. -p 'decompose,autodiff,fuse')"
+
+
 @register_pass
 @dataclass(frozen=True)
 class Autodiff(Pass):
@@ -86,7 +94,8 @@ class Autodiff(Pass):
             if not any(needs) or all(g is None for g in out_grads):
                 continue
             if op.name not in RULES:
-                raise AutodiffError(f"autodiff: no gradient rule for op {_where(op)}")
+                raise AutodiffError(f"autodiff: no gradient rule for op {_where(op)}"
+                                    + _order_hint(op))
             b.loc = op.loc
             for v, g, need in zip(op.operands, RULES[op.name].backward(b, op, out_grads, needs),
                                   needs):

@@ -1,6 +1,7 @@
-"""Runs the `.mlir` files here as tests, as lit does: every `// RUN:` line is a bash command
-in which `ember opt` is this Python's `python -m ember opt`, `filecheck` the filecheck
-package's executable, `not CMD` succeeds when CMD fails, and `%s` the file's path.
+"""Runs the `.mlir` files here as tests, as lit does (and `lit tests/filecheck` does, with
+lit.cfg.py): every `// RUN:` line is a bash command in which `ember opt` is this Python's
+`python -m ember opt`, `filecheck` the filecheck package's executable, `not CMD`
+succeeds when CMD fails, and `%s` the file's path.
 A trailing `\\` continues a RUN line. A failure shows the text filecheck was given and
 what the command printed.
 """
@@ -9,22 +10,16 @@ from __future__ import annotations
 
 import re
 import shlex
-import shutil
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import pytest
+from run_tools import ember_opt, filecheck
 
 PRELUDE = "set -o pipefail\nnot() { if \"$@\"; then return 1; else return 0; fi; }\n"
 # a tool name where a command starts: line start, after | ; & ( or after `not`
 TOOL = re.compile(r"(^|[|;&(]\s*|\bnot\s+)(ember\s+opt|filecheck)\b")
-
-
-def filecheck() -> str:
-    exe = shutil.which("filecheck")
-    return shlex.quote(exe) if exe else f"{shlex.quote(sys.executable)} -m filecheck"
 
 
 def run_lines(text: str) -> list[str]:
@@ -46,7 +41,7 @@ def run_lines(text: str) -> list[str]:
 def substitute(command: str, path: Path, seen: Path) -> str:
     """The bash command; what reaches each filecheck is also appended to `seen`."""
     tools = {"filecheck": f"tee -a {shlex.quote(str(seen))} | {filecheck()}",
-             "opt": f"{shlex.quote(sys.executable)} -m ember opt"}
+             "opt": ember_opt()}
     command = TOOL.sub(lambda m: m.group(1) + tools[m.group(2).split()[-1]], command)
     return command.replace("%s", shlex.quote(str(path)))
 

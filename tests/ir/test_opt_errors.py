@@ -1,6 +1,7 @@
 """`ember opt` on bad input: every error is one line on stderr (`file:line:col: error: ...`
-where the text says where, else `file: error: ...`) and exit status 1, never a traceback;
-and a huge splat constant goes through passes without being materialized."""
+where the text says where, then that source line and a caret under the column, as
+mlir-opt prints it; else `file: error: ...`) and exit status 1, never a traceback; and a
+huge splat constant goes through passes without being materialized."""
 
 from __future__ import annotations
 
@@ -22,11 +23,16 @@ func.func @f(%x: tensor<2x3xf32>, %l: tensor<2xi64>) -> tensor<2x3xf32> {
 
 
 def opt(capsys, path, *flags: str) -> str:
-    """`ember opt path flags`, which must fail: its one line of stderr."""
+    """`ember opt path flags`, which must fail: its one line of error (a located one is
+    followed by the source line it names and a caret under its column)."""
     assert main(["opt", str(path), *flags]) == 1
     err = capsys.readouterr().err
-    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
-    return err.rstrip("\n")
+    lines = err.splitlines()
+    assert "Traceback" not in err and len(lines) in (1, 3), err
+    if len(lines) == 3:
+        col = int(lines[0].removeprefix(f"{path}:").split(":")[1])
+        assert lines[2] == " " * (col - 1) + "^", err
+    return lines[0]
 
 
 @pytest.fixture
