@@ -739,19 +739,11 @@ def _class_weights(weight, labels_one_hot: Tensor) -> Tensor | None:
     return (labels_one_hot * w).sum(-1)
 
 
-def _may_be_ignored(labels: Tensor, ignore_index: int, num_classes: int) -> bool:
-    """Whether a label can equal `ignore_index`. Not when it is outside [0, C) and the labels
-    are a graph input: the runtime rejects out-of-range input labels before each run (so
-    torch's default -100 costs nothing there)."""
-    return 0 <= ignore_index < num_classes or labels.value.op is not None
-
-
-def _sample_weights(labels: Tensor, hot: Tensor, weight, ignore_index: int) -> Tensor | None:
+def _sample_weights(labels: Tensor, hot: Tensor, weight, ignore_index: int) -> Tensor:
     """Per-sample weights: the class weight of each label, times 0 where the label is
-    `ignore_index` (torch's: an ignored sample counts neither in the sum nor in the mean)."""
+    `ignore_index` (torch's: an ignored sample counts neither in the sum nor in the mean;
+    the runtime's label check lets that value through)."""
     weights = _class_weights(weight, hot)
-    if not _may_be_ignored(labels, ignore_index, hot.shape[-1]):
-        return weights
     keep = (labels != ignore_index).astype(hot.dtype)
     return keep if weights is None else weights * keep
 
@@ -769,9 +761,8 @@ def cross_entropy(logits, target, label_smoothing: float = 0.0, weight=None,
     if integer:
         _labels(logits, target, "cross_entropy")
         c = logits.shape[1]
-        if (logits.ndim == 2 and label_smoothing == 0 and weight is None
-                and reduction == "mean" and not _may_be_ignored(target, ignore_index, c)):
-            return logits.trace.op("nn.cross_entropy", logits, target)
+        if logits.ndim == 2 and label_smoothing == 0 and weight is None and reduction == "mean":
+            return logits.trace.op("nn.cross_entropy", logits, target, ignore_index=ignore_index)
         labels, target = target, _one_hot(target, c, logits.dtype)
         weights = _sample_weights(labels, target, weight, ignore_index)
     elif target.shape != logits.shape or logits.ndim < 2:

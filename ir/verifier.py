@@ -155,17 +155,22 @@ def _finite_args(graph: Graph, key: str, value) -> None:
 
 
 def _label_args(graph: Graph, key: str, value) -> None:
-    """`[[i, c], ...]`: integer arguments whose values must lie in [0, c)."""
-    pairs = isinstance(value, list) and all(isinstance(p, list) and len(p) == 2 for p in value)
+    """`[[i, c], ...]`: integer arguments whose values must lie in [0, c); `[i, c, v]`: or
+    equal v (a loss's ignore_index)."""
+    pairs = isinstance(value, list) and all(isinstance(p, list) and len(p) in (2, 3)
+                                            for p in value)
     if not pairs:
         raise _error(graph, f"graph attribute '{key}' must be a list of [argument, classes] "
-                            f"pairs, got {value!r}")
-    for i, c in value:
+                            f"or [argument, classes, ignored] lists, got {value!r}")
+    for i, c, *ignore in value:
         t = _arg(graph, key, i, "an integer")
         top = 2 ** (31 if t.dtype == "i32" else 63) - 1
         if not is_int(c) or not 0 <= c <= top:
             raise _error(graph, f"graph attribute '{key}': the class count of argument {i} "
                                 f"must be an integer in [0, {top}], got {c!r}")
+        if ignore and not (is_int(ignore[0]) and -top - 1 <= ignore[0] <= top):
+            raise _error(graph, f"graph attribute '{key}': the ignored label of argument {i} "
+                                f"must be an integer of its dtype, got {ignore[0]!r}")
 
 
 GRAPH_ATTRS: dict[str, Callable[[Graph, str, object], None]] = {

@@ -71,13 +71,26 @@ def matmul_2d(b: Builder, x: Value, w: Value) -> Value:
     return b.op("ember.reshape", y, shape=[*lead, w.type.shape[1]])
 
 
-def cross_entropy(b: Builder, logits: Value, labels: Value) -> Value:
-    """-mean over rows of sum(log_softmax(logits) * one_hot(labels))."""
+def cross_entropy(b: Builder, logits: Value, labels: Value,
+                  ignore_index: int | None = None) -> Value:
+    """-mean over rows of sum(log_softmax(logits) * one_hot(labels)); the mean over the rows
+    whose label is not `ignore_index` when one is given."""
     onehot = b.op("ember.one_hot", labels, num_classes=logits.type.shape[1],
                   dtype=logits.type.dtype)
     picked = b.op("ember.mul", log_softmax(b, logits, 1), onehot)
     rows = b.op("ember.reduce_sum", picked, axes=[1], keepdims=False)
-    return b.op("ember.neg", b.op("ember.reduce_mean", rows, axes=[0], keepdims=False))
+    if ignore_index is None:
+        return b.op("ember.neg", b.op("ember.reduce_mean", rows, axes=[0], keepdims=False))
+    keep = kept_rows(b, labels, ignore_index, logits.type.dtype)
+    total = b.op("ember.reduce_sum", b.op("ember.mul", rows, keep), axes=[0], keepdims=False)
+    return b.op("ember.neg", b.op("ember.div", total, b.op("ember.reduce_sum", keep, axes=[0],
+                                                         keepdims=False)))
+
+
+def kept_rows(b: Builder, labels: Value, ignore_index: int, dtype: str) -> Value:
+    """1 where a label is not `ignore_index`, else 0 (as `dtype`)."""
+    ignored = b.op("ember.constant", value=np.array(ignore_index, numpy_dtype(labels.type.dtype)))
+    return b.op("ember.cast", b.op("ember.cmp", labels, ignored, predicate="ne"), dtype=dtype)
 
 
 def normalize(b: Builder, x: Value, axes: list[int], eps: float):
@@ -196,7 +209,8 @@ RULES = {
     "nn.linear": _linear,
     "nn.log_softmax": lambda b, op: log_softmax(b, op.operands[0], _axis(op)),
     "nn.softmax": lambda b, op: softmax(b, op.operands[0], _axis(op)),
-    "nn.cross_entropy": lambda b, op: cross_entropy(b, *op.operands),
+    "nn.cross_entropy": lambda b, op: cross_entropy(b, *op.operands,
+                                                    op.attributes.get("ignore_index")),
     "nn.conv2d": conv2d,
     "nn.layer_norm": layer_norm,
     "nn.batch_norm": batch_norm,

@@ -95,21 +95,38 @@ class Entry:
 
 
 def _label_inputs(graph: Graph) -> tuple:
-    """Class labels that come straight from an input, with their number of classes: checked
-    before each run, since an out-of-range label would otherwise drop out of the loss."""
+    """Class labels that come straight from an input, with their number of classes (and
+    the ignore_index the loss skips, if any): checked before each run, since an
+    out-of-range label would otherwise drop out of the loss."""
     args = {a: i for i, a in enumerate(graph.args)}
     found = dict.fromkeys(label for op in graph.ops
                           if (label := _label_of(op)) is not None and label[0] in args)
-    return tuple((args[value], c) for value, c in found)
+    return tuple((args[value], *rest) for value, *rest in found)
 
 
 def _label_of(op: Operation) -> tuple | None:
-    """(labels value, number of classes) of an op that takes class labels, else None."""
+    """(labels value, number of classes[, ignored label]) of an op that takes class labels,
+    else None."""
     if op.name == "nn.cross_entropy":
-        return op.operands[1], op.operands[0].type.shape[-1]
-    if op.name == "ember.one_hot":  # cross_entropy with label smoothing, nll_loss
-        return op.operands[0], op.attributes["num_classes"]
+        ignore = op.attributes.get("ignore_index")
+        return (op.operands[1], op.operands[0].type.shape[-1],
+                *(() if ignore is None else (ignore,)))
+    if op.name == "ember.one_hot":  # cross_entropy with weights or smoothing, nll_loss
+        labels = op.operands[0]
+        return labels, op.attributes["num_classes"], *_compared_away(labels)
     return None
+
+
+def _compared_away(labels) -> tuple:
+    """(v,) when the graph tests `labels != v` for a constant v (a loss's ignore_index,
+    which masks those rows out), else ()."""
+    for op, _ in labels.uses:
+        if op.name == "ember.cmp" and op.attributes["predicate"] == "ne":
+            other = op.operands[1] if op.operands[0] is labels else op.operands[0]
+            if other.op is not None and other.op.name == "ember.constant" \
+                    and other.type.shape == ():
+                return (int(other.op.attributes["value"]),)
+    return ()
 
 
 class Compiled:
@@ -203,12 +220,16 @@ class Compiled:
 
     def check_inputs(self, entry: Entry, inputs: tuple) -> None:
         """Clear errors for what would otherwise fail deep inside, or silently."""
-        for i, c in entry.labels:
+        for i, c, *ignore in entry.labels:
             y = np.asarray(inputs[i])
-            if y.size and (y.min() < 0 or y.max() >= c):
-                bad = np.unique(y[(y < 0) | (y >= c)])[:5].tolist()
+            out = (y < 0) | (y >= c)
+            if ignore:
+                out &= y != ignore[0]
+            if out.any():
+                bad = np.unique(y[out])[:5].tolist()
+                skipped = f" or {ignore[0]} (ignore_index)" if ignore else ""
                 raise ValueError(f"labels out of range: input {i} has values {bad} outside "
-                                 f"[0, {c}) (the model's output has {c} classes)")
+                                 f"[0, {c}){skipped} (the model's output has {c} classes)")
 
     def arguments(self, entry: Entry, inputs: tuple) -> list:
         """The graph's arguments: the inputs, with the rng counter at `ember.rng`."""

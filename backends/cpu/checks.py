@@ -20,8 +20,8 @@ _EXPONENT = {"f32": (32, 0x7F800000), "f64": (64, 0x7FF0000000000000)}
 def emit_checks(b: ir.IRBuilder, checks: list, buffers: list[ir.Value], types: list,
                 status: ir.GlobalVariable) -> None:
     """At `b`: run every check; the first failing one stores its code and returns."""
-    for k, ((_, bound), ptr, t) in enumerate(zip(checks, buffers, types)):
-        bad = b.call(_scan_function(b.module, k, t, bound), [ptr])
+    for k, ((_, bound, ignore), ptr, t) in enumerate(zip(checks, buffers, types)):
+        bad = b.call(_scan_function(b.module, k, t, bound, ignore), [ptr])
         fail = b.append_basic_block(f"check{k}.fail")
         ok = b.append_basic_block(f"check{k}.ok")
         b.cbranch(b.icmp_unsigned("!=", bad, ir.Constant(bad.type, 0)), fail, ok)
@@ -31,7 +31,8 @@ def emit_checks(b: ir.IRBuilder, checks: list, buffers: list[ir.Value], types: l
         b.position_at_end(ok)
 
 
-def _scan_function(mod: ir.Module, k: int, t, bound: int | None) -> ir.Function:
+def _scan_function(mod: ir.Module, k: int, t, bound: int | None,
+                   ignore: int | None) -> ir.Function:
     """`ember_check<k>(ptr)`: the OR over the elements of "this one is bad", as integers
     (so it vectorizes without fast-math flags, which would let LLVM assume no NaN)."""
     name = f"ember_check{k}"
@@ -56,6 +57,8 @@ def _scan_function(mod: ir.Module, k: int, t, bound: int | None) -> ir.Function:
             flag = b.icmp_unsigned("==", exp, ir.Constant(ity, mask))
         else:  # unsigned: a negative label is above any bound
             flag = b.icmp_unsigned(">=", v, ir.Constant(ity, bound))
+            if ignore is not None:
+                flag = b.and_(flag, b.icmp_signed("!=", v, ir.Constant(ity, ignore)))
         b.store(b.or_(b.load(acc, typ=ity), b.zext(flag, ity)), acc)
 
     loop(b, t.size, one, "i")

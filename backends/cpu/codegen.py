@@ -158,7 +158,7 @@ def plan(graph: Graph, threads: int | None = None) -> Plan:
                 "and kernel.* ops only; run the `decompose` pass first (it lowers nn.* ops "
                 "to them)")
     out.checks = input_checks(graph)
-    for arg, bound in out.checks:
+    for arg, bound, _ in out.checks:
         want = ("f32", "f64") if bound is None else ("i32", "i64")
         if graph.args[arg].type.dtype not in want:
             raise UnsupportedOpError(f"input check on argument {arg} of {graph.args[arg].type}:"
@@ -249,8 +249,8 @@ def emit(p: Plan, name: str = "graph") -> ir.Module:
         ptrs = [b.load(b.gep(entry.args[0], [i64(i)], inbounds=True, source_etype=PTR),
                        typ=PTR, name=f"buf{i}") for i in range(len(p.slots))]
         if p.checks:
-            emit_checks(b, p.checks, [ptrs[arg] for arg, _ in p.checks],
-                        [p.slots[arg].type for arg, _ in p.checks], status(mod))
+            emit_checks(b, p.checks, [ptrs[arg] for arg, *_ in p.checks],
+                        [p.slots[arg].type for arg, *_ in p.checks], status(mod))
         if profiled:
             _stamp(b, entry.args[1], 0)
         for k, (st, fn) in enumerate(zip(p.steps, fns)):

@@ -19,9 +19,12 @@ def _log_softmax(x, axis):
 
 
 def _cross_entropy(attrs, logits, labels):
-    """The mean as sum / rows: over no rows 0/0 = NaN (as torch), without numpy's warning."""
+    """The mean as sum / rows (over the rows not labelled `ignore_index`, if given): over no
+    rows 0/0 = NaN (as torch), without numpy's warning."""
     logp = _log_softmax(logits, 1)
-    return -logp[np.arange(len(labels)), labels].sum() / len(labels)
+    keep = labels != attrs.get("ignore_index", np.iinfo(np.int64).min)
+    rows = np.nonzero(keep)[0]
+    return -logp[rows, labels[rows]].sum() / len(rows)
 
 
 def _one_hot(attrs, labels):

@@ -53,10 +53,12 @@ class LogSoftmax(AxisOp):
 
 @register
 class CrossEntropy(OpDef):
-    """Mean cross-entropy of logits [N, C] against integer labels [N]: a scalar."""
+    """Mean cross-entropy of logits [N, C] against integer labels [N]: a scalar. With
+    `ignore_index`, rows labelled so count neither in the sum nor in the mean (torch's)."""
 
     name = "nn.cross_entropy"
     arity = (2, 2)
+    optional_attrs = {"ignore_index": int}
 
     @classmethod
     def infer(cls, operand_types, attrs):

@@ -25,6 +25,7 @@ from ..decompose import (
     attention_probs,
     channel,
     const,
+    kept_rows,
     normalize,
     pick,
     softmax,
@@ -317,13 +318,21 @@ def _softmax(b, op, gs, needs):
 
 @rule("nn.cross_entropy")
 def _cross_entropy(b, op, gs, needs):
-    """d loss / d logits = (softmax(logits) - one_hot(labels)) / N * g."""
+    """d loss / d logits = (softmax(logits) - one_hot(labels)) / N * g; with ignore_index,
+    ignored rows get no gradient and N counts the kept rows."""
     (g,), (logits, labels) = gs, op.operands
     n, c = logits.type.shape
     dtype = logits.type.dtype
     onehot = b.op("ember.one_hot", labels, num_classes=c, dtype=dtype)
     diff = b.op("ember.sub", softmax(b, logits, 1), onehot)
-    return [b.op("ember.mul", diff, b.op("ember.div", g, const(b, n, dtype))), None]
+    ignore = op.attributes.get("ignore_index")
+    if ignore is None:
+        return [b.op("ember.mul", diff, b.op("ember.div", g, const(b, n, dtype))), None]
+    keep = kept_rows(b, labels, ignore, dtype)
+    count = b.op("ember.reduce_sum", keep, axes=[0], keepdims=False)
+    per_row = b.op("ember.reshape", b.op("ember.mul", keep, b.op("ember.div", g, count)),
+                   shape=[n, 1])
+    return [b.op("ember.mul", diff, per_row), None]
 
 
 # --- new core ops -------------------------------------------------------------------

@@ -70,19 +70,56 @@ def test_spatial_probability_targets_match_torch():
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_an_in_range_ignore_index_applies_to_input_labels(backend):
-    """Labels that are a graph input, ignore_index one of the classes: masked at run time."""
+@pytest.mark.parametrize(("ignore", "labels", "extra"), [
+    (1, [0, 1, 2, 3, 1, 1], {}),  # one of the classes
+    (-100, [0, -100, 2, 3, -100, 1], {}),  # torch's default, outside the classes
+    (-100, [0, -100, 2, 3, -100, 1], {"weight": W}),  # the decomposed path (one_hot)
+])
+def test_ignore_index_applies_to_input_labels(backend, ignore, labels, extra):
+    """Labels that are a graph input: the ignored value passes the runtime's label check
+    (natively on cpu) and those rows drop out of the mean, as in torch."""
     em.seed(0)
     model = nn.Linear(3, 4)
     x = np.random.default_rng(0).standard_normal((6, 3)).astype(np.float32)
-    y = np.array([0, 1, 2, 3, 1, 1])
-    grads = em.compile_grad(model, lambda o, t: F.cross_entropy(o, t, ignore_index=1),
-                            backend=backend)(x, y)
+    y = np.array(labels)
+    grad = em.compile_grad(model, lambda o, t: F.cross_entropy(o, t, ignore_index=ignore,
+                                                               **extra), backend=backend)
+    grads = grad(x, y)
     w = torch.tensor(model.weight.val(), requires_grad=True)
     b = torch.tensor(model.bias.val())
-    loss = TF.cross_entropy(torch.tensor(x) @ w + b, torch.tensor(y), ignore_index=1)
+    weight = {"weight": torch.tensor(W)} if extra else {}
+    loss = TF.cross_entropy(torch.tensor(x) @ w + b, torch.tensor(y), ignore_index=ignore,
+                            **weight)
     loss.backward()
+    assert abs(grad.loss - loss.item()) < 1e-6
     np.testing.assert_allclose(grads[model.weight.id], w.grad.numpy(), atol=1e-6)
+    y[0] = -1  # any other out-of-range label is still refused, naming what is allowed
+    with pytest.raises(ValueError, match=rf"values \[-1\] outside \[0, 4\) or {ignore} "
+                                         r"\(ignore_index\)"):
+        grad(x, y)
+
+
+def test_the_cross_entropy_gradient_rule_skips_ignored_rows():
+    """autodiff before decompose uses nn.cross_entropy's own rule: the same gradients."""
+    from ember.backends import interpreter
+    from ember.frontend.trace import trace_function
+    from ember.passes.manager import PassManager, parse_pipeline
+
+    em.seed(0)
+    model = nn.Linear(3, 4)
+    x = np.random.default_rng(0).standard_normal((6, 3)).astype(np.float32)
+    y = np.array([0, -100, 2, 3, -100, 1])
+    values = {str(p.id): p.val() for _, p in model.all_params()}
+
+    def run(order: str) -> list:
+        graph = trace_function(lambda a, t: F.cross_entropy(model(a), t), model, (x, y),
+                               training=True)
+        return interpreter.run(PassManager(parse_pipeline(order)).run(graph), [x, y], values)
+
+    runs = [run(order) for order in ("decompose,autodiff", "autodiff,decompose")]
+    assert len(runs[0]) == 3  # the loss and two gradients
+    for a, b in zip(*runs):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
 
 
 def test_mismatched_spatial_labels_name_both_shapes():

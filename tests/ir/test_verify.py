@@ -221,8 +221,9 @@ GRAPH_ATTRS = [
     ("ember.finite_args = [true]", "True is not an argument index"),
     ("ember.finite_args = [1]", "argument 1 of @f is tensor<2xi64>, not a float tensor"),
     ("ember.label_args = [1, 3]", "'ember.label_args' must be a list of [argument, classes] "
-     "pairs, got [1, 3]"),
-    ("ember.label_args = [[1]]", "must be a list of [argument, classes] pairs"),
+     "or [argument, classes, ignored] lists, got [1, 3]"),
+    ("ember.label_args = [[1]]", "must be a list of [argument, classes] or"),
+    ('ember.label_args = [[1, 3, "x"]]', "the ignored label of argument 1 must be an integer"),
     ("ember.label_args = [[0, 3]]", "argument 0 of @f is tensor<2x3xf32>, not an integer tensor"),
     ("ember.label_args = [[-1, 3]]", "-1 is not an argument index"),
     ("ember.label_args = [[1, -3]]", "the class count of argument 1 must be an integer in "
