@@ -74,7 +74,8 @@ def test_verify_errors_carry_file_line_col(capsys, mlir):
 
 
 @pytest.mark.parametrize("attr, fragment", [
-    ("ember.label_args = [[1, 2, 3]]", "'ember.label_args' must be a list of [argument, classes]"),
+    ("ember.label_args = [[1, 2, 3, 4]]", "'ember.label_args' must be a list of [argument, "
+     "classes]"),
     ("ember.label_args = [[7, 2]]", "7 is not an argument index of @f, which has 2 arguments"),
     ("ember.label_args = [[0, 2]]", "argument 0 of @f is tensor<2x3xf32>, not an integer tensor"),
     ("ember.finite_args = [1]", "argument 1 of @f is tensor<2xi64>, not a float tensor"),

@@ -74,7 +74,7 @@ def test_every_stage_after_a_hit_reads_as_without_the_cache(entries, tmp_path, m
     assert hit._last.stages.unfused_text == fresh._last.stages.unfused_text  # with locations
     dumped = [open(p).read() for p in hit.dump_ir(str(tmp_path / "dump"))]
     assert dumped == [fresh.ir(stage, debuginfo=True) for stage in fresh.stages]
-    with pytest.raises(KeyError, match="stages are traced, decompose"):
+    with pytest.raises(KeyError, match="stages are traced, autodiff, decompose"):
         hit.ir("nonesuch")
 
 
