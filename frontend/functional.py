@@ -566,11 +566,14 @@ def group_norm(x, num_groups: int, gamma=None, beta=None, eps: float = 1e-5) -> 
 
 
 def batch_norm(x, running_mean, running_var, gamma=None, beta=None, training: bool = False,
-               momentum: float = 0.1, eps: float = 1e-5) -> Tensor:
+               momentum: float = 0.1, eps: float = 1e-5, sync: bool = False) -> Tensor:
     """`nn.batch_norm` over channel axis 1 of (N, C), (N, C, L) or (N, C, H, W).
 
     Batch statistics are used only when `training` and the trace is a training trace;
     then running stats that are buffer Params get their new values (`update_buffer`).
+    `sync`: the statistics of the global batch of a data-parallel run (torch's
+    SyncBatchNorm), from sums allreduced across the ranks (`ember.allreduce`); in one
+    process the same as without.
     """
     t = context.current()
     x = t.lift(x)
@@ -582,14 +585,43 @@ def batch_norm(x, running_mean, running_var, gamma=None, beta=None, training: bo
     b = t.lift(beta) if beta is not None else t.lift(np.zeros_like(ones), x.dtype)
     active = bool(training) and t.training
     x4 = x.reshape(*x.shape, 1) if x.ndim == 3 else x
-    y, new_mean, new_var = t.ops("nn.batch_norm", x4, g, b, t.lift(running_mean),
-                                 t.lift(running_var), eps=float(eps), momentum=float(momentum),
-                                 training=active)
+    if active and sync:
+        y, new_mean, new_var = _synced_batch_norm(x4, g, b, t.lift(running_mean),
+                                                  t.lift(running_var), float(momentum),
+                                                  float(eps))
+    else:
+        y, new_mean, new_var = t.ops("nn.batch_norm", x4, g, b, t.lift(running_mean),
+                                     t.lift(running_var), eps=float(eps),
+                                     momentum=float(momentum), training=active)
     if active:
         for p, v in ((running_mean, new_mean), (running_var, new_var)):
             if isinstance(p, Param) and p.kind == "buffer":
                 t.update_buffer(p, v)
     return y.reshape(x.shape) if x.ndim == 3 else y
+
+
+def _synced_batch_norm(x: Tensor, gamma: Tensor, beta: Tensor, running_mean: Tensor,
+                       running_var: Tensor, momentum: float, eps: float) -> tuple:
+    """Training batch norm on the global batch's statistics: the count, the sum and the
+    centered sum of squares are allreduced (two passes, as `nn.batch_norm` computes them
+    locally). Autodiff through `ember.allreduce` gives SyncBatchNorm's backward."""
+    t = x.trace
+    axes = [0, *range(2, x.ndim)]
+    c = x.shape[1]
+    channel = [1, c] + [1] * (x.ndim - 2)
+
+    def allreduce(v: Tensor) -> Tensor:
+        return t.op("ember.allreduce", v)
+
+    count = allreduce(t.lift(np.array(math.prod(x.shape) // c, ir.numpy_dtype(x.dtype))))
+    mean = allreduce(x.sum(axes, keepdims=True)) / count
+    centered = x - mean
+    var = allreduce((centered * centered).sum(axes, keepdims=True)) / count
+    y = centered * rsqrt(var + eps) * gamma.reshape(*channel) + beta.reshape(*channel)
+    unbiased = var * count / (count - 1.0)
+    new_mean = running_mean * (1.0 - momentum) + mean.reshape(c) * momentum
+    new_var = running_var * (1.0 - momentum) + unbiased.reshape(c) * momentum
+    return y, new_mean, new_var
 
 
 # -- dropout, embedding, attention ----------------------------------------------------------

@@ -87,15 +87,19 @@ class GroupNorm(Module):
 
 
 class BatchNorm(Module):
-    """The shared body of BatchNorm1d and BatchNorm2d (which input ranks they take)."""
+    """The shared body of BatchNorm1d and BatchNorm2d (which input ranks they take).
+    `sync=True`: normalize with the statistics of the global batch of a data-parallel run
+    (torch's SyncBatchNorm; see F.batch_norm)."""
 
     ranks: tuple[int, ...] = ()
 
-    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float = 0.1):
+    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float = 0.1,
+                 sync: bool = False):
         super().__init__()
         name = type(self).__name__
         self.num_features = positive(f"{name} num_features", num_features)
         self.eps, self.momentum = _eps(name, eps), number(f"{name} momentum", momentum, 0, 1)
+        self.sync = bool(sync)
         c = (num_features,)
         self.gamma = Param(c, Ones())
         self.beta = Param(c, Zeros())
@@ -110,10 +114,12 @@ class BatchNorm(Module):
             want = " or ".join(("(N, C)", "(N, C, L)", "(N, C, H, W)")[r - 2] for r in self.ranks)
             raise t.error(f"{type(self).__name__} input must be {want}, got {list(x.shape)}")
         return F.batch_norm(x, self.running_mean, self.running_var, self.gamma, self.beta,
-                            bool(self.training), self.momentum, self.eps)
+                            bool(self.training), self.momentum, self.eps, self.sync)
 
     def extra_repr(self) -> str:
-        return f"num_features={self.num_features}, eps={self.eps}, momentum={self.momentum}"
+        sync = ", sync=True" if self.sync else ""
+        return (f"num_features={self.num_features}, eps={self.eps}, momentum={self.momentum}"
+                f"{sync}")
 
 
 class BatchNorm1d(BatchNorm):

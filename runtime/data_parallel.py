@@ -15,7 +15,9 @@ At the first step the ranks compare their traced graphs (ids and seeds aside) an
 together, naming the ranks that differ, if the models or shapes disagree; then rank 0's
 params and buffers are broadcast, so replicas start equal even from different seeds.
 Averaged buffers keep the replicas equal; the batch statistics themselves are each
-rank's own (as PyTorch's DDP without SyncBatchNorm).
+rank's own (as PyTorch's DDP without SyncBatchNorm) unless the layer is
+`BatchNorm(sync=True)`, whose `ember.allreduce` ops sum through this step's communicator
+in the middle of the gradient graph (backends/collectives.py).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..backends import collectives
 from ..frontend.module import Module
 from ..frontend.param import random_seed
 from ..ir import Graph, has_trait, numpy_dtype
@@ -128,7 +131,8 @@ class DataParallelStep(TrainStep):
         params = self.params(table)
         args = self.arguments(entry, inputs)
         direct = getattr(entry.run, "writes_out", False)
-        outs = self.run(entry, args, params, out=flat.views if direct else None)
+        with collectives.using(self.comm.allreduce_):  # SyncBatchNorm's sums (ember.allreduce)
+            outs = self.run(entry, args, params, out=flat.views if direct else None)
         if self.detect_anomaly:
             self.check_finite(entry, args, params, outs)
         if not direct:

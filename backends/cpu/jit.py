@@ -26,7 +26,7 @@ import llvmlite.binding as llvm
 from llvmlite import ir
 
 from ..errors import KernelCompileError
-from . import blas, threadpool, vmath
+from . import blas, collective, threadpool, vmath
 from .host import host_cpu, host_features, host_isa, num_threads
 
 
@@ -41,6 +41,7 @@ def _init() -> None:
         llvm.load_library_permanently(libm)
     vmath.load_symbols()
     blas.load_symbols()
+    collective.load_symbols()
     if os.environ.get("EMBER_LLVM_REMARKS"):
         llvm.set_option("", "--pass-remarks=loop-vectorize|slp-vectorizer")
         llvm.set_option("", "--pass-remarks-missed=loop-vectorize")

@@ -17,6 +17,7 @@ from ...ir import Operation, TensorType
 from ...ir.opdef import normalize_axes, ops_with
 from ..strides import broadcast_strides, collapse, contiguous_strides
 from . import scalar as S
+from .collective import allreduce
 from .loops import loop, nest, offset
 from .scalar import PTR
 
@@ -181,6 +182,7 @@ KERNELS: dict[str, Emitter] = {
     "ember.transpose": transpose,
     "ember.matmul": matmul,
     "ember.one_hot": one_hot,
+    "ember.allreduce": allreduce,
 }
 
 

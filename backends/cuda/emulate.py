@@ -26,9 +26,10 @@ from pathlib import Path
 import numpy as np
 
 from ...ir import Graph, numpy_dtype, verify
+from .. import collectives
 from . import launch as L
 from .codegen import lower
-from .program import Gemm, Launch, Memset, Program
+from .program import Gemm, HostAllReduce, Launch, Memset, Program
 
 HEADER = r"""
 #include <cmath>
@@ -285,6 +286,9 @@ class EmulatedExecutable:
                 out[...] = np.matmul(_view(arrays, step.a), _view(arrays, step.b))
             elif isinstance(step, Memset):
                 arrays[step.slot][...] = 0
+            elif isinstance(step, HostAllReduce):
+                arrays[step.out][...] = arrays[step.src]
+                collectives.allreduce_(arrays[step.out])
         out, seen = [], set()
         for i, t in p.outputs:
             a = arrays[i].reshape(t.shape)

@@ -15,10 +15,11 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from ...ir import Graph, numpy_dtype, verify
+from .. import collectives
 from . import launch as L
 from .codegen import CudaCompileError, lower
 from .device import check_available
-from .program import Gemm, Launch, Memset, Program
+from .program import Gemm, HostAllReduce, Launch, Memset, Program
 
 OPTIONS = ("--std=c++17",)
 _MODULES: dict[tuple[str, int], object] = {}  # (source hash, device) -> RawModule
@@ -158,6 +159,10 @@ class Executable:
         elif isinstance(step, Memset):
             a = arrays[step.slot]
             a.data.memset_async(0, a.nbytes)
+        elif isinstance(step, HostAllReduce):
+            host = arrays[step.src].get()  # waits for the kernels before it
+            collectives.allreduce_(host)
+            arrays[step.out][...] = cp.asarray(host)
         else:
             raise TypeError(f"unknown step {step!r}")
 

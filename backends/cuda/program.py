@@ -70,6 +70,16 @@ class Memset:
     op: int
 
 
+@dataclass
+class HostAllReduce:
+    """out = the allreduce of src (`ember.allreduce`): copied to the host, summed across
+    ranks by backends/collectives.py, copied back; one process: out = src."""
+
+    out: int
+    src: int
+    op: int
+
+
 @dataclass(frozen=True)
 class KernelInfo:
     name: str
@@ -131,6 +141,8 @@ def step_slots(step) -> list[int]:
         return list(step.args)
     if isinstance(step, Gemm):
         return [step.out.slot, step.a.slot, step.b.slot]
+    if isinstance(step, HostAllReduce):
+        return [step.out, step.src]
     return [step.slot]
 
 

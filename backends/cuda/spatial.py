@@ -16,7 +16,7 @@ from ..errors import UnsupportedOpError
 from ..strides import contiguous_strides
 from . import conv as C
 from . import launch as L
-from .program import Memset, View
+from .program import HostAllReduce, Memset, View
 from .scalar import ctype, dropout, literal
 from .templates import Extra, Operand, coordinate, map_kernel, out_operands, transpose_kernel
 
@@ -196,7 +196,13 @@ def _pool(lw, op: Operation) -> None:
     lw.launch(k, [out] + [lw.where[v] for v in op.operands])
 
 
+def _allreduce(lw, op: Operation) -> None:
+    lw.p.steps.append(HostAllReduce(lw.result(op.result), lw.where[op.operands[0]],
+                                    lw.op_index))
+
+
 LOWERINGS = {
+    "ember.allreduce": _allreduce,
     "ember.one_hot": _one_hot,
     "ember.dropout": _dropout,
     "ember.gather": _gather,

@@ -9,6 +9,7 @@ from numpy.lib.stride_tricks import as_strided
 
 from ...ir.dialects.ember import erf
 from ...ir.semantics import SIMPLE_OPS
+from .. import collectives
 from . import rng
 
 
@@ -25,6 +26,12 @@ def _cross_entropy(attrs, logits, labels):
     keep = labels != attrs.get("ignore_index", np.iinfo(np.int64).min)
     rows = np.nonzero(keep)[0]
     return -logp[rows, labels[rows]].sum() / len(rows)
+
+
+def _allreduce(attrs, x):
+    y = np.array(x, order="C")  # a copy: the reducer sums it in place
+    collectives.allreduce_(y)
+    return y
 
 
 def _one_hot(attrs, labels):
@@ -235,4 +242,5 @@ KERNELS = {
     "nn.softmax": lambda a, x: np.exp(_log_softmax(x, a["axis"])),
     "nn.log_softmax": lambda a, x: _log_softmax(x, a["axis"]),
     "nn.cross_entropy": _cross_entropy,
+    "ember.allreduce": _allreduce,
 }

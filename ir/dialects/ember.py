@@ -358,6 +358,24 @@ def window_out(size: int, k: int, stride: int, pad: int, dilation: int = 1) -> i
 
 
 @register
+class AllReduce(OpDef):
+    """`allreduce(x)`: the sum of x over the ranks of a data-parallel run (x itself in one
+    process), which SyncBatchNorm's statistics need inside the step. Not pure: it is never
+    merged, removed or recomputed, so every rank makes the same calls in the same order.
+    Its gradient is the allreduce of the gradient."""
+
+    name = "ember.allreduce"
+    traits = frozenset({"collective", "memory_bound"})
+    arity = (1, 1)
+
+    @classmethod
+    def infer(cls, operand_types, attrs):
+        (x,) = operand_types
+        _float(cls.name, x)
+        return [x]
+
+
+@register
 class Dropout(OpDef):
     """`dropout(x, rng) {p, seed, key}`: x * keep / (1 - p), keep drawn by the counter hash.
 

@@ -344,6 +344,12 @@ def _erf(b, g, x, out):  # d/dx erf(x) = 2/sqrt(pi) exp(-x^2)
     return b.op("ember.mul", g, b.op("ember.mul", e, const(b, 2 / math.sqrt(math.pi), dtype)))
 
 
+@rule("ember.allreduce", checkpoint="compute")
+def _allreduce(b, op, gs, needs):
+    """Every rank's loss reads the sum: each rank's input gets the sum of their gradients."""
+    return [b.op("ember.allreduce", gs[0])]
+
+
 @rule("ember.dropout")
 def _dropout(b, op, gs, needs):
     """The same op (same seed, key and rng operand) on the gradient: the mask is drawn again

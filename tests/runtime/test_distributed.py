@@ -46,9 +46,10 @@ def single_process(case: str) -> dict[str, np.ndarray]:
     return {path: p.val() for path, p in m.all_params() if p.kind != "flag"}
 
 
-@pytest.mark.parametrize("case", ["train", "dropout"])
+@pytest.mark.parametrize("case", ["train", "dropout", "syncbn"])
 def test_two_gloo_ranks_equal_single_process_on_the_global_batch(tmp_path, case):
-    """Dropout too: each rank draws the mask of its rows of the global batch."""
+    """Dropout too: each rank draws the mask of its rows of the global batch; and
+    BatchNorm(sync=True) normalizes with the global batch's statistics, as one process."""
     run = torchrun(case, tmp_path)
     assert run.returncode == 0, run.stderr[-3000:]
     r0, r1 = params(tmp_path / "rank0.npz"), params(tmp_path / "rank1.npz")
