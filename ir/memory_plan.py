@@ -23,6 +23,8 @@ can really write over an operand); the `plan-memory` pass is passes/memory.py.
 
 from __future__ import annotations
 
+import bisect
+from collections import defaultdict
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 
@@ -213,20 +215,94 @@ def _donor(s: Step, r, t: int, last, buffer_of, claimed: set[int]):
 
 def _assign_offsets(buffers: list[Buffer]) -> int:
     """Greedy by size: each buffer at the lowest offset free during its whole lifetime."""
-    placed: list[Buffer] = []
+    timeline = _Timeline(max((b.end for b in buffers), default=0) + 1)
     arena = 0
     for b in sorted(buffers, key=lambda b: (-b.size, b.start)):
-        busy = sorted((p.offset, p.offset + p.size) for p in placed
-                      if p.start <= b.end and b.start <= p.end)
-        offset = 0
-        for lo, hi in busy:
-            if offset + b.size <= lo:
-                break
-            offset = max(offset, hi)
-        b.offset = offset
-        arena = max(arena, offset + b.size)
-        placed.append(b)
+        b.offset = timeline.lowest_free(b.start, b.end, b.size)
+        arena = max(arena, b.offset + b.size)
+        timeline.add(b)
     return arena
+
+
+class _Spans:
+    """Disjoint, sorted byte ranges [start, end): a union of buffers' offsets, merged."""
+
+    __slots__ = ("starts", "ends")
+
+    def __init__(self):
+        self.starts: list[int] = []
+        self.ends: list[int] = []
+
+    def add(self, lo: int, hi: int) -> None:
+        i = bisect.bisect_left(self.ends, lo)  # the first span ending at or after lo
+        j = bisect.bisect_right(self.starts, hi)  # past the last span starting by hi
+        if i < j:
+            lo, hi = min(lo, self.starts[i]), max(hi, self.ends[j - 1])
+        self.starts[i:j], self.ends[i:j] = [lo], [hi]
+
+    def blocking(self, lo: int, hi: int) -> int | None:
+        """The end of the last span overlapping [lo, hi), if any."""
+        i = bisect.bisect_left(self.starts, hi) - 1
+        return self.ends[i] if i >= 0 and self.ends[i] > lo else None
+
+
+class _Timeline:
+    """Placed buffers' byte ranges indexed by the steps they live at, so the lowest free
+    offset over steps s..e costs O(log steps) unions, not a scan of every placed buffer.
+    A segment tree over steps: `cover[n]` unites the buffers for which n is one of the
+    nodes that exactly cover their lifetime, `below[n]` those with such a node in n's
+    subtree. Steps s..e meet exactly the buffers in `below` of the nodes covering s..e
+    and in `cover` of those nodes' ancestors."""
+
+    def __init__(self, steps: int):
+        self.size = 1 << max(0, steps - 1).bit_length()
+        self.cover: defaultdict[int, _Spans] = defaultdict(_Spans)
+        self.below: defaultdict[int, _Spans] = defaultdict(_Spans)
+
+    def nodes(self, s: int, e: int) -> list[int]:
+        """The nodes that exactly cover steps s..e."""
+        out, lo, hi = [], s + self.size, e + self.size + 1
+        while lo < hi:
+            if lo & 1:
+                out.append(lo)
+                lo += 1
+            if hi & 1:
+                hi -= 1
+                out.append(hi)
+            lo, hi = lo >> 1, hi >> 1
+        return out
+
+    @staticmethod
+    def ancestors(nodes: list[int]) -> set[int]:
+        up = set()
+        for n in nodes:
+            while n > 1 and n >> 1 not in up:
+                n >>= 1
+                up.add(n)
+        return up
+
+    def add(self, b: Buffer) -> None:
+        if b.size == 0:  # an empty range overlaps nothing
+            return
+        nodes = self.nodes(b.start, b.end)
+        for n in nodes:
+            self.cover[n].add(b.offset, b.offset + b.size)
+        for n in {*nodes, *self.ancestors(nodes)}:
+            self.below[n].add(b.offset, b.offset + b.size)
+
+    def lowest_free(self, s: int, e: int, size: int) -> int:
+        """The lowest offset where `size` bytes overlap no buffer alive during s..e."""
+        nodes = self.nodes(s, e)
+        spans = [self.below[n] for n in nodes if n in self.below]
+        spans += [self.cover[n] for n in self.ancestors(nodes) if n in self.cover]
+        offset, moved = 0, size > 0
+        while moved:
+            moved = False
+            for sp in spans:
+                end = sp.blocking(offset, offset + size)
+                if end is not None:
+                    offset, moved = end, True
+        return offset
 
 
 def graph_steps(graph: Graph) -> tuple[list[Step], dict[Hashable, str]]:

@@ -38,9 +38,12 @@ def op_key(op: Operation) -> tuple | None:
 
 
 def cse_block(block: Block, seen: dict[tuple, Operation]) -> bool:
-    """Nested blocks see the ops above them (they are dominated by them), not vice versa."""
+    """Nested blocks see the ops above them (they are dominated by them), not vice versa.
+    Merged ops leave the block in one pass at the end (erasing each from the op list
+    would rescan it, quadratic in the block's length)."""
     changed = False
-    for op in list(block.ops):
+    merged: set[Operation] = set()
+    for op in block.ops:
         for region in op.regions:
             for b in region.blocks:
                 changed |= cse_block(b, dict(seen))
@@ -50,11 +53,14 @@ def cse_block(block: Block, seen: dict[tuple, Operation]) -> bool:
         if key in seen:
             for old, new in zip(op.results, seen[key].results):
                 old.replace_all_uses_with(new)
-            op.erase()
-            changed = True
+            op.drop_operands()
+            op.parent = None
+            merged.add(op)
         else:
             seen[key] = op
-    return changed
+    if merged:
+        block.ops = [op for op in block.ops if op not in merged]
+    return changed or bool(merged)
 
 
 @register_pass

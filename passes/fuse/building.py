@@ -83,9 +83,13 @@ def emit(block: Block, groups: list[Group]) -> None:
             continue
         for op in reversed(g.ops):
             op.drop_operands()
-    for op in reversed(list(block.ops)):
+    dead = set()  # views and constants left unread, each freeing what it read
+    for op in reversed(block.ops):
         if op.name in VIEWS + ("ember.constant",) and not op.result.uses:
-            op.erase()
+            op.drop_operands()
+            op.parent = None
+            dead.add(op)
+    block.ops = [op for op in block.ops if op not in dead]
 
 
 def _trivial(g: Group) -> bool:

@@ -7,6 +7,8 @@ checkpointed graph no longer-lived inputs).
 
 from __future__ import annotations
 
+import heapq
+import itertools
 from dataclasses import dataclass, field
 
 from ...ir import Block, Operation, Value
@@ -27,6 +29,14 @@ class Group:
     reduce: frozenset = frozenset()
     matmul: Operation | None = None
     backward: bool = False  # members run in the backward part (recomputed copies included)
+    # ops outside the group that read its values / define values it reads: the group's
+    # edges in the graph of groups, kept up to date by merges (see Grouper.creates_cycle)
+    users: dict[Operation, None] = field(default_factory=dict)
+    producers: dict[Operation, None] = field(default_factory=dict)
+    # values read from outside, as a heap of (last use, tie, value, ops on the way to it):
+    # entries whose ops joined the group are dropped lazily (see Grouper.earliest_input)
+    inputs: list[tuple] = field(default_factory=list)
+    end: int = -1  # position of the last member
 
     def remap(self, phi: dict[int, int]) -> None:
         def m(d: Dims) -> Dims:
@@ -37,16 +47,20 @@ class Group:
 
 
 def duplicate_views(block: Block) -> None:
-    """One copy of each view op per use, so each reader folds its own into its maps."""
-    for op in list(block.ops):
+    """One copy of each view op per use, so each reader folds its own into its maps. Each
+    copy goes just before its reader; the op list is rebuilt once, not searched per copy."""
+    before: dict[Operation, list[Operation]] = {}
+    for op in block.ops:
         if op.name not in VIEWS or len(op.result.uses) < 2:
             continue
         for user, i in list(op.result.uses)[1:]:
             clone = Operation(op.name, list(op.operands), [op.result.type],
                               dict(op.attributes), loc=op.loc)
-            block.insert_before(user if user.parent is block else op, clone)
+            clone.parent = block
+            before.setdefault(user if user.parent is block else op, []).append(clone)
             user.set_operand(i, clone.result)
-    # views may now be out of order only if inserted before their user: they are
+    if before:
+        block.ops = [new for op in block.ops for new in (*before.get(op, ()), op)]
 
 
 class Grouper:
@@ -64,6 +78,7 @@ class Grouper:
         self.group: dict[Operation, Group] = {}
         self.groups: list[Group] = []
         self.now = -1  # position of the op run() is visiting
+        self.tie = itertools.count()  # orders heap entries with equal last uses
 
     def new_group(self, op: Operation) -> Group | None:
         d = describe(op)
@@ -75,7 +90,30 @@ class Grouper:
                   op not in self.forward or bool(op.attributes.get(RECOMPUTE)))
         self.groups.append(g)
         self.group[op] = g
+        self.index(g)
         return g
+
+    def index(self, g: Group) -> None:
+        """(Re)build g's edges, inputs and end from its members."""
+        g.users, g.producers = self.outside(g, True), self.outside(g, False)
+        g.inputs = [e for op in g.ops for e in self.input_entries(op)]
+        heapq.heapify(g.inputs)
+        g.end = max((self.pos[op] for op in g.ops), default=-1)
+
+    def input_entries(self, op: Operation) -> list[tuple]:
+        """Heap entries for the planned values op reads (views looked through: a view is
+        read in place, its base is the input); params, constants and arguments are none."""
+        out = []
+        for v in op.operands:
+            way = []
+            while v.op is not None and v.op.name in VIEWS:
+                way.append(v.op)
+                v = v.op.operands[0]
+            if v.op is None or v.op.name in ("ember.param", "ember.constant"):
+                continue
+            way.append(v.op)
+            out.append((self.last_use[v], next(self.tie), v, way))
+        return out
 
     def run(self) -> list[Group]:
         for op in list(self.block.ops):
@@ -90,7 +128,10 @@ class Grouper:
                 g = self.group[op]
                 if p is not None and p is not g:
                     self.try_merge(g, p)
-        return [g for g in self.groups if g.ops]
+        groups = [g for g in self.groups if g.ops]
+        for g in groups:  # merges append; a kernel's body follows the block's order
+            g.ops.sort(key=self.pos.__getitem__)
+        return groups
 
     def absorb_views(self, mm: Operation) -> None:
         """A matmul reads transposed (broadcast, reshaped) operands in place through its
@@ -102,39 +143,73 @@ class Grouper:
                     g.ops.remove(v.op)
                     g.vdims.pop(v, None)
                     g.odims.pop(v.op, None)
+                    self.index(g)
                 v = v.op.operands[0]
 
     # -- merging ---------------------------------------------------------------------------
 
-    def users(self, g: Group):
-        for op in g.ops:
-            for r in op.results:
-                for user, _ in r.uses:
-                    yield user
+    @staticmethod
+    def links(op: Operation, forward: bool) -> list[Operation]:
+        """The ops reading op's results (forward) or defining its operands (backward)."""
+        if forward:
+            return [u for r in op.results for u, _ in r.uses]
+        return [v.op for v in op.operands if v.op is not None]
+
+    def outside(self, g: Group, forward: bool) -> dict[Operation, None]:
+        """g.users (forward) or g.producers, recomputed from its members."""
+        return {u: None for op in g.ops for u in self.links(op, forward)
+                if self.group.get(u) is not g}
+
+    def neighbours(self, node, forward: bool) -> list[Operation]:
+        """The ops outside a group (or a lone op) linked to it in that direction."""
+        if isinstance(node, Group):
+            return list(node.users if forward else node.producers)
+        return self.links(node, forward)
 
     def extends_inputs(self, a: Group, b: Group) -> bool:
         """Whether one kernel for a and b (placed at its last member) would read a planned
         value (not a param, argument or constant) later than its last reader in the
         unfused order does, so that the value would live longer."""
-        members = set(a.ops) | set(b.ops)
-        end = max(self.pos[op] for op in members)
-        for op in members:
-            for v in op.operands:
-                while v.op is not None and v.op.name in VIEWS and v.op not in members:
-                    v = v.op.operands[0]  # a view is read in place: its base is the input
-                p = v.op
-                if p is None or p in members or p.name in ("ember.param", "ember.constant"):
-                    continue
-                if self.last_use.get(v, end) < end:
-                    return True
-        return False
+        end = max(a.end, b.end)
+        return min(self.earliest_input(a, b), self.earliest_input(b, a)) < end
+
+    def earliest_input(self, g: Group, other: Group) -> float:
+        """The earliest last use of a value g reads from outside g and other. Entries that
+        reach into g are dropped for good (groups only grow); those reaching into other
+        are put back, so a check costs the edges between the two, not g's size."""
+        heap, held = g.inputs, []
+        while heap:
+            way = heap[0][3]
+            if any(self.group.get(op) is g for op in way):
+                heapq.heappop(heap)
+            elif any(self.group.get(op) is other for op in way):
+                held.append(heapq.heappop(heap))
+            else:
+                break
+        first = heap[0][0] if heap else float("inf")
+        for e in held:
+            heapq.heappush(heap, e)
+        return first
 
     def creates_cycle(self, cons: Group, prod: Group) -> bool:
-        """Whether prod reaches cons through some third group or op. Ops after the one
-        being visited (`now`) are in no group yet and only reach later ops, never cons,
-        so the search stops there instead of walking the rest of the graph."""
-        seen, stack = set(), [u for u in self.users(prod) if self.group.get(u) is not cons
-                              and self.group.get(u) is not prod]
+        """Whether prod reaches cons through some third group or op. Two searches take
+        turns, one forward from prod's readers, one backward from cons's producers, and
+        the first to finish answers, so a check costs about the smaller of the two
+        regions: an optimizer update reading a gradient made early in the backward has a
+        tiny backward region, a backward op reading its neighbour a tiny forward one."""
+        searches = (self.search(prod, cons, True), self.search(cons, prod, False))
+        while True:
+            for s in searches:
+                found = next(s)
+                if found is not None:
+                    return found
+
+    def search(self, start: Group, goal: Group, forward: bool):
+        """Yields None after each node it expands, then whether a path leaving `start`
+        reaches `goal` through some third node. Ops after the one being visited (`now`)
+        are in no group yet and only reach later ops, so a forward search stops there."""
+        seen = set()
+        stack = [u for u in self.neighbours(start, forward) if self.group.get(u) is not goal]
         while stack:
             op = stack.pop()
             if op not in self.group and self.pos.get(op, self.now) > self.now:
@@ -143,17 +218,15 @@ class Grouper:
             if id(node) in seen:
                 continue
             seen.add(id(node))
-            if node is cons:
-                return True
-            ops = node.ops if isinstance(node, Group) else [node]
-            for o in ops:
-                for r in o.results:
-                    for user, _ in r.uses:
-                        if self.group.get(user) is cons:
-                            return True
-                        if self.group.get(user) is not prod:
-                            stack.append(user)
-        return False
+            if node is goal:
+                yield True
+            for other in self.neighbours(node, forward):
+                if self.group.get(other) is goal:
+                    yield True
+                if self.group.get(other) is not start:
+                    stack.append(other)
+            yield None
+        yield False
 
     def try_merge(self, cons: Group, prod: Group) -> bool:
         if cons.matmul is not None and prod.matmul is not None:
@@ -194,12 +267,36 @@ class Grouper:
             host.vdims.update(small.vdims)
             host.odims.update(small.odims)
             host.matmul = host.matmul or small.matmul
-            host.ops = sorted(host.ops + small.ops, key=self.pos.__getitem__)
+            for forward in (True, False):
+                self.join_links(host, small, forward)
+            self.join_inputs(host, small)
+            host.ops += small.ops
             for op in small.ops:
                 self.group[op] = host
             small.ops = []
             return True
         return False
+
+    def join_links(self, host: Group, small: Group, forward: bool) -> None:
+        """host's users (forward) or producers become those of host and small together,
+        built on the group with more members, so each op's links move O(log ops) times."""
+        name = "users" if forward else "producers"
+        keep, other = (host, small) if len(host.ops) >= len(small.ops) else (small, host)
+        links = getattr(keep, name)
+        for op in other.ops:
+            links.pop(op, None)
+        links.update((u, None) for u in getattr(other, name) if self.group.get(u) is not keep)
+        setattr(host, name, links)
+        setattr(small, name, {})
+
+    @staticmethod
+    def join_inputs(host: Group, small: Group) -> None:
+        """host's input heap becomes both groups' (the smaller pushed into the larger)."""
+        big, little = sorted((host.inputs, small.inputs), key=len, reverse=True)
+        for e in little:
+            heapq.heappush(big, e)
+        host.inputs, small.inputs = big, []
+        host.end = max(host.end, small.end)
 
     @staticmethod
     def embed(host: Group, small: Group, phi: dict[int, int]) -> dict[int, int] | None:
