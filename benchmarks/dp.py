@@ -27,43 +27,11 @@ import tempfile
 import time
 
 import numpy as np
+from gpt import Gpt, lm_loss
 
 import ember as em
 from ember import nn, optim
 from ember.runtime.distributed import Communicator
-
-
-class Gpt(nn.Module):
-    def __init__(self, vocab: int = 65, n_embd: int = 128, n_head: int = 4, n_layer: int = 2,
-                 block: int = 64):
-        super().__init__()
-        self.tok, self.pos = nn.Embedding(vocab, n_embd), nn.Embedding(block, n_embd)
-        self.blocks = [Block(n_embd, n_head) for _ in range(n_layer)]
-        self.norm, self.head = nn.LayerNorm(n_embd), nn.Linear(n_embd, vocab)
-        self.block = block
-
-    def forward(self, idx):
-        x = self.tok(idx) + self.pos(np.arange(idx.shape[1]))
-        for b in self.blocks:
-            x = b(x)
-        return self.head(self.norm(x))
-
-
-class Block(nn.Module):
-    def __init__(self, n_embd: int, n_head: int):
-        super().__init__()
-        self.ln1, self.ln2 = nn.LayerNorm(n_embd), nn.LayerNorm(n_embd)
-        self.attn = nn.MultiHeadAttention(n_embd, n_head, causal=True)
-        self.fc, self.proj = nn.Linear(n_embd, 4 * n_embd), nn.Linear(4 * n_embd, n_embd)
-
-    def forward(self, x):
-        x = x + self.attn(self.ln1(x))
-        return x + self.proj(nn.functional.gelu(self.fc(self.ln2(x))))
-
-
-def lm_loss(logits, y):
-    b, t, v = logits.shape
-    return nn.functional.cross_entropy(logits.reshape(b * t, v), y.reshape(b * t))
 
 
 def workload(name: str, rank: int):

@@ -1,8 +1,8 @@
 """ember's cpu backend side by side with numpy, PyTorch and JAX: one process, one table.
 
 Run: `python benchmarks/run.py` (`--quick` for fewer repetitions, `--only sgemm,eltwise,
-steps,compile`). Every number is a median of timed repetitions; ratios are ember's speed
-over the other's (above 1: ember is faster). Rows:
+steps,gpt,compile`, `--gpt A64,B128,A256`). Every number is a median of timed repetitions;
+ratios are ember's speed over the other's (above 1: ember is faster). Rows:
 - sgemm 256^3/512^3/1024^3: GFLOP/s of ember's own GEMM and of its default choice (the
   cost table: own or OpenBLAS), against numpy's BLAS and the machine's peak (vector
   lanes x FMA units x 2 x cores x clock);
@@ -14,13 +14,18 @@ over the other's (above 1: ember is faster). Rows:
   OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE unset, which some machines set to a slower
   kernel), PyTorch eager and torch.compile, and JAX jit when installed, timed in
   interleaved blocks; for the MLPs also the step's matmuls alone in numpy's BLAS, the
-  floor of any step that uses that BLAS;
+  floor of any step that uses that BLAS; and the step's call path: its time over its
+  native call alone (buffers bound once) and over its kernels' time;
+- char-level GPT training steps (AdamW; benchmarks/gpt.py): config A (n_embd 64, 4 heads,
+  2 layers) at T 64 and 256, config B (n_embd 128, 4 layers) at T 128, batch 16, against
+  PyTorch eager and torch.compile on the same initial weights, interleaved;
 - compile times: first (empty cache) and cached (a second process).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import platform
@@ -32,6 +37,11 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+# torch.compile's pool of compile workers keeps starting in the background after the first
+# compile: on a small machine it steals the cores from whatever is timed next (PyTorch eager
+# 5-10x slower, seen on a 2-core VM)
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
 REPEAT = 7
 SETTLE = 0.2  # s: OpenBLAS's threads spin for tens of ms after a call, ember's for ~40 us
@@ -348,10 +358,28 @@ def ember_step(name: str):
     return step, first
 
 
-def torch_step(name: str, p: dict, compile_: bool):
+def torch_train(loss_fn, opt, compile_: bool, x: np.ndarray, y: np.ndarray):
+    """A zero-argument PyTorch training step on (x, y): zero_grad, `loss_fn(x, y)` backward,
+    `opt.step()`; the whole of it under torch.compile when `compile_`. Threads as ember's."""
     import torch
 
     torch.set_num_threads(int(os.environ.get("EMBER_NUM_THREADS", 0)) or os.cpu_count())
+
+    def train(tx, ty):
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(tx, ty)
+        loss.backward()
+        opt.step()
+        return loss
+
+    fn = torch.compile(train) if compile_ else train
+    tx, ty = torch.from_numpy(x), torch.from_numpy(y)
+    return lambda: fn(tx, ty)
+
+
+def torch_step(name: str, p: dict, compile_: bool):
+    import torch
+
     if name == "cnn":
         net = torch.nn.Sequential(torch.nn.Conv2d(1, 16, 3, padding=1), torch.nn.ReLU(),
                                   torch.nn.MaxPool2d(2), torch.nn.Flatten(),
@@ -363,18 +391,8 @@ def torch_step(name: str, p: dict, compile_: bool):
             layers += [torch.nn.Linear(a, b)] + ([torch.nn.ReLU()] if i < len(sizes) - 2 else [])
         net = torch.nn.Sequential(*layers)
     opt = torch.optim.SGD(net.parameters(), lr=LR)
-
-    def train(x, y):
-        opt.zero_grad(set_to_none=True)
-        loss = torch.nn.functional.cross_entropy(net(x), y)
-        loss.backward()
-        opt.step()
-        return loss
-
-    fn = torch.compile(train) if compile_ else train
-    x, y = data(name)
-    tx, ty = torch.from_numpy(x), torch.from_numpy(y)
-    return lambda: fn(tx, ty)
+    return torch_train(lambda x, y: torch.nn.functional.cross_entropy(net(x), y), opt,
+                       compile_, *data(name))
 
 
 def jax_step(name: str, p: dict):
@@ -484,8 +502,8 @@ def _one_step(rows: list, name: str) -> None:
     t1 = median_time(lambda: step(x, y), 3)
     number = calls_for(t1, 0.1)
     exe = step._last.run
-    native = sum(t for _, t in exe.profile([x, y, np.float32(LR), np.float32(1)][
-        :len(exe.graph.args)], _params(step), repeat=15))
+    args, params = _bound_arguments(step, x, y)
+    native = sum(t for _, t in exe.profile(args, params, repeat=15))
     others = [("numpy (here)", lambda: numpy_step(name, init_params(name)))]
     try:
         import torch  # noqa: F401
@@ -502,7 +520,7 @@ def _one_step(rows: list, name: str) -> None:
         pass
     if name.startswith("mlp"):
         others.append(("numpy GEMMs alone (floor)", lambda: gemm_floor(name, init_params(name))))
-    fns, failed = {"ember": lambda: step(x, y)}, []
+    fns, failed = {"ember": lambda: step(x, y), "native call": exe.bound(args, params)}, []
     for label2, make in others:
         try:
             fn = make()
@@ -513,12 +531,15 @@ def _one_step(rows: list, name: str) -> None:
         except Exception as e:  # noqa: BLE001  (a failing baseline is reported, not fatal)
             failed.append((f"  vs {label2}", f"failed: {type(e).__name__}", "", "", ""))
     times = interleaved(fns, number)
-    t_em = times.pop("ember")
+    t_em, t_call = times.pop("ember"), times.pop("native call")
     label = {"mlp-small": "MLP 64-128-10 b64", "mlp-large": "MLP 784-512-512-10 b128",
              "cnn": "digits CNN b64"}[name]
     rows.append((f"step {label} ember", f"{t_em * 1e6:9.1f} us",
                  f"kernels {native * 1e6:.0f} us", f"{len(exe.plan.steps)} kernels",
                  f"compile {first:.2f} s"))
+    rows.append(("  its call path (Python)", f"{(t_em - t_call) * 1e6:9.1f} us",
+                 f"native call {t_call * 1e6:.0f} us", f"x{t_em / t_call:5.2f} native",
+                 f"x{t_em / native:5.2f} kernels"))
     for label2, t in times.items():
         rows.append((f"  vs {label2}", f"{t * 1e6:9.1f} us", f"x{t / t_em:5.2f}", "", ""))
     rows += failed
@@ -528,10 +549,73 @@ def _one_step(rows: list, name: str) -> None:
                      f"x{t / t_em:5.2f}", "", ""))
 
 
-def _params(step) -> dict:
-    from ember.runtime.params import param_table, param_values
+def _bound_arguments(step, *inputs) -> tuple[list, dict]:
+    """The arguments and param values the step's last compiled graph runs on, as the step
+    binds them: what its native call alone is timed and profiled with."""
+    entry, table = step._last, step.param_table()
+    return (step.arguments(entry, inputs) + step.extra_inputs(entry, table),
+            step.params(table))
 
-    return param_values(param_table(step.model))
+
+# -- GPT training steps (AdamW) -----------------------------------------------------------------
+
+GPT_BATCH, GPT_LR = 16, 1e-3
+
+
+def bench_gpt(rows: list, shapes: list[str]) -> None:
+    """`shapes`: config and sequence length, `A64` (config A, T 64), `B128`, `A256`."""
+    for shape in shapes:
+        _one_gpt(rows, shape[0], int(shape[1:]))
+
+
+def _one_gpt(rows: list, config: str, t: int) -> None:
+    """One GPT training step, ember against PyTorch eager and torch.compile on copies of
+    the same initial weights, timed in interleaved blocks."""
+    from gpt import CONFIGS, Gpt, batches, lm_loss
+
+    import ember as em
+    from ember import optim
+
+    em.seed(0)
+    model = Gpt(vocab=65, n_head=4, block=t, **CONFIGS[config])
+    ((x, y),) = batches(65, GPT_BATCH, t, 1)
+    others = torch_gpt_steps(model, x, y)  # before ember's first update changes the weights
+    start = time.perf_counter()
+    step = em.compile_train_step(model, lm_loss, optim.AdamW(lr=GPT_LR), backend="cpu")
+    step(x, y)
+    first = time.perf_counter() - start
+    fns, failed = {"ember": lambda: step(x, y)}, []
+    for label, fn in others.items():
+        try:
+            median_time(fn, 1, 3)  # warm up (and compile)
+            fns[label] = fn
+        except Exception as e:  # noqa: BLE001  (a failing baseline is reported, not fatal)
+            failed.append((f"  vs {label}", f"failed: {type(e).__name__}", "", "", ""))
+    why = "no JAX twin of the GPT" if importlib.util.find_spec("jax") else "jax not installed"
+    failed.append(("  vs jax jit", "skipped", why, "", ""))
+    times = interleaved(fns, calls_for(median_time(fns["ember"], 1, 3), 0.1))
+    t_em = times.pop("ember")
+    rows.append((f"step GPT {config} T{t} b{GPT_BATCH} ember", f"{t_em * 1e3:9.2f} ms",
+                 f"AdamW, {model.num_params():,} params", "", f"compile {first:.1f} s"))
+    rows += [(f"  vs {label}", f"{t2 * 1e3:9.2f} ms", f"x{t2 / t_em:5.2f}", "", "")
+             for label, t2 in times.items()] + failed
+
+
+def torch_gpt_steps(model, x: np.ndarray, y: np.ndarray) -> dict:
+    """{label: step} of the GPT's PyTorch twin, eager and under torch.compile, each with a
+    copy of `model`'s current weights and AdamW; empty without PyTorch."""
+    if importlib.util.find_spec("torch") is None:
+        return {}
+    import torch
+    from gpt import torch_loss, torch_twin
+
+    steps = {}
+    for label, compile_ in (("torch eager", False), ("torch.compile", True)):
+        twin = torch_twin(model)
+        opt = torch.optim.AdamW(twin.parameters(), lr=GPT_LR)
+        steps[label] = torch_train(lambda a, b, twin=twin: torch_loss(twin, a, b), opt,
+                                   compile_, x, y)
+    return steps
 
 
 def bench_compile(rows: list) -> None:
@@ -558,8 +642,9 @@ def bench_compile(rows: list) -> None:
 def main() -> None:
     global REPEAT
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", default="sgemm,eltwise,steps,compile")
+    ap.add_argument("--only", default="sgemm,eltwise,steps,gpt,compile")
     ap.add_argument("--steps", default="mlp-small,mlp-large,cnn")
+    ap.add_argument("--gpt", default="A64,B128,A256", help="GPT config and T of each row")
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
     if args.quick:
@@ -578,6 +663,8 @@ def main() -> None:
         bench_eltwise(rows)
     if "steps" in only:
         bench_steps(rows, args.steps.split(","))
+    if "gpt" in only:
+        bench_gpt(rows, args.gpt.split(","))
     if "compile" in only:
         bench_compile(rows)
     for r in rows:

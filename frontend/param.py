@@ -26,6 +26,7 @@ from . import context
 
 _ALPHABET = "0123456789abcdefghijklmnopqrstuv"
 KINDS = ("float", "int", "bool", "flag", "buffer")
+_NUMPY_DTYPES = {d: numpy_dtype(d) for d in DTYPES}  # set_value runs every step: no np.dtype()
 
 _seed: int | None = None
 _ids = random.Random()
@@ -187,7 +188,7 @@ class Param:
         `a` is kept without a copy when its dtype and layout already fit: don't mutate it.
         """
         if (type(a) is np.ndarray and a.shape == self.shape and a.flags.c_contiguous
-                and a.dtype == numpy_dtype(self.dtype)):  # a compiled step's result
+                and a.dtype == _NUMPY_DTYPES[self.dtype]):  # a compiled step's result
             self._value = a
             return self
         a = np.asarray(a)

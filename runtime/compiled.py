@@ -2,6 +2,8 @@
 
 Each keeps a cache keyed by the input shapes and the model's params state (flags,
 requires_grad): a change recompiles, with a one-line notice, and never runs a stale graph.
+A call like the last one (the common case: a training loop) finds its graph by checking
+the last key's parts again, cheaply, rather than by building the key (`_LastKey`).
 
 The runtime reads the graph roles the tracer and the passes leave on the graph:
 `ember.rng` (the argument fed with the step counter, for dropout), `ember.buffer_updates`
@@ -33,10 +35,10 @@ from ..ir.printer import print_graph, strip_locations
 from . import stage_cache
 from .backend import DEVICE_BACKENDS, get_backend, to_host
 from .debug import AnomalyError, ExecutionError, describe, find_anomaly, locate_error
-from .params import GradientsParams, ParamTable, param_values, state_key
+from .params import GradientsParams, ParamTable, StateWatch, param_values, state_key
 from .pipeline import Stages, grad_pipeline, inference_pipeline, training_pipeline
 from .profile_trace import write_trace
-from .update import UpdateLayout, hyper_inputs, state_inputs, write_back
+from .update import SettingsWatch, UpdateLayout, hyper_inputs, state_inputs, write_back
 
 
 @dataclass
@@ -76,10 +78,6 @@ class Entry:
         return UpdateLayout.of(self.graph)
 
     @cached_property
-    def lr_dtype(self) -> str:
-        return next(a for a in self.graph.args if a.name == "lr").type.dtype
-
-    @cached_property
     def tail(self) -> int:
         """How many results at the end are gradients or new params and optimizer state."""
         a = self.graph.attributes
@@ -87,11 +85,32 @@ class Entry:
             return len(a["ember.updates"]) + len(a.get("ember.state", ()))
         return len(a.get("ember.grads", ()))
 
+    @cached_property
+    def cuts(self) -> tuple[int, int]:
+        """Where the user results and the new buffer values end among a run's results."""
+        body = len(self.graph.return_op.operands) - self.tail
+        return body - len(self.buffer_ids), body
+
     def split(self, outs: list) -> tuple[list, list, list]:
         """(user results, new buffer values, tail) of one run's results."""
-        body, tail = outs[:len(outs) - self.tail], outs[len(outs) - self.tail:]
-        nb = len(self.buffer_ids)
-        return body[:len(body) - nb], body[len(body) - nb:], tail
+        user, body = self.cuts
+        return outs[:user], outs[user:body], outs[body:]
+
+
+@dataclass
+class _LastKey:
+    """The last call's cache key in parts that are cheap to check again: a call with the
+    same inputs' shapes and dtypes, the same param table in the same state (`StateWatch`)
+    and the same settings (`watch_settings`) finds its graph without rebuilding the key."""
+
+    entry: Entry
+    shapes: tuple
+    state: StateWatch
+    settings_unchanged: Callable[[], bool]
+
+    def holds(self, shapes: tuple, table: dict) -> bool:
+        return (shapes == self.shapes and self.state.unchanged(table)
+                and self.settings_unchanged())
 
 
 def _label_inputs(graph: Graph) -> tuple:
@@ -153,6 +172,7 @@ class Compiled:
         self._on_device: dict[str, tuple] | None = {} if backend in DEVICE_BACKENDS else None
         self._cache: OrderedDict[tuple, Entry] = OrderedDict()  # least recently used first
         self._last: Entry | None = None
+        self._last_key: _LastKey | None = None
         self.param_table = ParamTable(model)
 
     # subclasses: the function to trace and the pipeline to run
@@ -166,9 +186,21 @@ class Compiled:
         """What else a compiled graph bakes in (an optimizer's hyper-parameters)."""
         return ()
 
+    def watch_settings(self) -> Callable[[], bool]:
+        """A check, run on every call, that `key_extra()` is still what it is now (a
+        subclass may make it cheaper than building the key again)."""
+        extra = self.key_extra()
+        return lambda: self.key_extra() == extra
+
     def entry(self, inputs: tuple, table: dict | None = None) -> Entry:
         table = self.param_table() if table is None else table
-        key = (tuple(map(_shape_and_dtype, inputs)), state_key(table), self.key_extra())
+        shapes = tuple([(x.shape, x.dtype) if type(x) is np.ndarray else _shape_and_dtype(x)
+                        for x in inputs])
+        last = self._last_key
+        if last is not None and last.holds(shapes, table):
+            return last.entry  # the most recently used already
+        state, settings = StateWatch(table), self.watch_settings()
+        key = (shapes, state_key(table), self.key_extra())
         entry = self._cache.get(key)
         if entry is not None:
             self._cache.move_to_end(key)
@@ -186,6 +218,7 @@ class Compiled:
             while len(self._cache) > max(1, self.cache_size):
                 self._cache.popitem(last=False)
         self._last = entry
+        self._last_key = _LastKey(entry, shapes, state, settings)
         return entry
 
     def check_new_inputs(self, inputs: tuple) -> None:
@@ -484,7 +517,7 @@ class _Training(Compiled):
                 "find the op that produced it")
         self.loss = loss
         self.metrics = tuple(float(m) if m.ndim == 0 else m
-                             for m in (to_host(m) for m in main[1:]))
+                             for m in (to_host(m) for m in main[1:])) if len(main) > 1 else ()
         for pid, value in zip(entry.buffer_ids, buffers):
             self.set_param(table, pid, value)
         self.rng_step += 1
@@ -553,11 +586,17 @@ class TrainStep(_Training):
     def key_extra(self) -> tuple:
         return (self.optimizer.kind, *self.optimizer.options().items())
 
+    def watch_settings(self) -> Callable[[], bool]:
+        """Whether `self.optimizer` is the same object with the same settings, read in one
+        call rather than through options()' dicts."""
+        watch = SettingsWatch(self.optimizer)
+        return lambda: watch.unchanged(self.optimizer)
+
     def settings(self) -> list[str]:
         return [repr(self.optimizer), *super().settings()]
 
     def extra_inputs(self, entry: Entry, table: dict) -> list:
-        return (hyper_inputs(self.optimizer, entry.lr_dtype)
+        return (hyper_inputs(self.optimizer)
                 + state_inputs(self.optimizer, entry.update_layout, table))
 
     def __call__(self, *inputs: np.ndarray):

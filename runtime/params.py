@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from operator import attrgetter
+
 import numpy as np
 
 from ..frontend.module import Module, TreeWatch
@@ -38,6 +40,28 @@ def state_key(table: dict[str, Param]) -> tuple:
     """What a compiled graph bakes in: ids, shapes, flags and requires_grad."""
     return tuple((pid, p.shape, p.kind, p.requires_grad,
                   bool(p.val()) if p.kind == "flag" else None) for pid, p in table.items())
+
+
+_requires_grad = attrgetter("requires_grad")
+
+
+class StateWatch:
+    """Says cheaply whether `state_key(table)` is still what it was when the watch was made,
+    for a runtime that asks on every step: of the same table (ParamTable makes a new dict
+    when the tree changed) only requires_grad and flag values can change, since a Param's
+    id, shape and kind are fixed."""
+
+    def __init__(self, table: dict[str, Param]):
+        self.table = table
+        self.params = tuple(table.values())
+        self.flags = tuple(p for p in self.params if p.kind == "flag")
+        self.state = self._now()
+
+    def _now(self) -> tuple[list, list]:
+        return list(map(_requires_grad, self.params)), list(map(bool, self.flags))
+
+    def unchanged(self, table: dict[str, Param]) -> bool:
+        return table is self.table and self._now() == self.state
 
 
 class GradientsParams:

@@ -8,6 +8,7 @@ loop and a compiled step apply bit-for-bit the same formulas.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import attrgetter
 
 import numpy as np
 
@@ -18,10 +19,29 @@ from .backend import to_host
 from .params import param_table, param_values
 
 
-def hyper_inputs(opt, dtype: str) -> list[np.generic]:
-    """The `lr` and `step` arguments of a lowered update, as numpy scalars."""
-    scalar = numpy_dtype(dtype).type
+def hyper_inputs(opt, dtype: str | None = None) -> list:
+    """The `lr` and `step` arguments of a lowered update: numpy scalars of `dtype`, or
+    without one Python floats, which every backend casts to the graph's dtype as it binds
+    them (the cpu backend straight into its scalar buffers: no numpy scalar per step)."""
+    scalar = float if dtype is None else numpy_dtype(dtype).type
     return [scalar(opt.lr), scalar(opt.step_count + 1)]
+
+
+class SettingsWatch:
+    """Says cheaply whether an optimizer's settings (what `options()`, hence a compiled
+    update, is made of) may have changed since the watch was made: the same optimizer with
+    the same attributes, but for the two a step changes (`state`, `step_count`); read in
+    one call and compared, identity first, on every step."""
+
+    def __init__(self, opt):
+        self.opt = opt
+        names = [k for k in vars(opt) if k not in ("state", "step_count")]
+        self.count = len(vars(opt))
+        self.read = attrgetter(*names)
+        self.values = self.read(opt)
+
+    def unchanged(self, opt) -> bool:
+        return opt is self.opt and len(vars(opt)) == self.count and self.read(opt) == self.values
 
 
 @dataclass(frozen=True)

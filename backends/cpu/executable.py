@@ -64,6 +64,7 @@ class Executable:
                 cache.store(k, self._jit.object_code)
         self.timings.update(self._jit.timings)
         self.slots, self.outputs = self.plan.slots, self.plan.outputs
+        self._n_args = len(graph.args)
         self._entry = self._jit.function(ENTRY, None, ctypes.c_void_p)
         fresh = {i for i, _ in self.outputs if self.slots[i].kind == "temp"}
         self._fresh = sorted(fresh)
@@ -72,9 +73,11 @@ class Executable:
         self._ptrs = (ctypes.c_void_p * max(len(self.slots), 1))(
             *[a.ctypes.data if a is not None else None for a in self._arrays])
         bound = [(i, s) for i, s in enumerate(self.slots) if s.kind in ("arg", "param")]
-        # scalar inputs (a learning rate, a step count) go into buffers of their own
-        self._scalars = [(s.key, self._scalar_buffer(i, s), numpy_dtype(s.type.dtype),
-                          s.type, self._describe(s)) for i, s in bound
+        # scalar inputs (a learning rate, a step count) go into buffers of their own; each
+        # with the Python and numpy types it takes as they are
+        self._scalars = [(s.key, self._scalar_buffer(i, s),
+                          _SCALARS.get(numpy_dtype(s.type.dtype).kind, ()),
+                          numpy_dtype(s.type.dtype), s.type, self._describe(s)) for i, s in bound
                          if s.kind == "arg" and s.type.shape == ()]
         self._tensors = [(i, s.kind == "arg", s.key, numpy_dtype(s.type.dtype), s.type.shape,
                           s.type, self._describe(s)) for i, s in bound
@@ -89,9 +92,9 @@ class Executable:
                                   own))
         # id -> pool entry (array, owner, address) of every pooled result: a training step
         # binds them as its next params, and their address is known already (the entry is
-        # shared with the pool, so the refcounts _recycled reads stay as they were)
+        # shared with the pool, so the refcounts _run reads to recycle them stay as they were)
         self._pooled: dict[int, tuple] = {}
-        self._pool: dict[int, list] = {}  # returned results, recycled when released
+        self._pools = [(i, []) for i in self._fresh]  # (slot, its returned results' entries)
         self._status = None
         if self.plan.checked:
             addr = self._jit.engine.get_global_value_address("ember_status")
@@ -163,23 +166,17 @@ class Executable:
             self._module = emit(self.plan, self.graph.name)
         return str(self._module)
 
-    def _recycled(self, i: int) -> tuple[np.ndarray, int]:
-        """A buffer for returned result `i`: one this executable returned before and that
-        nobody references any more (a training step's previous parameters, once the
-        runtime replaced them), else a new one. Reusing it skips the page faults of
-        fresh memory, which cost ~0.1 ms per step for a few MB of parameters."""
-        pool = self._pool.setdefault(i, [])
-        for entry in pool:
-            # free when only the pool refers to the array and to its memory (any view a
-            # caller kept refers to the owning buffer `entry[1]`, numpy collapses bases)
-            if sys.getrefcount(entry[0]) <= _FREE_ARRAY and \
-                    sys.getrefcount(entry[1]) <= _FREE_OWNER:
-                return entry[0], entry[2]
+    def _new_result(self, i: int, pool: list) -> tuple:
+        """A new buffer for returned result `i`, kept in its `pool` (up to 3) to be recycled:
+        `_run` hands out a pooled buffer again once nobody references it (a training step's
+        previous parameters, once the runtime replaced them), which skips the page faults of
+        fresh memory (~0.1 ms per step for a few MB of parameters)."""
         a, addr = aligned_empty(self.slots[i].type)
+        entry = (a, a.base, addr)
         if len(pool) < 3:
-            pool.append(entry := (a, a.base, addr))
+            pool.append(entry)
             self._pooled[id(a)] = entry
-        return a, addr
+        return entry
 
     def _raise_status(self) -> None:
         code, self._status.value = self._status.value, 0
@@ -255,7 +252,7 @@ class Executable:
                    arrays[i].reshape(shape) if own else
                    (arrays[i] if shape is None else arrays[i].reshape(shape)).copy()
                    for i, shape, own in self._results]
-        for k, target in (out or {}).items():
+        for k, target in out.items() if out else ():
             if results[k].ctypes.data != target.ctypes.data:
                 np.copyto(target.reshape(results[k].shape), results[k])
             results[k] = target.reshape(results[k].shape)
@@ -278,37 +275,46 @@ class Executable:
     def _run(self, inputs, params, into: dict | None = None) -> list:
         """Bind and run: every slot's array (inputs as converted, results) of this call;
         `into` gives some results' slots the caller's arrays."""
-        if len(inputs) != len(self.graph.args):
-            raise ValueError(f"graph @{self.graph.name} takes {len(self.graph.args)} inputs, "
+        if len(inputs) != self._n_args:
+            raise ValueError(f"graph @{self.graph.name} takes {self._n_args} inputs, "
                              f"got {len(inputs)}")
         arrays = self._arrays.copy()
-        pooled = self._pooled
+        pooled, getrefcount = self._pooled, sys.getrefcount
         with self._lock:
             table = self._ptrs
-            for key, buf, dtype, t, what in self._scalars:
+            for key, buf, takes, dtype, t, what in self._scalars:
                 x = inputs[key]
-                if type(x) not in _SCALARS.get(dtype.kind, ()):
-                    x = as_input(x, t, dtype, what)
-                buf[()] = x
+                buf[()] = x if type(x) in takes else as_input(x, t, dtype, what)
             for i, is_arg, key, dtype, shape, t, what in self._tensors:
-                if is_arg:
-                    x = inputs[key]
-                else:
-                    x = params.get(key) if params else None
-                    if x is None:
-                        raise KeyError(f"no value for param {what}")
-                if not (type(x) is np.ndarray and x.dtype is dtype and x.shape == shape
-                        and x.flags.c_contiguous):
-                    x = as_input(x, t, dtype, what)
-                arrays[i] = x
+                x = inputs[key] if is_arg else params.get(key) if params else None
+                # an array this executable returned (the pool keeps it alive, so its id is
+                # its own): C-contiguous and aligned, its address known
                 known = pooled.get(id(x))
-                table[i] = known[-1] if known is not None and known[0] is x else _address(x)
-            for i in self._fresh:
+                if known is not None and x.dtype is dtype and x.shape == shape:
+                    table[i] = known[2]
+                else:
+                    if x is None and not is_arg:
+                        raise KeyError(f"no value for param {what}")
+                    if not (type(x) is np.ndarray and x.dtype is dtype and x.shape == shape
+                            and x.flags.c_contiguous):
+                        x = as_input(x, t, dtype, what)
+                    table[i] = _address(x)
+                arrays[i] = x
+            for i, pool in self._pools:
                 if into and i in into:
                     arrays[i] = into[i]
                     table[i] = into[i].ctypes.data
+                    continue
+                for entry in pool:
+                    # free when only the pool refers to the array and to its memory (a view
+                    # a caller kept refers to the owning buffer `entry[1]`: numpy collapses
+                    # bases)
+                    if getrefcount(entry[0]) <= _FREE_ARRAY and \
+                            getrefcount(entry[1]) <= _FREE_OWNER:
+                        break
                 else:
-                    arrays[i], table[i] = self._recycled(i)
+                    entry = self._new_result(i, pool)
+                arrays[i], table[i] = entry[0], entry[2]
             self._entry(table)
             self.native_calls += 1
             if self._status is not None and self._status.value:
