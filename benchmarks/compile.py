@@ -42,7 +42,7 @@ def ember_row(layers: int) -> dict:
     from ember import optim
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from dp import Gpt, lm_loss
+    from gpt import Gpt, lm_loss
 
     em.seed(0)
     model = Gpt(vocab=VOCAB, n_embd=N_EMBD, n_head=N_HEAD, n_layer=layers, block=T)
@@ -62,10 +62,13 @@ def ember_row(layers: int) -> dict:
 def torch_row(layers: int) -> dict:
     """torch.compile's first training step of the same GPT, less one eager step."""
     import torch
+    from gpt import Gpt, torch_twin
 
-    torch.manual_seed(0)
+    import ember as em
+
     torch.set_num_threads(os.cpu_count() or 1)
-    model = _torch_gpt(torch, layers)
+    em.seed(0)
+    model = torch_twin(Gpt(vocab=VOCAB, n_embd=N_EMBD, n_head=N_HEAD, n_layer=layers, block=T))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     x, y = (torch.from_numpy(a) for a in batch())
 
@@ -83,38 +86,6 @@ def torch_row(layers: int) -> dict:
     train_step(compiled)
     return {"torch_compile_s": time.perf_counter() - start - eager}
 
-
-def _torch_gpt(torch, layers: int):
-    nn = torch.nn
-
-    class Block(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.ln1, self.ln2 = nn.LayerNorm(N_EMBD), nn.LayerNorm(N_EMBD)
-            self.attn = nn.MultiheadAttention(N_EMBD, N_HEAD, batch_first=True)
-            self.fc, self.proj = nn.Linear(N_EMBD, 4 * N_EMBD), nn.Linear(4 * N_EMBD, N_EMBD)
-            self.register_buffer("mask", torch.triu(torch.ones(T, T, dtype=torch.bool), 1))
-
-        def forward(self, x):
-            h = self.ln1(x)
-            x = x + self.attn(h, h, h, attn_mask=self.mask, need_weights=False)[0]
-            return x + self.proj(nn.functional.gelu(self.fc(self.ln2(x))))
-
-    class Gpt(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.tok, self.pos = nn.Embedding(VOCAB, N_EMBD), nn.Embedding(T, N_EMBD)
-            self.blocks = nn.Sequential(*[Block() for _ in range(layers)])
-            self.norm, self.head = nn.LayerNorm(N_EMBD), nn.Linear(N_EMBD, VOCAB)
-
-        def forward(self, idx):
-            x = self.tok(idx) + self.pos(torch.arange(idx.shape[1]))
-            return self.head(self.norm(self.blocks(x)))
-
-    return Gpt()
-
-
-# -- the table -----------------------------------------------------------------------------
 
 def measure(kind: str, layers: int, cache: str | None = None) -> dict:
     """One row's measurement in a fresh process (EMBER_CACHE_DIR=cache for ember)."""
