@@ -214,6 +214,13 @@ def _reuse(st: Step, owner: list[Value]) -> list[Value]:
     return [owner[st.ins[k]] for k in same if op.operands[k].type == op.result.type]
 
 
+def _kernel_key(st: Step, index: int) -> tuple:
+    """What a kernel function's code depends on: the op as printed, whether it has scratch,
+    and for gather/scatter the step index (its out-of-range status code)."""
+    return (_op_text(st.op), st.scratch is not None,
+            index if st.op.name in INDEXED_OPS else None)
+
+
 def _op_text(op: Operation) -> str:
     """The op as printed IR (for error messages)."""
     g = Graph("failing_op", [v.type for v in op.operands])
@@ -228,12 +235,21 @@ def _op_text(op: Operation) -> str:
 
 
 def emit(p: Plan, name: str = "graph") -> ir.Module:
-    """The LLVM module of a plan: one function per kernel and the entry."""
+    """The LLVM module of a plan: one function per distinct kernel and the entry.
+
+    Steps whose ops print the same (op, attributes, operand and result types, fused body)
+    share one function, called with each step's buffers: the layers of a deep model repeat
+    their kernels, and LLVM optimizes each once (its optimize+codegen is most of a first
+    compile)."""
     mod = ir.Module(name=name)
-    fns = []
-    for st in p.steps:
+    fns, made = [], {}
+    for k, st in enumerate(p.steps):
+        key = _kernel_key(st, k)
+        if key in made:
+            fns.append(made[key])
+            continue
         try:
-            fns.append(_kernel_function(mod, st, p))
+            fns.append(made.setdefault(key, _kernel_function(mod, st, p)))
         except (UnsupportedOpError, KernelCompileError):
             raise
         except Exception as e:  # noqa: BLE001  (name the op whatever went wrong)
@@ -273,6 +289,7 @@ def _kernel_function(mod: ir.Module, st: Step, p: Plan) -> ir.Function:
     nargs = len(st.outs) + len(st.ins)
     fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [PTR] * (nargs + 1)), st.name)
     fn.linkage = "internal"
+    fn.attributes.add("noinline")  # one copy per distinct kernel, not one per call site
     for k, a in enumerate(fn.args):
         a.name = (f"out{k}" if k < len(st.outs) else f"in{k - len(st.outs)}" if k < nargs
                   else "scratch")
