@@ -192,6 +192,8 @@ STRUCTURAL = frozenset({"ember.param", "func.return"})  # initializers and graph
 _GRADIENT = "a gradient, found only in training graphs"
 NO_RULE = {  # core ops without a rule, and why an inference graph does without them
     "ember.dropout": "random; an inference trace has none (Dropout is off)",
+    "ember.allreduce": "SyncBatchNorm's training statistics; an inference trace uses the "
+                       "running ones",
     "ember.scatter_add": _GRADIENT,
     "ember.conv2d_grad_weight": _GRADIENT,
     "ember.max_pool2d_grad": _GRADIENT,
