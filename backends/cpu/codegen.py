@@ -19,6 +19,7 @@ code and only needs the plan. `emit(plan)` builds the module.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -215,10 +216,15 @@ def _reuse(st: Step, owner: list[Value]) -> list[Value]:
 
 
 def _kernel_key(st: Step, index: int) -> tuple:
-    """What a kernel function's code depends on: the op as printed, whether it has scratch,
-    and for gather/scatter the step index (its out-of-range status code)."""
-    return (_op_text(st.op), st.scratch is not None,
-            index if st.op.name in INDEXED_OPS else None)
+    """What a kernel function's code depends on: the op as printed, its values renamed in
+    order of appearance (a parsed graph keeps the names its text gave them), whether it
+    has scratch, and for gather/scatter the step index (its out-of-range status code)."""
+    names: dict[str, str] = {}
+    text = _VALUE.sub(lambda m: names.setdefault(m.group(), f"%{len(names)}"), _op_text(st.op))
+    return text, st.scratch is not None, index if st.op.name in INDEXED_OPS else None
+
+
+_VALUE = re.compile(r"%[A-Za-z0-9_$.\-]+(?:#\d+)?")
 
 
 def _op_text(op: Operation) -> str:

@@ -90,5 +90,7 @@ def seconds(make, n: int, pipeline: str, before: str) -> float:
     (training, 2000, "plan-memory", STEP + ",fuse"),
 ], ids=lambda p: p if isinstance(p, str) else None)
 def test_pass_time_grows_linearly(make, n, pipeline, before):
+    """The bound, 8, is halfway between linear (4) and quadratic (16) on a log scale: a
+    loaded CI machine moved linear passes up to 6.8; a quadratic one measures 10-190."""
     ratio = seconds(make, 4 * n, pipeline, before) / seconds(make, n, pipeline, before)
-    assert ratio <= 6.5, f"{pipeline}: 4x the ops took {ratio:.1f}x the time"
+    assert ratio <= 8, f"{pipeline}: 4x the ops took {ratio:.1f}x the time"
