@@ -192,14 +192,18 @@ class AttributeParser(Lexer):
                 return self.type()
         raise self.expected("an attribute value")
 
-    def number(self) -> int | float:
-        """`3`, `-2 : i32`, `0.5 : f64`, `1.0e-05`, `0x7FF0000000000000 : f64`."""
+    def literal(self) -> tuple[bool, Token, int | float]:
+        """A number token after an optional '-': (negated, the token, its unsigned value)."""
         neg = self.accept("-")
         tok = self.tok
         if tok.kind not in ("int", "float", "hex"):
             raise self.expected("a number")
         self.advance()
-        value = float(tok.text) if tok.kind == "float" else self.integer(tok)
+        return neg, tok, float(tok.text) if tok.kind == "float" else self.integer(tok)
+
+    def number(self) -> int | float:
+        """`3`, `-2 : i32`, `0.5 : f64`, `1.0e-05`, `0x7FF0000000000000 : f64`."""
+        neg, tok, value = self.literal()
         dtype = None
         if self.accept(":"):
             dtok = self.tok
@@ -284,12 +288,7 @@ class AttributeParser(Lexer):
             self.advance()
             return tok, tok.text == "true"
         if tok.kind in ("int", "float", "hex") or self.at("-"):
-            neg = self.accept("-")
-            num = self.tok
-            if num.kind not in ("int", "float", "hex"):
-                raise self.expected("a number")
-            self.advance()
-            value = float(num.text) if num.kind == "float" else self.integer(num)
+            neg, num, value = self.literal()
             return num, (-value if neg else value)
         raise self.expected("a dense element (a number, true or false)")
 
