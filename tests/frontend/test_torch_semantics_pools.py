@@ -40,19 +40,15 @@ def _input(shape=(2, 3, 7, 8)):
     return np.random.default_rng(0).standard_normal(shape).astype(np.float32)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("name", MAX)
-def test_max_pool2d_matches_torch(name, backend):
-    kw = MAX[name]
-    check(lambda x: F.max_pool2d(x, **kw), lambda x: TF.max_pool2d(x, **kw), _input(),
-          backend=backend)
+POOLS = {**{f"max_pool2d {name}": ("max_pool2d", kw) for name, kw in MAX.items()},
+         **{f"avg_pool2d {name}": ("avg_pool2d", kw) for name, kw in AVG.items()}}
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("name", AVG)
-def test_avg_pool2d_matches_torch(name, backend):
-    kw = AVG[name]
-    check(lambda x: F.avg_pool2d(x, **kw), lambda x: TF.avg_pool2d(x, **kw), _input(),
+@pytest.mark.parametrize("name", POOLS)
+def test_pools_match_torch(name, backend):
+    fn, kw = POOLS[name]
+    check(lambda x: getattr(F, fn)(x, **kw), lambda x: getattr(TF, fn)(x, **kw), _input(),
           backend=backend)
 
 
