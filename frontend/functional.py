@@ -4,6 +4,9 @@ Layers call these; users may too, inside `forward` or a traced loss function. Ea
 one `nn.*` or `ember.*` op where one exists, else a short composition of core ops.
 Configuration errors (a bad kernel size, an unknown padding) raise ValueError naming the
 value; shape errors raise `em.ShapeError` naming the module path and the shapes.
+
+This module holds convolutions, pools, norms, dropout, embedding and attention; the
+elementwise and row-wise ops live in ops.py and the losses in losses.py, re-exported here.
 """
 
 from __future__ import annotations
@@ -18,183 +21,36 @@ from .. import ir
 from . import context
 from .config import number, positive
 from .config import pair as _pair
+from .losses import (  # nn.functional's losses
+    binary_cross_entropy_with_logits,
+    cross_entropy,
+    mse_loss,
+    nll_loss,
+)
+from .ops import (  # and elementwise ops
+    _t,
+    add,
+    broadcast_to,
+    clamp,
+    div,
+    erf,
+    gelu,
+    leaky_relu,
+    linear,
+    log_softmax,
+    maximum,
+    minimum,
+    relu,
+    sigmoid,
+    silu,
+    softmax,
+    softplus,
+    sub,
+    tanh,
+    where,
+)
 from .param import Param
-from .tensor import Tensor, axes_list, scalar_axes
-
-
-def _t(x) -> Tensor:
-    return context.current().lift(x)
-
-
-def _axis(axis: int, x: Tensor) -> int:
-    return axes_list((axis,), x.ndim)[0]
-
-
-def relu(x) -> Tensor:
-    return _t(x).relu()
-
-
-def sigmoid(x) -> Tensor:
-    return _t(x).sigmoid()
-
-
-def tanh(x) -> Tensor:
-    return _t(x).tanh()
-
-
-def _pair_of(a, b) -> tuple[Tensor, Tensor]:
-    """Two operands of one dtype: a python scalar takes the other's (torch's promotion)."""
-    if isinstance(a, (bool, int, float)):
-        b = _t(b)
-        return context.current().lift(a, b.dtype), b
-    a = _t(a)
-    return a, context.current().lift(b, a.dtype)
-
-
-def maximum(a, b) -> Tensor:
-    """Elementwise max, broadcast; NaN if either is NaN (torch.maximum)."""
-    return context.current().op("ember.max", *_pair_of(a, b))
-
-
-def minimum(a, b) -> Tensor:
-    """Elementwise min, broadcast; NaN if either is NaN (torch.minimum)."""
-    return context.current().op("ember.min", *_pair_of(a, b))
-
-
-def add(a, b, alpha=1) -> Tensor:
-    """a + alpha * b, broadcast (torch.add's `alpha`)."""
-    a, b = _pair_of(a, b)
-    return a + (b if alpha == 1 else b * alpha)
-
-
-def sub(a, b, alpha=1) -> Tensor:
-    """a - alpha * b, broadcast (torch.sub's `alpha`)."""
-    a, b = _pair_of(a, b)
-    return a - (b if alpha == 1 else b * alpha)
-
-
-ROUNDING_MODES = (None, "trunc", "floor")
-EXACT = {"bf16": 2 ** 7, "f16": 2 ** 10, "f32": 2 ** 23, "f64": 2 ** 52}  # |x| >= these: whole
-
-
-def _trunc(q: Tensor) -> Tensor:
-    """q rounded toward zero: through i64 where |q| is below the dtype's whole numbers (so
-    huge values, inf and NaN pass as they are); no gradient, as torch's."""
-    whole = q.astype("i64").astype(q.dtype)
-    small = q.abs() < float(EXACT[q.dtype])
-    return q.trace.op("ember.select", small, whole, q, stop_gradient=True)
-
-
-def div(a, b, rounding_mode: str | None = None) -> Tensor:
-    """a / b, broadcast; `rounding_mode` "trunc" (toward zero) or "floor" rounds the
-    quotient as torch.div does, integer tensors computed in f64 (exact below 2**53)."""
-    if rounding_mode not in ROUNDING_MODES:
-        raise ValueError(f"div: rounding_mode must be None, 'trunc' or 'floor', got "
-                         f"{rounding_mode!r}")
-    a, b = _pair_of(a, b)
-    if rounding_mode is None:
-        return a / b
-    dtype = a.dtype if a.dtype in EXACT else "f64"
-    q = a.astype(dtype) / b.astype(dtype)
-    t = _trunc(q)
-    if rounding_mode == "floor":
-        t = t - (t > q).astype(dtype)
-    return t.astype(a.dtype)
-
-
-def where(condition, a, b) -> Tensor:
-    """`a` where `condition` (a comparison's result) holds, else `b`, broadcast."""
-    cond = _t(condition)
-    if cond.dtype != "i1":
-        raise cond.trace.error(f"where: the condition must be a boolean tensor (a "
-                               f"comparison), got {cond.dtype}")
-    return context.current().op("ember.select", cond, *_pair_of(a, b))
-
-
-def clamp(x, min=None, max=None) -> Tensor:  # noqa: A002  (torch.clamp's names)
-    """x limited to [min, max] (either may be None), as torch.clamp: max wins if min > max."""
-    x = _t(x)
-    if min is None and max is None:
-        raise x.trace.error("clamp: give min, max or both")
-    if min is not None:
-        x = maximum(x, min)
-    return x if max is None else minimum(x, max)
-
-
-def broadcast_to(x, shape) -> Tensor:
-    """x repeated (without copies in fused code) to `shape`, numpy's broadcasting rules."""
-    return context.current().op("ember.broadcast", _t(x), shape=[int(d) for d in shape])
-
-
-LAYOUTS = ("ember", "torch")
-
-
-def linear(x, weight, bias=None, layout: str = "ember") -> Tensor:
-    """x @ weight + bias (`nn.linear`). NOTE: ember's weight is [d_in, d_out] (burn's, y = x W),
-    the transpose of PyTorch's [d_out, d_in]; a square PyTorch weight would be used
-    transposed without any shape error, so pass `layout="torch"` for one."""
-    if layout not in LAYOUTS:
-        raise ValueError(f"linear: layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
-    t = context.current()
-    w = t.lift(weight)
-    if layout == "torch":
-        w = w.transpose(1, 0)
-    operands = [t.lift(x), w] + ([] if bias is None else [t.lift(bias)])
-    return t.op("nn.linear", *operands)
-
-
-def _along(name: str, x, axis: int, dtype) -> Tensor:
-    """`name` along `axis` of x cast to `dtype` (torch's dtype=: cast first); a 0-d x is
-    taken as one axis of size 1 (torch allows its dim 0 or -1)."""
-    x = _t(x) if dtype is None else _t(x).astype(dtype)
-    if x.ndim == 0:
-        scalar_axes(x, axis)
-        return x.trace.op(name, x.reshape(1), axis=0).reshape(())
-    return x.trace.op(name, x, axis=_axis(axis, x))
-
-
-def softmax(x, axis: int = -1, dtype=None) -> Tensor:
-    """Softmax along `axis`, computed in `dtype` when given."""
-    return _along("nn.softmax", x, axis, dtype)
-
-
-def log_softmax(x, axis: int = -1, dtype=None) -> Tensor:
-    """Log-softmax along `axis`, computed in `dtype` when given."""
-    return _along("nn.log_softmax", x, axis, dtype)
-
-
-
-# -- activations ------------------------------------------------------------------------------
-
-def leaky_relu(x, negative_slope: float = 0.01) -> Tensor:
-    x = _t(x)
-    return x.trace.op("ember.select", x > 0, x, x * negative_slope)
-
-
-def gelu(x, approximate: str = "none") -> Tensor:
-    """x * Phi(x): exact (`"none"`, with erf) or the `"tanh"` approximation (`nn.gelu`)."""
-    if approximate not in ("none", "tanh"):
-        raise ValueError(f"gelu approximate must be 'none' or 'tanh', got {approximate!r}")
-    x = _t(x)
-    return x.trace.op("nn.gelu", x, approximate=approximate)
-
-
-def silu(x) -> Tensor:
-    x = _t(x)
-    return x * x.sigmoid()
-
-
-def softplus(x, beta: float = 1.0, threshold: float = 20.0) -> Tensor:
-    """log(1 + exp(beta x)) / beta, and x where beta x > threshold, as PyTorch's: one
-    primitive (`ember.softplus`), so it stays stable where exp(beta x) overflows."""
-    x = _t(x)
-    return x.trace.op("ember.softplus", x, beta=float(beta), threshold=float(threshold))
-
-
-def erf(x) -> Tensor:
-    x = _t(x)
-    return x.trace.op("ember.erf", x)
-
+from .tensor import Tensor, axes_list
 
 # -- convolutions and pools -------------------------------------------------------------------
 
@@ -720,126 +576,6 @@ def multi_head_attention(query, key, value, num_heads: int, q_weight, k_weight, 
     y = scaled_dot_product_attention(q, k, v, causal, attn_mask=attn_mask)
     bsz, _, n, dh = y.shape
     return linear(y.transpose(0, 2, 1, 3).reshape(bsz, n, num_heads * dh), out_weight, out_bias)
-
-
-# -- losses ----------------------------------------------------------------------------
-
-def _class_last(x: Tensor) -> Tensor:
-    """[N, C, d1, ...] as [N, d1, ..., C]: the class axis where one_hot puts it, so that
-    spatial inputs are per-position classifications with no reshape of the labels."""
-    return x if x.ndim <= 2 else x.transpose(0, *range(2, x.ndim), 1)
-
-
-def _labels(scores: Tensor, labels: Tensor, what: str) -> None:
-    """Class scores [N, C, d1, ...] must have labels [N, d1, ...] (torch's spatial targets)."""
-    want = scores.shape[:1] + scores.shape[2:]
-    if scores.ndim < 2 or labels.shape != want:
-        raise scores.trace.error(f"{what}: input {list(scores.shape)} and target "
-                                 f"{list(labels.shape)} disagree (want [N, C, d1, ...] and "
-                                 "[N, d1, ...])")
-
-
-def _one_hot(labels: Tensor, num_classes: int, dtype: str) -> Tensor:
-    return labels.trace.op("ember.one_hot", labels, num_classes=num_classes, dtype=dtype)
-
-
-REDUCTIONS = ("mean", "sum", "none")
-
-
-def _reduced(losses: Tensor, reduction: str, weights: Tensor | None = None) -> Tensor:
-    """Per-sample `losses` as `reduction` asks (torch's names); with per-sample `weights`
-    the mean is the weighted mean, sum(w l) / sum(w), as torch's class weights give."""
-    if reduction not in REDUCTIONS:
-        raise ValueError(f"reduction must be one of {', '.join(REDUCTIONS)}, got {reduction!r}")
-    if weights is not None:
-        losses = losses * weights
-    if reduction == "none":
-        return losses
-    if reduction == "sum" or weights is None:
-        return losses.sum() if reduction == "sum" else losses.mean()
-    return losses.sum() / weights.sum()
-
-
-def _class_weights(weight, labels_one_hot: Tensor) -> Tensor | None:
-    """Each sample's class weight (weight[target[i]]), from a [C] tensor or array."""
-    if weight is None:
-        return None
-    w = _t(weight)
-    c = labels_one_hot.shape[-1]
-    if w.shape != (c,):
-        raise w.trace.error(f"weight must have one value per class, [{c}], got {list(w.shape)}")
-    return (labels_one_hot * w).sum(-1)
-
-
-def _sample_weights(labels: Tensor, hot: Tensor, weight, ignore_index: int) -> Tensor:
-    """Per-sample weights: the class weight of each label, times 0 where the label is
-    `ignore_index` (torch's: an ignored sample counts neither in the sum nor in the mean;
-    the runtime's label check lets that value through)."""
-    weights = _class_weights(weight, hot)
-    keep = (labels != ignore_index).astype(hot.dtype)
-    return keep if weights is None else weights * keep
-
-
-def cross_entropy(logits, target, label_smoothing: float = 0.0, weight=None,
-                  reduction: str = "mean", ignore_index: int = -100) -> Tensor:
-    """Cross-entropy of logits [N, C, d1, ...] against integer labels [N, d1, ...] or class
-    probabilities shaped as the logits, with PyTorch's label smoothing, class `weight` [C],
-    `ignore_index` (integer labels) and `reduction` ("mean", "sum", "none")."""
-    logits, target = _t(logits), _t(target)
-    if not 0.0 <= label_smoothing <= 1.0:
-        raise ValueError(f"label_smoothing must be in [0, 1], got {label_smoothing!r}")
-    integer = target.dtype in ("i32", "i64")
-    weights = None
-    if integer:
-        _labels(logits, target, "cross_entropy")
-        c = logits.shape[1]
-        if logits.ndim == 2 and label_smoothing == 0 and weight is None and reduction == "mean":
-            return logits.trace.op("nn.cross_entropy", logits, target, ignore_index=ignore_index)
-        labels, target = target, _one_hot(target, c, logits.dtype)
-        weights = _sample_weights(labels, target, weight, ignore_index)
-    elif target.shape != logits.shape or logits.ndim < 2:
-        raise logits.trace.error(f"cross_entropy: logits {list(logits.shape)} and target "
-                                 f"probabilities {list(target.shape)} disagree (want both "
-                                 "[N, C, d1, ...])")
-    else:
-        target = _class_last(target)
-    if weight is not None and (not integer or label_smoothing):
-        raise logits.trace.error("cross_entropy: weight= is supported for integer labels "
-                                 "without label smoothing")
-    if label_smoothing:
-        target = target * (1.0 - label_smoothing) + label_smoothing / logits.shape[1]
-    logp = log_softmax(_class_last(logits), -1)
-    return _reduced(-(target * logp).sum(-1), reduction, weights)
-
-
-def nll_loss(log_probs, target, weight=None, reduction: str = "mean",
-             ignore_index: int = -100) -> Tensor:
-    """-log_probs[i, target[i]] over log-probabilities [N, C, d1, ...] and labels
-    [N, d1, ...], with class `weight` [C], `ignore_index` and `reduction` as torch's."""
-    log_probs, target = _t(log_probs), _t(target)
-    _labels(log_probs, target, "nll_loss")
-    hot = _one_hot(target, log_probs.shape[1], log_probs.dtype)
-    losses = -(hot * _class_last(log_probs)).sum(-1)
-    return _reduced(losses, reduction, _sample_weights(target, hot, weight, ignore_index))
-
-
-def mse_loss(a, b, reduction: str = "mean") -> Tensor:
-    """The squared difference, reduced as torch's `reduction` says."""
-    d = _t(a) - _t(b)
-    return _reduced(d * d, reduction)
-
-
-def binary_cross_entropy_with_logits(logits, target, pos_weight=None,
-                                     reduction: str = "mean") -> Tensor:
-    """max(x, 0) - x*t + log(1 + exp(-|x|)), stable for any logit; with `pos_weight` (per
-    class, broadcast over the last axis) the positive term is weighted, as torch's:
-    (1 - t) x + (1 + (pos_weight - 1) t) softplus(-x)."""
-    x, y = _t(logits), _t(target)
-    if pos_weight is None:
-        return _reduced(x.relu() - x * y + (1.0 + (-x.abs()).exp()).log(), reduction)
-    log_weight = (_t(pos_weight) - 1.0) * y + 1.0
-    return _reduced((1.0 - y) * x + log_weight * softplus(-x), reduction)
-
 
 __all__ = ["adaptive_avg_pool2d", "add", "avg_pool2d", "batch_norm",
            "binary_cross_entropy_with_logits", "broadcast_to", "clamp", "conv1d", "conv2d",

@@ -30,11 +30,12 @@ import numpy as np
 from ..backends.input_checks import InputCheckError
 from ..frontend.module import Module
 from ..frontend.trace import ShapeError, TensorSpec, trace_function
-from ..ir import Graph, Operation
+from ..ir import Graph
 from ..ir.printer import print_graph, strip_locations
 from . import stage_cache
 from .backend import DEVICE_BACKENDS, get_backend, to_host
 from .debug import AnomalyError, ExecutionError, describe, find_anomaly, locate_error
+from .inputs import batch_sizes_agree, check_labels, finite_inputs, label_inputs
 from .params import GradientsParams, ParamTable, StateWatch, param_values, state_key
 from .pipeline import Stages, grad_pipeline, inference_pipeline, training_pipeline
 from .profile_trace import write_trace
@@ -111,41 +112,6 @@ class _LastKey:
     def holds(self, shapes: tuple, table: dict) -> bool:
         return (shapes == self.shapes and self.state.unchanged(table)
                 and self.settings_unchanged())
-
-
-def _label_inputs(graph: Graph) -> tuple:
-    """Class labels that come straight from an input, with their number of classes (and
-    the ignore_index the loss skips, if any): checked before each run, since an
-    out-of-range label would otherwise drop out of the loss."""
-    args = {a: i for i, a in enumerate(graph.args)}
-    found = dict.fromkeys(label for op in graph.ops
-                          if (label := _label_of(op)) is not None and label[0] in args)
-    return tuple((args[value], *rest) for value, *rest in found)
-
-
-def _label_of(op: Operation) -> tuple | None:
-    """(labels value, number of classes[, ignored label]) of an op that takes class labels,
-    else None."""
-    if op.name == "nn.cross_entropy":
-        ignore = op.attributes.get("ignore_index")
-        return (op.operands[1], op.operands[0].type.shape[-1],
-                *(() if ignore is None else (ignore,)))
-    if op.name == "ember.one_hot":  # cross_entropy with weights or smoothing, nll_loss
-        labels = op.operands[0]
-        return labels, op.attributes["num_classes"], *_compared_away(labels)
-    return None
-
-
-def _compared_away(labels) -> tuple:
-    """(v,) when the graph tests `labels != v` for a constant v (a loss's ignore_index,
-    which masks those rows out), else ()."""
-    for op, _ in labels.uses:
-        if op.name == "ember.cmp" and op.attributes["predicate"] == "ne":
-            other = op.operands[1] if op.operands[0] is labels else op.operands[0]
-            if other.op is not None and other.op.name == "ember.constant" \
-                    and other.type.shape == ():
-                return (int(other.op.attributes["value"]),)
-    return ()
 
 
 class Compiled:
@@ -238,7 +204,7 @@ class Compiled:
     def _compile(self, specs: tuple) -> Entry:
         start = time.perf_counter()
         graph = self._trace(specs)
-        labels = _label_inputs(graph)
+        labels = label_inputs(graph)
         if labels:  # checked natively where the backend can (cpu), else by check_inputs
             graph.attributes["ember.label_args"] = [list(label) for label in labels]
         stages = stage_cache.stages(graph, self.pipeline(), self.backend_name)
@@ -253,16 +219,7 @@ class Compiled:
 
     def check_inputs(self, entry: Entry, inputs: tuple) -> None:
         """Clear errors for what would otherwise fail deep inside, or silently."""
-        for i, c, *ignore in entry.labels:
-            y = np.asarray(inputs[i])
-            out = (y < 0) | (y >= c)
-            if ignore:
-                out &= y != ignore[0]
-            if out.any():
-                bad = np.unique(y[out])[:5].tolist()
-                skipped = f" or {ignore[0]} (ignore_index)" if ignore else ""
-                raise ValueError(f"labels out of range: input {i} has values {bad} outside "
-                                 f"[0, {c}){skipped} (the model's output has {c} classes)")
+        check_labels(entry.labels, inputs)
 
     def arguments(self, entry: Entry, inputs: tuple) -> list:
         """The graph's arguments: the inputs, with the rng counter at `ember.rng`."""
@@ -436,24 +393,6 @@ def _shape_and_dtype(x) -> tuple:
     return np.shape(x), np.asarray(x).dtype if dtype is None else dtype
 
 
-def _batch_sizes_agree(inputs: tuple) -> None:
-    rows = [np.shape(x)[0] if np.ndim(x) else None for x in inputs]
-    if len({r for r in rows if r is not None}) > 1:
-        names = ["x"] + [f"y{'' if i == 1 else i}" for i in range(1, len(rows))]
-        listed = ", ".join(f"{n} has {r}" for n, r in zip(names, rows) if r is not None)
-        raise ValueError(f"inputs disagree on the batch size (rows): {listed}")
-
-
-def _finite_inputs(inputs: tuple) -> None:
-    for i, x in enumerate(inputs):
-        x = np.asarray(x)
-        if x.dtype.kind == "f" and not np.isfinite(x).all():
-            rows = np.unique(np.nonzero(~np.isfinite(x))[0])[:5].tolist() if x.ndim else []
-            raise ValueError(f"input {i} contains NaN or Inf"
-                             + (f" (rows {rows}{', ...' if len(rows) == 5 else ''})"
-                                if rows else ""))
-
-
 class CompiledFunction(Compiled):
     """`em.compile(model, *specs)`: the model's forward, numpy in, numpy out."""
 
@@ -496,11 +435,11 @@ class _Training(Compiled):
         return graph
 
     def check_inputs(self, entry: Entry, inputs: tuple) -> None:
-        _finite_inputs(inputs)  # batch sizes were checked by entry()
+        finite_inputs(inputs)  # batch sizes were checked by entry()
         super().check_inputs(entry, inputs)
 
     def check_new_inputs(self, inputs: tuple) -> None:
-        _batch_sizes_agree(inputs)  # before tracing, so the error is this one
+        batch_sizes_agree(inputs)  # before tracing, so the error is this one
 
     def settings(self) -> list[str]:
         strategy = getattr(self, "checkpoint", "none")  # set by each subclass

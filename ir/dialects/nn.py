@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..opdef import InferenceError, OpDef, fmt_shape, normalize_axes, register, same_dtype
 from ..types import TensorType
-from .ember import Conv2d as CoreConv2d
+from .ember_windows import Conv2d as CoreConv2d
 
 
 @register

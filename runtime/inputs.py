@@ -1,0 +1,79 @@
+"""The checks the runtime runs on a compiled function's inputs in Python: which inputs
+are class labels (and what range, and ignore_index, they must keep to), batch sizes that
+agree, float inputs without NaN/Inf. A backend that compiles the checks in (cpu) runs
+them natively; these give the detailed message.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..ir import Graph, Operation
+
+
+def label_inputs(graph: Graph) -> tuple:
+    """Class labels that come straight from an input, with their number of classes (and
+    the ignore_index the loss skips, if any): checked before each run, since an
+    out-of-range label would otherwise drop out of the loss."""
+    args = {a: i for i, a in enumerate(graph.args)}
+    found = dict.fromkeys(label for op in graph.ops
+                          if (label := _label_of(op)) is not None and label[0] in args)
+    return tuple((args[value], *rest) for value, *rest in found)
+
+
+def _label_of(op: Operation) -> tuple | None:
+    """(labels value, number of classes[, ignored label]) of an op that takes class labels,
+    else None."""
+    if op.name == "nn.cross_entropy":
+        ignore = op.attributes.get("ignore_index")
+        return (op.operands[1], op.operands[0].type.shape[-1],
+                *(() if ignore is None else (ignore,)))
+    if op.name == "ember.one_hot":  # cross_entropy with weights or smoothing, nll_loss
+        labels = op.operands[0]
+        return labels, op.attributes["num_classes"], *_compared_away(labels)
+    return None
+
+
+def _compared_away(labels) -> tuple:
+    """(v,) when the graph tests `labels != v` for a constant v (a loss's ignore_index,
+    which masks those rows out), else ()."""
+    for op, _ in labels.uses:
+        if op.name == "ember.cmp" and op.attributes["predicate"] == "ne":
+            other = op.operands[1] if op.operands[0] is labels else op.operands[0]
+            if other.op is not None and other.op.name == "ember.constant" \
+                    and other.type.shape == ():
+                return (int(other.op.attributes["value"]),)
+    return ()
+
+
+def check_labels(labels: tuple, inputs: tuple) -> None:
+    """Each (input, classes[, ignored]) of `labels` holds class ids in range: an
+    out-of-range label would otherwise drop out of the loss silently."""
+    for i, c, *ignore in labels:
+        y = np.asarray(inputs[i])
+        out = (y < 0) | (y >= c)
+        if ignore:
+            out &= y != ignore[0]
+        if out.any():
+            bad = np.unique(y[out])[:5].tolist()
+            skipped = f" or {ignore[0]} (ignore_index)" if ignore else ""
+            raise ValueError(f"labels out of range: input {i} has values {bad} outside "
+                             f"[0, {c}){skipped} (the model's output has {c} classes)")
+
+
+def batch_sizes_agree(inputs: tuple) -> None:
+    rows = [np.shape(x)[0] if np.ndim(x) else None for x in inputs]
+    if len({r for r in rows if r is not None}) > 1:
+        names = ["x"] + [f"y{'' if i == 1 else i}" for i in range(1, len(rows))]
+        listed = ", ".join(f"{n} has {r}" for n, r in zip(names, rows) if r is not None)
+        raise ValueError(f"inputs disagree on the batch size (rows): {listed}")
+
+
+def finite_inputs(inputs: tuple) -> None:
+    for i, x in enumerate(inputs):
+        x = np.asarray(x)
+        if x.dtype.kind == "f" and not np.isfinite(x).all():
+            rows = np.unique(np.nonzero(~np.isfinite(x))[0])[:5].tolist() if x.ndim else []
+            raise ValueError(f"input {i} contains NaN or Inf"
+                             + (f" (rows {rows}{', ...' if len(rows) == 5 else ''})"
+                                if rows else ""))
