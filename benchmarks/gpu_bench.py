@@ -6,6 +6,10 @@ the CNN of `ember train`, at the digits' size and at a wider size, for:
 - ember through the runtime (`em.compile_train_step(..., backend="cuda")`), if it works;
 - PyTorch CUDA eager when torch with CUDA is installed, else a cupy-written reference step.
 
+Config "attention": the fused causal attention kernels alone (kernel.attention then
+kernel.attention_grad, backends/cuda/attention.py) at batch [16, 4], T 256, D 16, against
+torch's scaled_dot_product_attention forward + backward when torch has CUDA.
+
 Run: `python benchmarks/gpu_bench.py [--steps 50]` on a machine with a GPU and cupy.
 Prints the GPU, then ms/step (mean over `steps` after warm-up, synchronized) per row.
 """
@@ -25,6 +29,7 @@ CONFIGS = {  # name: (model, model kwargs, input shape per sample, batch)
     "cnn-digits": ("cnn", {"in_shape": (1, 8, 8), "channels": 16}, (1, 8, 8), 32),
     "cnn-wide": ("cnn", {"in_shape": (3, 32, 32), "channels": 64}, (3, 32, 32), 128),
 }
+ATTENTION = ((16, 4), 256, 16)  # config "attention": batch, T, head dim
 
 
 def make_model(kind, kwargs):
@@ -219,6 +224,58 @@ def cupy_step(kind, kwargs, x, y):
     return mlp if kind == "mlp" else cnn
 
 
+# -- fused attention ---------------------------------------------------------------------------
+
+def attention_step(batch, t, d):
+    """ember's fused causal attention forward + backward as one graph (q, k, v, do -> o, dq,
+    dk, dv), on device arrays."""
+    import cupy
+
+    from ember.backends import cuda
+    from ember.backends.strides import contiguous_strides
+    from ember.ir import Builder, Graph, TensorType
+
+    shape = (*batch, t, d)
+    g = Graph("attention", [TensorType(shape, "f32")] * 4)
+    b = Builder(g.body)
+    q, k, v, do = g.args
+    m = list(contiguous_strides(shape))
+    attrs = dict(batch=list(batch), sizes=[t, t, d, d], maps=[m] * 3, causal=True,
+                 scale=d ** -0.5)
+    o, lse = b.create("kernel.attention", [q, k, v], attrs).results
+    grad_maps = [m] * 4 + [list(contiguous_strides((*batch, t))), m]
+    grads = b.create("kernel.attention_grad", [q, k, v, o, lse, do],
+                     dict(attrs, maps=grad_maps)).results
+    b.create("func.return", [o, *grads])
+    exe = cuda.compile(g)
+    rng = np.random.default_rng(0)
+    xs = [cupy.asarray(rng.standard_normal(shape).astype(np.float32)) for _ in range(4)]
+    return (lambda: exe(xs)), len(exe.program.kernels), len(exe.program.steps)
+
+
+def torch_attention_step(batch, t, d):
+    import torch
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("torch has no CUDA here")
+    q, k, v = (torch.randn(*batch, t, d, device="cuda", requires_grad=True) for _ in range(3))
+    do = torch.randn(*batch, t, d, device="cuda")
+
+    def step():
+        o = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return torch.autograd.grad(o, (q, k, v), do)
+
+    return step
+
+
+def attention_rows(have_torch):
+    """(label, make) rows of config "attention"."""
+    rows = [("ember cuda fused attention", lambda: attention_step(*ATTENTION))]
+    if have_torch:
+        rows.append(("torch sdpa fwd+bwd", lambda: (torch_attention_step(*ATTENTION),)))
+    return rows
+
+
 def implementations(kind, kwargs, x, y, have_torch):
     """(label, make) rows; make() returns (step, [kernels, steps])."""
     ref = torch_step if have_torch else cupy_step
@@ -234,7 +291,7 @@ def implementations(kind, kwargs, x, y, have_torch):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=50)
-    ap.add_argument("--configs", default=",".join(CONFIGS))
+    ap.add_argument("--configs", default=",".join([*CONFIGS, "attention"]))
     args = ap.parse_args(argv)
     from ember.backends import cuda
 
@@ -262,10 +319,13 @@ def main(argv=None) -> int:
     print(f"{'config':<12} {'implementation':<26} {'first call s':>12} {'ms/step':>9} "
           f"{'vs ember fused':>14}")
     for cfg in args.configs.split(","):
-        kind, kwargs, shape, batch = CONFIGS[cfg]
-        x, y = data(shape, batch)
+        if cfg == "attention":
+            impls = attention_rows(have_torch)
+        else:
+            kind, kwargs, shape, batch = CONFIGS[cfg]
+            impls = implementations(kind, kwargs, *data(shape, batch), have_torch)
         rows = []
-        for label, make in implementations(kind, kwargs, x, y, have_torch):
+        for label, make in impls:
             try:
                 made = make()
                 first, ms = timed(made[0], args.steps)

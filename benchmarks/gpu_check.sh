@@ -29,11 +29,11 @@ except cuda.CudaUnavailableError as e:
     print("cuda backend: NOT usable:", e)
 PY
 
-echo "== GPU tests (op parity with the interpreter, digits MLP/CNN >= 97%, dropout masks)"
+echo "== GPU tests (op parity with the interpreter, fused attention, digits MLP/CNN >= 97%, dropout masks)"
 # -rs lists every skip with its reason: on a GPU machine no GPU test may be skipped.
 timeout 210 python -m pytest -q -p no:warnings -rs -o cache_dir=/tmp/ember-pytest-cache \
   tests/backends/test_cuda_ops.py tests/backends/test_cuda_training.py \
-  tests/backends/test_cuda_codegen.py || status=1
+  tests/backends/test_cuda_codegen.py tests/backends/test_cuda_attention.py || status=1
 
 echo "== GPU benchmark (ms per training step)"
 timeout $(( 290 - (SECONDS - start) > 30 ? 290 - (SECONDS - start) : 30 )) \

@@ -27,10 +27,12 @@ from llvmlite import ir
 
 from ...ir import Graph, Operation, TensorType, Value, has_trait, numpy_dtype
 from ...ir import memory_plan as mp
+from ...ir.dialects.kernel_attention import ATTENTION_OPS
 from ...ir.printer import print_graph
 from ..errors import KernelCompileError, UnsupportedOpError
 from ..input_checks import input_checks
 from . import scalar as S
+from .attention import attention_scratch, emit_attention
 from .checks import emit_checks
 from .dropout import emit_dropout
 from .fused import emit_fused
@@ -104,7 +106,7 @@ CONV_OPS = ("ember.conv2d", "ember.conv2d_grad_input", "ember.conv2d_grad_weight
 POOL_OPS = ("ember.max_pool2d", "ember.max_pool2d_grad", "ember.avg_pool2d",
             "ember.avg_pool2d_grad")
 INDEXED_OPS = ("ember.gather", "ember.scatter_add")  # check their indices at run time
-OWN_OPS = KERNEL_OPS + CONV_OPS + POOL_OPS + INDEXED_OPS + ("ember.dropout",)
+OWN_OPS = KERNEL_OPS + CONV_OPS + POOL_OPS + INDEXED_OPS + ATTENTION_OPS + ("ember.dropout",)
 
 
 def plan(graph: Graph, threads: int | None = None) -> Plan:
@@ -147,7 +149,8 @@ def plan(graph: Graph, threads: int | None = None) -> Plan:
             short = op.name.split(".", 1)[1]
             st = Step(op, outs, [where[v] for v in orig.operands], f"k{k}_{short}")
             n = (scratch_bytes(op, out.isa, out.threads) if op.name == "kernel.matmul" else
-                 conv_scratch(op, out.isa, out.threads) if op.name in CONV_OPS else 0)
+                 conv_scratch(op, out.isa, out.threads) if op.name in CONV_OPS else
+                 attention_scratch(op, out.isa, out.threads) if op.name in ATTENTION_OPS else 0)
             if n:
                 st.scratch = len(out.slots)
                 out.slots.append(Slot("scratch", TensorType((n,), "i1"), key=n))
@@ -309,6 +312,8 @@ def _kernel_function(mod: ir.Module, st: Step, p: Plan) -> ir.Function:
         emit_matmul(b, op, list(outs), list(ins), scratch, p.isa, p.threads, st.name)
     elif op.name in CONV_OPS:
         emit_conv(b, op, list(outs), list(ins), scratch, p.isa, p.threads, st.name)
+    elif op.name in ATTENTION_OPS:
+        emit_attention(b, op, list(outs), list(ins), scratch, p.isa, p.threads, st.name)
     elif op.name in POOL_OPS:
         emit_pool(b, op, list(outs), list(ins), st.name)
     elif op.name in INDEXED_OPS:

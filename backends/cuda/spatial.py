@@ -1,5 +1,6 @@
 """Ops with their own cuda kernels: one-hot, dropout, gather and scatter_add, the
-convolutions and the pools (the window kernel bodies are in conv.py).
+convolutions and the pools (the window kernel bodies are in conv.py), and fused attention
+(attention.py).
 
 Each lowering takes the graph's `codegen.Lowering` in progress and one op, and adds the
 op's slots and steps: conv2d and its gradients are im2col / col2im kernels around cuBLAS
@@ -16,6 +17,7 @@ from ..errors import UnsupportedOpError
 from ..strides import contiguous_strides
 from . import conv as C
 from . import launch as L
+from .attention import LOWERINGS as ATTENTION
 from .program import HostAllReduce, Memset, View
 from .scalar import ctype, dropout, literal
 from .templates import Extra, Operand, coordinate, map_kernel, out_operands, transpose_kernel
@@ -214,4 +216,5 @@ LOWERINGS = {
     "ember.avg_pool2d": _pool,
     "ember.max_pool2d_grad": _pool,
     "ember.avg_pool2d_grad": _pool,
+    **ATTENTION,  # kernel.attention, kernel.attention_grad
 }

@@ -13,6 +13,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from ...ir import Operation, numpy_dtype
+from ...ir.dialects.kernel_attention import logical_shapes
 from . import rng
 from .reference import KERNELS
 
@@ -106,4 +107,38 @@ def matmul(op: Operation, *args: np.ndarray) -> list[np.ndarray]:
                  [m[:-1] for m in at["out_maps"]])
 
 
-FUSED = {"kernel.fused": fused, "kernel.matmul": matmul}
+def _attention_views(op: Operation, names, args) -> list[np.ndarray]:
+    shapes = logical_shapes(op.attributes)
+    return [view(x, shapes[n], m).astype(np.float64)
+            for n, x, m in zip(names, args, op.attributes["maps"])]
+
+
+def _scores(a: dict, q: np.ndarray, k: np.ndarray) -> np.ndarray:
+    s = q @ np.swapaxes(k, -1, -2) * a["scale"]
+    if a["causal"]:
+        tq, tk = s.shape[-2:]
+        s = np.where(np.arange(tk) > np.arange(tq)[:, None], -np.inf, s)
+    return s
+
+
+def attention(op: Operation, *args: np.ndarray) -> list[np.ndarray]:
+    """o = softmax(s) v and lse = logsumexp(s) per row, in float64."""
+    q, k, v = _attention_views(op, ("q", "k", "v"), args)
+    s = _scores(op.attributes, q, k)
+    m = s.max(axis=-1, keepdims=True)
+    lse = m + np.log(np.exp(s - m).sum(axis=-1, keepdims=True))
+    return [np.exp(s - lse) @ v, lse[..., 0]]
+
+
+def attention_grad(op: Operation, *args: np.ndarray) -> list[np.ndarray]:
+    """dq, dk, dv of o = softmax(s) v, from p = exp(s - lse) rebuilt, in float64."""
+    a = op.attributes
+    q, k, v, o, lse, do = _attention_views(op, ("q", "k", "v", "o", "lse", "do"), args)
+    p = np.exp(_scores(a, q, k) - lse[..., None])
+    dp = do @ np.swapaxes(v, -1, -2)
+    ds = p * (dp - (do * o).sum(axis=-1, keepdims=True)) * a["scale"]
+    return [ds @ k, np.swapaxes(ds, -1, -2) @ q, np.swapaxes(p, -1, -2) @ do]
+
+
+FUSED = {"kernel.fused": fused, "kernel.matmul": matmul, "kernel.attention": attention,
+         "kernel.attention_grad": attention_grad}

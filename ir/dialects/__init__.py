@@ -1,3 +1,3 @@
 """Op definitions, one module per dialect; importing this package registers them all."""
 
-from . import ember, ember_windows, func, kernel, nn  # noqa: F401
+from . import ember, ember_windows, func, kernel, kernel_attention, nn  # noqa: F401

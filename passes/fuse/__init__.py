@@ -39,6 +39,7 @@ from typing import ClassVar
 from ...ir import Graph
 from ...ir.memory_plan import forward_ops
 from ..manager import Pass, register_pass
+from .attention import AttentionFuser
 from .building import emit
 from .grouping import Grouper, duplicate_views
 
@@ -46,13 +47,17 @@ from .grouping import Grouper, duplicate_views
 @register_pass
 @dataclass(frozen=True)
 class Fuse(Pass):
-    """Options: `epilogues` (fuse matmul consumers), `reductions` (fuse reductions)."""
+    """Options: `epilogues` (fuse matmul consumers), `reductions` (fuse reductions),
+    `attention` (softmax(q k^T) v and its backward as kernel.attention, attention.py)."""
 
     name: ClassVar[str] = "fuse"
     epilogues: bool = True
     reductions: bool = True
+    attention: bool = True
 
     def apply(self, graph: Graph) -> Graph:
+        if self.attention:
+            AttentionFuser(graph.body).run()
         duplicate_views(graph.body)
         groups = Grouper(graph.body, forward_ops(graph), self.epilogues, self.reductions).run()
         emit(graph.body, groups)

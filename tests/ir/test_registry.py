@@ -11,6 +11,7 @@ from ember.backends.interpreter import FUSED, KERNELS
 from ember.ir import OPS, Builder, Graph, InferenceError, TensorType, verify
 from ember.ir.dialects.kernel import body
 from ember.ir.opdef import ops_with
+from ember.passes.autodiff import Autodiff
 from ember.passes.autodiff.rules import NO_RULE, RULES
 from ember.passes.decompose import Decompose
 from ember.passes.fuse import Fuse
@@ -56,11 +57,23 @@ def test_every_op_is_lowered_by_cpu_and_cuda(name):
     lowered(example(name))
 
 
+def attention_backward() -> Graph:
+    """The gradient of an attention with respect to q, k and v: what fuses to
+    kernel.attention_grad (no single-op example differentiates)."""
+    g = Graph("f")
+    b = Builder(g.body)
+    qkv = [b.create("ember.param", [], {"id": n, "path": n},
+                    result_types=[TensorType((2, 4, 3), "f32")]).result for n in "qkv"]
+    o = b.op("nn.attention", *qkv, causal=True, scale=0.5)
+    b.create("func.return", [b.op("ember.reduce_sum", o, axes=[0, 1, 2], keepdims=False)])
+    return verify(Decompose().apply(verify(Autodiff().apply(g))))
+
+
 def test_fused_examples_reach_every_kernel_op():
     """So the lowering test above covers the kernel dialect too."""
     seen = set()
-    for name in OURS:
-        for op in lowered(example(name)).ops:
+    for graph in [*map(example, OURS), attention_backward()]:
+        for op in lowered(graph).ops:
             seen |= {op.name} | {s.name for s in (body(op) if op.regions else [])}
     assert not {n for n in OPS if n.startswith("kernel.")} - seen
 
