@@ -1,0 +1,141 @@
+"""How benchmarks/run.py times things and describes the machine: medians of repetitions,
+interleaved blocks (every contender sees the same drift of a shared VM), the FMA peak
+measured rather than read from /proc/cpuinfo, and numpy's BLAS."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import time
+from pathlib import Path
+
+REPEAT = 7  # repetitions of each timing (`--quick`: 3)
+SETTLE = 0.2  # s: OpenBLAS's threads spin for tens of ms after a call, ember's for ~40 us
+
+
+def median_time(fn, number: int, repeat: int | None = None) -> float:
+    """Median seconds per call of `fn` over `repeat` blocks of `number` calls, after the
+    threads of whatever ran before (OpenBLAS's, ember's pool) have gone back to sleep."""
+    time.sleep(SETTLE)
+    fn()
+    times = []
+    for _ in range(repeat or REPEAT):
+        t = time.perf_counter()
+        for _ in range(number):
+            fn()
+        times.append((time.perf_counter() - t) / number)
+    return statistics.median(times)
+
+
+def calls_for(seconds_each: float, budget: float = 0.05) -> int:
+    return max(1, int(budget / max(seconds_each, 1e-7)))
+
+
+# -- machine -----------------------------------------------------------------------------------
+
+FMA_UNITS = {"znver5": (2, 512), "znver4": (2, 256), "znver3": (2, 256), "znver2": (2, 256),
+             "skylake-avx512": (2, 512), "cascadelake": (2, 512), "icelake-server": (2, 512),
+             "sapphirerapids": (2, 512), "haswell": (2, 256), "skylake": (2, 256)}
+
+
+def fma_throughput() -> float:
+    """FLOP/s of one core running independent vector FMAs (no memory): the core's peak,
+    which is lanes x FMA units x 2 x the clock it really runs at."""
+    import ctypes
+
+    from llvmlite import ir
+
+    from ember.backends.cpu import scalar as S
+    from ember.backends.cpu.host import host_isa
+    from ember.backends.cpu.jit import JitModule
+
+    lanes = host_isa().bits // 32
+    vt = ir.VectorType(ir.FloatType(), lanes)
+    mod = ir.Module("peak")
+    fn = ir.Function(mod, ir.FunctionType(ir.FloatType(), [S.I64]), "spin")
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    fma = S.declare(mod, f"llvm.fma.v{lanes}f32", vt, [vt, vt, vt])
+    pre, body, done = b.block, fn.append_basic_block("body"), fn.append_basic_block("done")
+    b.branch(body)
+    b.position_at_end(body)
+    k = b.phi(S.I64)
+    k.add_incoming(S.i64(0), pre)
+    one = ir.Constant(vt, [ir.Constant(ir.FloatType(), 1.0000001)] * lanes)
+    accs = [b.phi(vt) for _ in range(12)]
+    for a in accs:
+        a.add_incoming(ir.Constant(vt, [ir.Constant(ir.FloatType(), 0.5)] * lanes), pre)
+    new = accs
+    for _ in range(8):
+        new = [b.call(fma, [x, one, one]) for x in new]
+    for a, v in zip(accs, new):
+        a.add_incoming(v, b.block)
+    k2 = b.add(k, S.i64(1))
+    k.add_incoming(k2, b.block)
+    b.cbranch(b.icmp_signed("<", k2, fn.args[0]), body, done)
+    b.position_at_end(done)
+    total = new[0]
+    for x in new[1:]:
+        total = b.fadd(total, x)
+    b.ret(b.extract_element(total, S.i64(0)))
+    jm = JitModule(mod)
+    f = jm.function("spin", ctypes.c_float, ctypes.c_int64)
+    n = 1_000_000
+    best = min(median_time(lambda: f(n), 1, 1) for _ in range(5))
+    return n * 8 * 12 * lanes * 2 / best
+
+
+def machine() -> dict:
+    from ember.backends.cpu import blas, host
+
+    cpu = host.host_cpu()
+    isa = host.host_isa()
+    units, width = FMA_UNITS.get(cpu, (2, isa.bits))
+    mhz = 0.0
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+        mhz = max(float(line.split(":")[1]) for line in text.splitlines()
+                  if line.startswith("cpu MHz"))
+        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+        for line in out.splitlines():
+            if line.startswith("CPU max MHz"):
+                mhz = max(mhz, float(line.split(":")[1]))
+    except (OSError, ValueError):
+        pass
+    cores = host.num_threads()
+    core = fma_throughput()
+    clock = core / (units * (width // 32) * 2)
+    b = blas.find()
+    return {"cpu": cpu, "vector_bits": isa.bits, "fma": f"{units}x{width}-bit",
+            "mhz": mhz, "clock_mhz": clock / 1e6, "cores": cores,
+            "peak_gflops": core * cores / 1e9, "blas": b.path if b else None,
+            "env": {k: v for k, v in os.environ.items() if k.startswith("OPENBLAS")}}
+
+
+def blas_info() -> str:
+    try:
+        from threadpoolctl import threadpool_info
+    except ImportError:
+        return "threadpoolctl not installed"
+    return ", ".join(f"{i['internal_api']} {i.get('version')} {i.get('architecture')} "
+                     f"threads={i['num_threads']}" for i in threadpool_info()
+                     if i.get("user_api") == "blas")
+
+
+# -- graphs ------------------------------------------------------------------------------------
+
+def interleaved(fns: dict, number: int, rounds: int | None = None) -> dict:
+    """Median seconds per call of each function, timed in alternating blocks of `number`
+    calls, in an order rotated every round: on a machine whose speed drifts (a shared VM)
+    every contender sees the same drift, so the ratios hold when absolute times move."""
+    times: dict = {k: [] for k in fns}
+    order = list(fns)
+    for r in range(rounds or REPEAT):
+        for k in order[r % len(order):] + order[:r % len(order)]:  # rotated each round
+            fn = fns[k]
+            time.sleep(SETTLE)  # the last contender's spinning pool threads go to sleep
+            t = time.perf_counter()
+            for _ in range(number):
+                fn()
+            times[k].append((time.perf_counter() - t) / number)
+    return {k: statistics.median(v) for k, v in times.items()}
