@@ -8,6 +8,10 @@ is used; a damaged entry is deleted, so the rebuilt one replaces it. Entries are
 with `write_atomically` (fsync, rename), so neither a crash nor a concurrent reader sees
 half a file; past `max_entries` files the oldest quarter goes, and temp files of writers
 killed mid-write are swept. A read-only or full disk only costs the next process a rebuild.
+
+`vouching` is how one cache speaks for a graph to the next: the stage cache names the final
+graph it hands a backend by its entry's digest, so the CPU backend keys its object code by
+that instead of printing the graph again, and skips verifying what the passes verified.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import contextlib
 import hashlib
 import struct
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -108,3 +113,27 @@ def _sweep_orphans(directory: Path) -> None:
         with contextlib.suppress(OSError):
             if t.stat().st_mtime < old:
                 t.unlink()
+
+
+_VOUCHED: dict[int, tuple[object, str]] = {}  # id(graph) -> (the graph, its digest)
+
+
+@contextlib.contextmanager
+def vouching(graph: object, digest: str | None) -> Iterator[None]:
+    """While the block runs, `vouched(graph)` is `digest` (None: nothing is vouched for).
+    Only for a graph that verifies, under a digest that changes with anything in it that can
+    change its compiled code; scoped to a block, so a graph changed later never carries it."""
+    if digest is None:
+        yield
+        return
+    _VOUCHED[id(graph)] = (graph, digest)
+    try:
+        yield
+    finally:
+        _VOUCHED.pop(id(graph), None)
+
+
+def vouched(graph: object) -> str | None:
+    """The digest `vouching` holds for this very graph object, else None."""
+    held = _VOUCHED.get(id(graph))
+    return held[1] if held is not None and held[0] is graph else None

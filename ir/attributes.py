@@ -27,6 +27,13 @@ _DIM = re.compile(r"([0-9]+)x")
 _WORD = re.compile(r"[A-Za-z0-9_]+")
 _INT_TYPES = frozenset({"i64", "i32", "i1", "index"})
 _HEX_FLOAT = {"f64": ("<Q", "<d"), "f32": ("<I", "<f"), "f16": ("<H", "<e")}
+# arrays as the printer writes the common ones, read in one match (`AttributeParser.array`):
+# of plain ints (at most 18 digits: no int() limit to hit), or of strings without escapes
+_INTS = re.compile(r"\[(-?[0-9]{1,18}(?:, -?[0-9]{1,18})*)\]")
+_STRS = re.compile(r'\[("[^"\\\n\ud800-\udfff]*"(?:, "[^"\\\n\ud800-\udfff]*")*)\]')
+# one `key = value` of a dict of plain ints, strings and bools (`AttributeParser.flat_dict`)
+_ENTRY = re.compile(r'([A-Za-z_][A-Za-z0-9_$.]*) = '
+                    r'("[^"\\\n\ud800-\udfff]*"|-?[0-9]{1,18}|true|false)(, |\})')
 
 
 def _fresh(value: Any) -> Any:
@@ -149,6 +156,9 @@ class AttributeParser(Lexer):
                                   lambda: self.read_attr_dict(allow_func_type))
 
     def read_attr_dict(self, allow_func_type: bool) -> dict[str, Any]:
+        flat = self.flat_dict()
+        if flat is not None:
+            return flat
         opening = self.expect("{")
         out: dict[str, Any] = {}
         with self.nested(opening):
@@ -165,6 +175,24 @@ class AttributeParser(Lexer):
             self.comma_list("}", entry)
         return out
 
+    def flat_dict(self) -> dict[str, Any] | None:
+        """`{id = "...", path = "..."}`: a dict of plain ints, strings and bools (a param's,
+        most ops'), read one match an entry; None, having read nothing, for any other."""
+        if self.depth >= MAX_DEPTH:
+            return None
+        text, pos, out = self.text, self.tok.pos + 1, {}
+        while m := _ENTRY.match(text, pos):
+            key, value = m[1], m[2]
+            if key in out:  # the token-wise reading names it
+                return None
+            c = value[0]
+            out[key] = value[1:-1] if c == '"' else value == "true" if c in "tf" else int(value)
+            pos = m.end()
+            if m[3] == "}":
+                self.lex(pos)
+                return out
+        return None
+
     def attr(self, allow_func_type: bool = False) -> Any:
         tok = self.tok
         if tok.kind == "str":
@@ -172,8 +200,7 @@ class AttributeParser(Lexer):
         if tok.kind in ("int", "float", "hex") or self.at("-"):
             return self.number()
         if self.at("["):
-            with self.nested(self.advance()):
-                return self.comma_list("]", self.attr)
+            return self.array()
         if self.at("{"):
             return self.attr_dict()
         if self.at("("):
@@ -191,6 +218,20 @@ class AttributeParser(Lexer):
             if tok.text == "tensor" or tok.text in DTYPES:
                 return self.type()
         raise self.expected("an attribute value")
+
+    def array(self) -> list:
+        """`[...]`; a flat one of plain ints or strings (`[4096, 64, 1]`, `["p0:exp_avg"]`:
+        most of a training step's arrays) in one match instead of a token at a time."""
+        if self.depth < MAX_DEPTH:  # else the slow path, which says the nesting is too deep
+            pos = self.tok.pos
+            if m := _INTS.match(self.text, pos):
+                self.lex(m.end())
+                return [int(x) for x in m[1].split(", ")]
+            if m := _STRS.match(self.text, pos):
+                self.lex(m.end())
+                return m[1][1:-1].split('", "')
+        with self.nested(self.advance()):
+            return self.comma_list("]", self.attr)
 
     def literal(self) -> tuple[bool, Token, int | float]:
         """A number token after an optional '-': (negated, the token, its unsigned value)."""

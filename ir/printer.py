@@ -23,6 +23,7 @@ VALUE_ID = re.compile(r"[A-Za-z_$.\-][A-Za-z0-9_$.\-]*")  # digit-only names are
 _HEX_WIDTH = {"f64": 16, "f32": 8, "f16": 4}
 _UNKNOWN = "%<<UNKNOWN SSA VALUE>>"
 _LOC_AT_END = re.compile(r' loc\("[^"]*":\d+:\d+\)$', re.M)
+_PLAIN = re.compile(r"[ !#-\[\]-~]*")  # printable ASCII but '"' and '\\': printed as it is
 
 
 def print_graph(graph: Graph, debuginfo: bool = False) -> str:
@@ -44,6 +45,8 @@ def print_module(graphs: list[Graph], debuginfo: bool = False) -> str:
 
 def quote(s: str) -> str:
     """An MLIR string literal, escaped byte-wise exactly as MLIR prints it (`\\22`, `\\0A`)."""
+    if _PLAIN.fullmatch(s):  # op names, paths, ids: nothing to escape
+        return f'"{s}"'
     out = []
     for b in s.encode("utf-8"):
         c = chr(b)

@@ -78,23 +78,32 @@ class Stages:
     def __init__(self, graph: Graph, pipeline: list[str], verify_each: bool = True,
                  final: Graph | None = None):
         self.names = stage_names(pipeline)
-        self._traced_text = print_graph(graph, debuginfo=True)  # dumps keep loc(...)
         self._pipeline, self._verify_each = pipeline, verify_each
         self._pending = graph if final is not None else None
+        # dumps keep loc(...); on a hit printed only when asked for (the passes wait)
+        self._traced_text = None if final is not None else print_graph(graph, debuginfo=True)
         self.cached = final is not None  # the final graph came from the stage cache
+        self.digest: str | None = None  # set by the stage cache: names the final graph
         self.timings: list[tuple[str, float]] = []
         timing = bool(os.environ.get("EMBER_PASS_TIMING"))  # the backend prints its own
         self.graph = final if final is not None else self._run(graph, timing)
 
+    @property
+    def traced_text(self) -> str:
+        """The traced graph's text, with source locations."""
+        if self._traced_text is None:  # a hit: the traced graph is untouched until _ran
+            self._traced_text = print_graph(self._pending, debuginfo=True)
+        return self._traced_text
+
     def _run(self, graph: Graph, timing: bool = False) -> Graph:
         """Run every pass on `graph`, keeping each stage's text; the final graph."""
-        self._texts: dict[str, str] = {"traced": self._traced_text}
+        self._texts: dict[str, str] = {"traced": self.traced_text}
         passes = parse_pipeline(",".join(self._pipeline))
         names = [p.name for p in passes]
         before_fuse = names.index("fuse") - 1 if "fuse" in names else None
         self._unfused_text: str | None = None
         if before_fuse == -1:
-            self._unfused_text = self._traced_text
+            self._unfused_text = self.traced_text
 
         def keep(name: str, stage: Graph) -> None:
             text = print_graph(stage, debuginfo=True)
@@ -112,6 +121,7 @@ class Stages:
     def _ran(self) -> Stages:
         """Itself, after running the passes it deferred (a cache hit), if any."""
         if self._pending is not None:
+            self.traced_text  # noqa: B018  (printed before the passes change the graph)
             graph, self._pending = self._pending, None
             self._run(graph)
         return self
@@ -121,7 +131,7 @@ class Stages:
         if stage not in self.names:
             raise KeyError(f"no stage {stage!r}; stages are {', '.join(self.names)}")
         if stage == "traced":
-            return self._traced_text
+            return self.traced_text
         if self._pending is not None and stage == self.names[-1]:
             return print_graph(self.graph, debuginfo=True)
         return self.texts[stage]

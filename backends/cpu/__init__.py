@@ -11,7 +11,8 @@ Environment:
 - EMBER_NUM_THREADS: threads for large kernels (default: the CPUs this process may use)
 - EMBER_CACHE=0 / EMBER_CACHE_DIR: the compile cache of object code (~/.cache/ember)
 - EMBER_GEMM=own|blas: force a GEMM engine (default: the cost table, cost.py/tune.py);
-  EMBER_BLAS=0: never call OpenBLAS
+  EMBER_GEMM_TUNE=0: never measure a point the table lacks; EMBER_BLAS=0: never call
+  OpenBLAS
 - EMBER_DUMP_LLVM=DIR: LLVM IR before/after optimization and assembly per graph
 - EMBER_LLVM_REMARKS=1: LLVM's vectorization remarks on stderr
 - EMBER_PASS_TIMING=1: the backend's compile time per stage on stderr

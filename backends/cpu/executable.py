@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
+from ...cache_store import vouched
 from ...files import cache_enabled
 from ...ir import Graph, numpy_dtype, verify
 from ...ir.printer import print_graph
@@ -36,13 +37,16 @@ class Executable:
     Returned inputs, params and constants, and a buffer returned twice, are copied. Each
     call is exactly one native call (`native_calls` counts them). `timings` holds the
     compile time per stage (printed with `EMBER_PASS_TIMING=1`), `cached` whether the
-    object code came from the compile cache (under `cache_key`; None when not cached).
+    object code came from the compile cache (under `cache_key`; None when not cached). A
+    graph the stage cache vouches for (cache_store.vouching) is neither verified (the passes
+    did) nor printed for its key (its digest names it) again.
     `profile(inputs, params)` times each kernel inside one native call.
     """
 
     def __init__(self, graph: Graph, threads: int | None = None, use_cache: bool | None = None):
         t0 = time.perf_counter()
-        self.graph = verify(graph)
+        digest = vouched(graph)  # the stage cache's word: verified by the passes, and named
+        self.graph = graph if digest is not None else verify(graph)
         self.plan = plan(graph, threads)
         self._arena = self._allocate_arena()  # before the costly part: fail fast
         self.timings: dict[str, float] = {"plan": time.perf_counter() - t0}
@@ -50,7 +54,10 @@ class Executable:
         use_cache = use_cache and not os.environ.get("EMBER_DUMP_LLVM")  # dumps need a build
         # the input checks are compiled in, but live in the func attributes the key blanks
         options = f"{cache.options(self.plan.threads)} checks={self.plan.checks}"
-        k = cache.key(print_graph(graph), fingerprint(), options) if use_cache else None
+        k = None
+        if use_cache:  # a vouched-for graph's digest saves printing it
+            k = (cache.key_of_digest(digest, fingerprint(), options) if digest is not None
+                 else cache.key(print_graph(graph), fingerprint(), options))
         self.cache_key = k
         self._jit = cache.load_jit(k) if k else None
         self.cached = self._jit is not None

@@ -9,7 +9,8 @@ are read through strides, so transposed A costs nothing and transposed B is pack
   reused enough that its rows (a power-of-two stride apart) would alias in L1: then B
   is packed into `nr`-wide panels first;
 - large ones also pack `mc x kc` blocks of A into `mr`-row panels (kept in L2 while
-  B's panels stream through L1).
+  B's panels stream past them), as many rows at a time as fit their share of the host's
+  L2 (host.host_caches).
 Threads split the rows of C (each packing its own A blocks, B packed by all first) or,
 when C is wider than tall, its column panels (each thread packs its own B panels), so
 a GEMM is one or two parallel regions. Edges take the same micro-kernel with a run-time
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 from llvmlite import ir
 
 from . import scalar as S
-from .host import Isa
+from .host import Caches, Isa, host_caches
 from .loops import for_range, loop
 from .scalar import I32, I64, PTR, i64
 from .threads import elem, parallel_for, stack_array
@@ -37,6 +38,15 @@ PACK_B_BYTES = 256 << 10
 PACK_A_BYTES = 512 << 10
 # ... and the rows of C are split across threads
 THREAD_FLOPS = 4 << 20  # ~40 us on one core (below, the pool's hand-off and spinning cost more)
+# k per packed block: B's kc x nr micro-panel streams from L2 (64 KiB on AVX-512, over any
+# L1d), so L1 does not bound kc, and at 256 C's loads and stores are amortized (kc from 128
+# to 512 measured within 3% of each other on a znver4)
+KC = 256
+# A's packed mc x kc block (re-read for every column panel) takes an eighth of L2 (a
+# quarter or half measured 5% slower on a znver4's 1 MiB), but has at least MC_MIN rows
+# (fewer measured 3-5% slower: each block's packing and loops cost again)
+A_BLOCK_L2 = 8
+MC_MIN = 72
 
 
 @dataclass(frozen=True)
@@ -50,15 +60,16 @@ class Blocking:
         return self.nv * lanes
 
 
-def blocking(isa: Isa, dtype: str, n: int) -> Blocking:
+def blocking(isa: Isa, dtype: str, n: int, caches: Caches | None = None) -> Blocking:
     """Register and cache blocking: as many accumulators as registers allow, fewer
-    vectors per row when N is narrow."""
+    vectors per row when N is narrow; A's blocks as many rows as fit their share of L2."""
     lanes = isa.lanes(dtype)
     nv_max = 4 if isa.regs >= 32 else 2
     nv = max(1, min(nv_max, -(-n // lanes)))
     acc_regs = isa.regs - nv - 2
     mr = max(1, min(14 if isa.regs >= 32 else 6, acc_regs // nv))
-    return Blocking(mr, nv, 256, 96 if isa.regs >= 32 else 72)
+    l2 = (caches or host_caches()).l2
+    return Blocking(mr, nv, KC, max(MC_MIN, l2 // A_BLOCK_L2 // (KC * S.size(dtype))))
 
 
 def _vec(dtype: str, lanes: int) -> ir.VectorType:
@@ -298,13 +309,14 @@ def plan_own(p: GemmProblem, isa: Isa, threads: int) -> dict:
     """How the own GEMM runs `p`: blocking, what is packed, how threads split the work
     ("m": row blocks, B packed first by all threads; "n": column panels, each thread packs
     its own panels of B and all of A), and the scratch bytes."""
-    blk = blocking(isa, p.dtype, p.n)
+    caches = host_caches()
+    blk = blocking(isa, p.dtype, p.n, caches)
     lanes = isa.lanes(p.dtype)
     nr = blk.nr(lanes)
     size = S.size(p.dtype)
     pack_a_ = p.k * p.n * size > PACK_B_BYTES or p.m * p.k * size > PACK_A_BYTES
     # B's rows a large power-of-two stride apart alias in L1: pack B when it is reused
-    pack_b_ = pack_a_ or p.sb_n != 1 or (p.m >= 8 * blk.mr and p.k * p.n * size > 32 << 10)
+    pack_b_ = pack_a_ or p.sb_n != 1 or (p.m >= 8 * blk.mr and p.k * p.n * size > caches.l1d)
     npanels = _cdiv(p.n, nr)
     split, t = "m", 1
     if threads > 1 and p.flops >= THREAD_FLOPS:

@@ -1,4 +1,5 @@
-"""The machine the generated code runs on: CPU name and features, vector unit, threads.
+"""The machine the generated code runs on: CPU name and features, vector unit, caches,
+threads.
 
 A leaf, so that everything that tunes code for the host (the GEMM, the cost table, the
 JIT's target machine, the compile cache's key) asks one place and imports nothing else.
@@ -10,6 +11,7 @@ from __future__ import annotations
 import functools
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import llvmlite.binding as llvm
 
@@ -47,6 +49,36 @@ def host_isa() -> Isa:
     if feats.get("avx2") or feats.get("avx"):
         return Isa(256, 16)
     return Isa(128, 32 if triple.startswith(("aarch64", "arm64")) else 16)
+
+
+@dataclass(frozen=True)
+class Caches:
+    """One core's level-1 data and level-2 cache, in bytes: what the own GEMM's blocks fit."""
+
+    l1d: int
+    l2: int
+
+
+# where the sizes cannot be read: a core of the last decade's x86 servers
+DEFAULT_CACHES = Caches(32 << 10, 1 << 20)
+CACHE_DIR = Path("/sys/devices/system/cpu/cpu0/cache")
+
+
+@functools.cache
+def host_caches() -> Caches:
+    """cpu0's caches as Linux reports them (sysfs), DEFAULT_CACHES for what it does not."""
+    sizes = {}
+    for index in sorted(CACHE_DIR.glob("index*")):
+        try:
+            level, kind, size = ((index / f).read_text().strip() for f in
+                                 ("level", "type", "size"))
+            scale = {"K": 1 << 10, "M": 1 << 20}.get(size[-1:], 1)
+            n = int(size.rstrip("KM")) * scale
+        except (OSError, ValueError):
+            continue
+        if kind in ("Data", "Unified") and n > 0:
+            sizes.setdefault(level, n)
+    return Caches(sizes.get("1", DEFAULT_CACHES.l1d), sizes.get("2", DEFAULT_CACHES.l2))
 
 
 def num_threads() -> int:

@@ -8,7 +8,10 @@ and target machine must outlive every function pointer taken from them.
 Loop unrolling is off: it roughly doubled compile time for no measured gain, since the
 GEMM micro-kernels are unrolled by hand and vectorized loops are interleaved anyway.
 Object code can be saved (`object_code`) and loaded back (`JitModule.from_object`), which
-is what the compile cache stores. Timings per stage are kept in `timings`.
+is what the compile cache stores (`OBJECTS`); the thread pool's too (`_POOLS`, a folder of
+its own): it is the same for every graph, and compiling it took 0.03 s of every process's
+first cached load. Timings per
+stage are kept in `timings`.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import hashlib
 import os
 import threading
 import time
@@ -25,6 +29,8 @@ import llvmlite
 import llvmlite.binding as llvm
 from llvmlite import ir
 
+from ...cache_store import Store, source_hash
+from ...files import cache_enabled
 from ..errors import KernelCompileError
 from . import blas, collective, threadpool, vmath
 from .host import host_cpu, host_features, host_isa, num_threads
@@ -81,6 +87,8 @@ def _dump_dir(dump_dir: str | None) -> Path | None:
     return path
 
 
+OBJECTS = Store("cpu", ".o", b"emberobj", 1)  # the compile cache's object code (cache.py)
+_POOLS = Store("cpu-pool", ".o", b"emberobj", 1)  # the thread pool's, per host and workers
 _pool_lock = threading.Lock()
 _pool = None  # the JitModule holding the thread pool's code (threadpool.py), alive for the process
 
@@ -102,9 +110,29 @@ def load_pool() -> None:
     with _pool_lock:
         if _pool is not None:
             return
-        jm = JitModule(threadpool.build(num_threads() - 1), name="ember_pool", needs_pool=False)
+        jm = _pool_module(num_threads() - 1)
         llvm.add_symbol(threadpool.SYMBOL, jm.engine.get_function_address(threadpool.SYMBOL))
         _pool = jm
+
+
+def _pool_module(workers: int) -> JitModule:
+    """The pool's code, from the compile cache where this host compiled it before (keyed by
+    the workers, the host and this folder's source), else compiled and kept there."""
+    k = None
+    if cache_enabled() and not os.environ.get("EMBER_DUMP_LLVM"):  # dumps need a build
+        h = hashlib.sha256(f"pool {workers}\0{fingerprint()}\0".encode())
+        h.update(source_hash(Path(__file__).parent).encode())
+        k = h.hexdigest()[:40]
+        obj = _POOLS.load(k)
+        if obj is not None:
+            try:
+                return JitModule(None, name="ember_pool", obj=obj, needs_pool=False)
+            except (RuntimeError, ValueError):  # LLVM refused an intact entry
+                _POOLS.discard(k)
+    jm = JitModule(threadpool.build(workers), name="ember_pool", needs_pool=False)
+    if k is not None:
+        _POOLS.store(k, jm.object_code)
+    return jm
 
 
 class JitModule:

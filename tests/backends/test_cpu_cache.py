@@ -21,7 +21,6 @@ import pytest
 
 from ember.backends import cpu
 from ember.backends.cpu import cache, cost
-from ember.backends.cpu.host import host_cpu, num_threads
 from ember.backends.cpu.jit import JitModule
 from ember.backends.input_checks import InputCheckError
 from ember.ir import Builder, Graph, TensorType, verify
@@ -117,6 +116,44 @@ def test_a_damaged_entry_is_recompiled_and_rewritten_by_the_next_process(
     assert not [p for p in (tmp_path / "c").rglob("*") if p.name.endswith(".tmp")]
 
 
+POOL_SCRIPT = textwrap.dedent("""
+    import json
+    import numpy as np
+    from ember.backends import cpu
+    from ember.backends.cpu import jit
+    from test_cpu_cache import graph
+
+    out = cpu.Executable(graph("sum"))([np.arange(12, dtype=np.float32).reshape(4, 3)])[0]
+    print(json.dumps({"compiled": "optimize" in jit._pool.timings, "out": out.tolist()}))
+""")
+
+
+def pool_compiled(cache_dir) -> bool:
+    """Whether a fresh process on `cache_dir` compiled the thread pool (else loaded it)."""
+    env = {**os.environ, "EMBER_CACHE_DIR": str(cache_dir), "EMBER_CACHE": "1",
+           "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__),
+                                          os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-c", POOL_SCRIPT], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.splitlines()[-1])
+    assert result["out"] == WANT["sum"]
+    return result["compiled"]
+
+
+def test_the_thread_pool_is_compiled_once_and_a_damaged_one_again(tmp_path):
+    """Every process loads the pool's code: from the cache after the first (its LLVM run
+    took 0.03 s of each cached load), and a damaged entry is compiled and rewritten."""
+    assert pool_compiled(tmp_path)
+    (entry,) = (tmp_path / "cpu-pool").iterdir()
+    intact = entry.read_bytes()
+    assert not pool_compiled(tmp_path)
+    for damage in ("empty", "truncated to half", "a flipped code byte", "garbage"):
+        entry.write_bytes(DAMAGES[damage](intact, b""))
+        assert pool_compiled(tmp_path), damage
+        assert not pool_compiled(tmp_path), damage  # rewritten whole
+
+
 @pytest.fixture
 def cache_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))
@@ -169,10 +206,16 @@ def test_an_entry_llvm_refuses_is_a_miss_and_deleted(cache_dir, monkeypatch):
 
 @pytest.fixture
 def table_file(tmp_path, monkeypatch):
-    """Where this host's GEMM table lives (in tmp_path); read afresh around each test."""
+    """Where the GEMM table lives (in tmp_path) of the CPU and thread count DEFAULT_TABLE
+    was measured on, which this host pretends to be (on any other, a missing table is
+    measured: test_cpu_gemm_choice.py); read afresh around each test."""
+    name, threads = cost.DEFAULT_HOST
     monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("EMBER_NUM_THREADS", str(threads))
+    for module in (cost, cache):
+        monkeypatch.setattr(module, "host_cpu", lambda: name)
     cost.load_table.cache_clear()
-    yield cost.table_path(host_cpu(), num_threads())
+    yield cost.table_path(name, threads)
     cost.load_table.cache_clear()
 
 
@@ -186,12 +229,12 @@ def test_a_damaged_gemm_table_is_ignored_with_a_warning(table_file, text):
     with pytest.warns(UserWarning, match="ignoring the damaged GEMM table"):
         exe = cpu.Executable(graph("product"))
     assert exe([X])[0].tolist() == WANT["product"]
-    assert cost.load_table(host_cpu(), num_threads()) is cost.DEFAULT_TABLE
+    assert cost.load_table(*cost.DEFAULT_HOST) is cost.DEFAULT_TABLE
 
 
 def test_a_rewritten_gemm_table_is_read(table_file):
     table_file.write_text(json.dumps({"64x64x64": [100, 20.5], "8x8x8": [1.5, 2.0]}))
-    assert cost.load_table(host_cpu(), num_threads()) == {
+    assert cost.load_table(*cost.DEFAULT_HOST) == {
         (64, 64, 64): (100.0, 20.5), (8, 8, 8): (1.5, 2.0)}
 
 

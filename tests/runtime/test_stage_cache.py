@@ -1,11 +1,16 @@
 """The stage cache: a second compile of the same traced graph skips the IR passes, gives the
 same final graph, stages and training, and a damaged entry is compiled again."""
 
+import json
+
 import numpy as np
 import pytest
 
 import ember as em
 from ember import nn, optim
+from ember.backends import cpu
+from ember.backends.cpu import executable
+from ember.cache_store import HEADER, vouched
 from ember.runtime import stage_cache
 
 
@@ -126,3 +131,83 @@ def test_ember_cache_0_reads_and_writes_nothing(entries, monkeypatch):
     entry.unlink()
     train()
     assert not entries.exists() or not list(entries.iterdir())
+
+
+def _packed(entry) -> dict:
+    return json.loads(entry.read_bytes()[HEADER.size:])
+
+
+UNREADABLE = {  # intact entries (sealed as ember seals them) that are no graph ember made
+    "no tables": lambda p: {"format": p["format"], "graph": p["graph"]},
+    "a type that does not parse": lambda p: {**p, "types": ["tensor<16x"] * len(p["types"])},
+    "a param id's number past the ids": lambda p: {
+        **p, "attrs": [a.replace("\0", "\09999", 1) for a in p["attrs"]]},
+    "an operand defined later": lambda p: {
+        **p, "graph": [p["graph"][0], p["graph"][1],
+                       [p["graph"][2][0], [[o[0], [10 ** 6] * len(o[1]), *o[2:]]
+                                           for o in p["graph"][2][1]]]]},
+}
+
+
+@pytest.mark.parametrize("how", UNREADABLE)
+def test_an_intact_entry_that_does_not_unpack_is_compiled_again(entries, how):
+    want = train()[0].ir()
+    (entry,) = entries.iterdir()
+    intact = entry.read_bytes()
+    stage_cache._STORE.store(entry.stem, json.dumps(UNREADABLE[how](_packed(entry))).encode())
+    step = train()[0]
+    assert not step._last.stages.cached and step.ir() == want
+    assert entry.read_bytes() == intact
+
+
+def test_a_hit_neither_verifies_nor_prints_the_final_graph(entries, monkeypatch):
+    """The stage cache vouches for it (cache_store.vouching): the passes verified it when
+    they made it, and the entry's digest keys the object code instead of its text."""
+    first = train("cpu")[0]
+
+    def never(*args, **kwargs):
+        raise AssertionError("verified or printed again")
+
+    monkeypatch.setattr(executable, "verify", never)
+    monkeypatch.setattr(executable, "print_graph", never)
+    again = train("cpu")[0]
+    assert again._last.stages.cached and again._last.run.cached
+    assert again._last.run.cache_key == first._last.run.cache_key
+    assert again.ir() == first.ir()
+    assert vouched(again.graph) is None  # only while the backend compiles it
+    with pytest.raises(AssertionError, match="verified or printed again"):
+        cpu.compile(again.graph)  # a graph nobody vouches for is checked as ever
+
+
+def test_a_miss_vouches_for_the_graph_it_stores(entries, monkeypatch):
+    monkeypatch.setattr(executable, "print_graph", lambda *a, **k: 1 / 0)
+    step = train("cpu")[0]
+    assert not step._last.stages.cached and step._last.stages.digest is not None
+    monkeypatch.setenv("EMBER_CACHE", "0")  # no digest: the graph is verified as ever
+    assert train("cpu")[0]._last.stages.digest is None
+
+
+def test_the_key_has_embers_version(entries, monkeypatch):
+    train()
+    with monkeypatch.context() as m:
+        m.setattr(em, "__version__", "0.0.0-other")
+        stage_cache._source_hash.cache_clear()
+        try:
+            assert not train()[0]._last.stages.cached and len(list(entries.iterdir())) == 2
+        finally:
+            stage_cache._source_hash.cache_clear()
+    assert train()[0]._last.stages.cached
+
+
+def test_numbering_reaches_quoted_ids_and_roles_only():
+    """An id left anywhere else (bare, or inside a longer string) would be restored wrong:
+    such a text is not stored; nor is one with a NUL, which would read back as a number."""
+    ids = stage_cache.param_ids(em.trace(Mlp(), em.TensorSpec((2, 12), "f32")))
+    assert len(ids) == 4
+    text = f'"{ids[0]}" "{ids[1]}:exp_avg" "\\22{ids[2]}" "x" {{k = "{ids[3]}"}}'
+    numbered = stage_cache.number_ids(text.replace(f"\\22{ids[2]}", ""), ids)
+    assert numbered == '"\x000\x00" "\x001\x00:exp_avg" "" "x" {k = "\x003\x00"}'
+    assert stage_cache.restore_ids(numbered, ids) == text.replace(f"\\22{ids[2]}", "")
+    for left in (text, f'"{ids[0]}" {ids[0]}', f'"x{ids[0]}"', f'"{ids[0]}\\22"'):
+        assert stage_cache.number_ids(left, ids) is None, left
+    assert stage_cache.number_ids("a\0b", ids) is None
