@@ -32,20 +32,19 @@ from llvmlite import ir
 from ...cache_store import Store, source_hash
 from ...files import cache_enabled
 from ..errors import KernelCompileError
-from . import blas, collective, threadpool, vmath
-from .host import host_cpu, host_features, host_isa, num_threads
+from . import blas, collective, threadpool
+from .host import host_cpu, host_features, num_threads
 
 
 @functools.cache
 def _init() -> None:
     llvm.initialize_native_target()
     llvm.initialize_native_asmprinter()
-    # exp/log/tanh/pow lower to libm calls; make sure MCJIT can resolve them even when
-    # the interpreter did not load libm globally.
+    # pow lowers to a libm call; make sure MCJIT can resolve it even when the interpreter
+    # did not load libm globally.
     libm = ctypes.util.find_library("m")
     if libm:
         llvm.load_library_permanently(libm)
-    vmath.load_symbols()
     blas.load_symbols()
     collective.load_symbols()
     if os.environ.get("EMBER_LLVM_REMARKS"):
@@ -154,7 +153,7 @@ class JitModule:
         t = time.perf_counter()
         module.triple = llvm.get_process_triple()
         module.data_layout = str(self.tm.target_data)
-        text = vmath.patch_text(module, str(module), host_isa().bits)
+        text = str(module)
         self.timings["llvm-ir"] = time.perf_counter() - t
         t = time.perf_counter()
         try:

@@ -1,102 +1,31 @@
-"""exp, log and tanh in LLVM IR, at one speed whatever the input; erf from libmvec.
+"""exp, log, tanh and erf in LLVM IR, vectorizable and at one speed whatever the input.
 
 LLVM turns a call to `expf` into `llvm.exp`, which codegen scalarizes into 16 libm calls
 per vector. glibc's libmvec, which the vector function ABI hands to the loop vectorizer,
 sends a whole vector down a scalar slow path when one lane is out of its range: exp of
 the -inf / -1e4 lanes of a causal mask (5-14x slower here), of a denormal result or an
 overflow; log of 0, inf, a negative, NaN or a denormal (4-14x); tanh of +-inf or NaN
-(1.5-2.6x). So exp, log and tanh are written here as internal always-inline functions
-of straight-line code (range reduction, a polynomial, exponent bits, selects for the
-special values; no branch, so every lane runs the same path). They inline into the
-kernel's loop, which the loop vectorizer vectorizes like any arithmetic, and the scalar
-remainder runs the same code: a value never depends on its position. No float arithmetic
-in them makes a denormal, and log and tanh keep denormal arguments out of theirs: each
-costs a microcode assist (exp of a half -inf vector ran 1.6x slower from one underflowing
-multiply). Denormal results are exact, not flushed. Measured: exp <= 1.06 ulp, log <=
-0.96, tanh <= 1.5, f32 (every input) and f64 (dense sweeps against long double);
-libmvec's f32 log was 3.9 ulp off.
-
-erf (no slow path measured but on denormal arguments) calls `ember_erff` etc.
-(resolved to libm at load time), with libmvec's `_ZGVeN16v_erff` (and the 8- and 4-lane
-variants) declared as its vector versions through the attribute
-`vector-function-abi-variant`; without libmvec (not glibc, not x86_64) the scalar libm
-function is called."""
+(1.5-2.6x); erf of a denormal (1.6x f32, 2.6x f64). So all four are written here as
+internal always-inline functions of straight-line code (range reduction, polynomials,
+exponent bits, selects for the special values and the ranges; no branch, so every lane
+runs the same path). They inline into the kernel's loop, which the loop vectorizer
+vectorizes like any arithmetic, and the scalar remainder runs the same code: a value never
+depends on its position. No float arithmetic in them makes a denormal, and log, tanh and
+erf keep denormal arguments out of theirs: each costs a microcode assist (exp of a half
+-inf vector ran 1.6x slower from one underflowing multiply). Denormal results are
+computed, not flushed. Measured: exp <= 1.06 ulp, log <= 0.96, tanh <= 1.5, erf <= 1.24,
+f32 (every input) and f64 (dense sweeps against long double, erf's checked on mpmath);
+libmvec's f32 log was 3.9 ulp off. erf runs at 1.2-1.5x libmvec's speed in f32 (bias +
+exact GELU: 1.2x), 0.7-0.8x in f64, whose polynomials are more than twice as long."""
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import functools
-import platform
-import re
-
-import llvmlite.binding as llvm
 from llvmlite import ir
 
-FUNCS = ("exp", "log", "tanh", "erf")
-# (ISA letter, f32 lanes) for each x86 vector width; libmvec names _ZGV<isa>N<lanes>v_<fn>
-_ISAS = (("b", 4), ("d", 8), ("e", 16))
-
-
-def _libname(fn: str, dtype: str) -> str:
-    return fn + ("f" if dtype == "f32" else "")
-
-
-@functools.cache
-def _libm():
-    name = ctypes.util.find_library("m")
-    return ctypes.CDLL(name) if name else None
-
-
-@functools.cache
-def _libmvec():
-    if platform.machine() not in ("x86_64", "AMD64") or platform.system() != "Linux":
-        return None
-    try:
-        return ctypes.CDLL("libmvec.so.1")
-    except OSError:
-        return None
-
-
-@functools.cache
-def variants(fn: str, dtype: str, bits: int) -> tuple[tuple[str, int], ...]:
-    """(libmvec symbol, lanes) for `fn` on `dtype` usable with `bits`-wide registers."""
-    lib = _libmvec()
-    if lib is None:
-        return ()
-    out = []
-    for isa, lanes32 in _ISAS:
-        if lanes32 * 32 > bits:
-            continue
-        lanes = lanes32 if dtype == "f32" else lanes32 // 2
-        sym = f"_ZGV{isa}N{lanes}v_{_libname(fn, dtype)}"
-        if hasattr(lib, sym):
-            out.append((sym, lanes))
-    return tuple(out)
-
-
-@functools.cache
-def load_symbols() -> None:
-    """Make `ember_<fn>` (libm) and libmvec's variants resolvable by MCJIT."""
-    libm = _libm()
-    if _libmvec() is not None:
-        llvm.load_library_permanently(ctypes.util.find_library("mvec") or "libmvec.so.1")
-    if libm is None:
-        return
-    for fn in FUNCS:
-        for dtype in ("f32", "f64"):
-            f = getattr(libm, _libname(fn, dtype), None)
-            if f is not None:
-                llvm.add_symbol(scalar_name(fn, dtype), ctypes.cast(f, ctypes.c_void_p).value)
-
-
-def scalar_name(fn: str, dtype: str) -> str:
-    return f"ember_{_libname(fn, dtype)}"
-
-
-# -- exp, log, tanh in LLVM IR -------------------------------------------------------------------
-# Coefficients: Chebyshev fits (mpmath) on the reduced range, rounded to the type; each fit
-# is within 0.1 ulp there, so the result's error is the evaluation's rounding (<= 1 ulp).
+# -- exp, log, tanh, erf in LLVM IR --------------------------------------------------------------
+# exp, log, tanh coefficients: Chebyshev fits (mpmath) on the reduced range, rounded to the
+# type; each fit is within 0.1 ulp there, so the result's error is the evaluation's rounding
+# (<= 1 ulp).
 _LOG2E = 1.4426950408889634
 # exp(r) = 1 + r + r^2 q(r), |r| <= ln2/2 (+1%); q's coefficients from the highest power
 _EXP_Q = {"f32": (1.3926926767453551e-3, 8.363774046301842e-3, 4.166654869914055e-2,
@@ -126,6 +55,33 @@ _TANH_P = {"f32": (-6.941306404769421e-3, 2.146996557712555e-2, -5.3933370858430
                    2.1869488295668458e-2, -5.3968253963575e-2, 0.13333333333329794,
                    -0.3333333333333333)}
 _LN2_HI_LO = (0.6931471803691238, 1.9082149292705877e-10)  # f64: hi has 32 bits
+# erf: |x| < A: x + x q(x^2), q ~ erf(x)/x - 1; [A, T]: p(t) ~ log2(erfc(t)); Remez fits
+# (mpmath) to the relative error of erf, rounded to the type lowest-order coefficient first,
+# the rest refitted each time: within 2^-27.6 (f32), 2^-55.3 (f64). (A, T, q, p)
+_ERF = {"f32": (0.5625, 4.0,
+                (0.00460077216848731, -0.02670116163790226, 0.11282031238079071,
+                 -0.3761257827281952, 0.12837916612625122),
+                (0.00032191036734730005, -0.004750394262373447, 0.03340337052941322,
+                 -0.15251539647579193, -0.9165462851524353, -1.628379225730896,
+                 4.9350848712492734e-05)),
+        "f64": (1.0, 6.0,
+                (-7.607828062975576e-10, 1.3616710040620551e-08, -1.6183993906460129e-07,
+                 1.6444150923391441e-06, -1.4924465665460581e-05, 0.00012055280497661016,
+                 -0.0008548325485024743, 0.005223977596736197, -0.026866170641959154,
+                 0.1128379167093695, -0.37612638903183343, 0.12837916709551256),
+                (-7.110742132133049e-12, 2.9503556357952207e-10, -5.6761214040326516e-09,
+                 6.697620863262104e-08, -5.385792676643496e-07, 3.0812296969912576e-06,
+                 -1.2504501370872927e-05, 3.29273358510326e-05, -2.9242332513635165e-05,
+                 -0.00019482885151665775, 0.0011117908252873342, -0.0027641065556196502,
+                 0.0005923960767368831, 0.0273970474984223, -0.14816974846267333,
+                 -0.918482603035237, -1.6278997036051066, -7.254123008295377e-07))}
+# 2^f = 1 + f e(f), |f| <= 1/2, to 2^-26 (f32), 2^-56 (f64): erf needs no more
+_EXP2 = {"f32": (0.00013332995877135545, 0.001338792615570128, 0.009625444188714027,
+                 0.055503662675619125, 0.24022594094276428, 0.6931471824645996),
+         "f64": (4.5194267785482163e-10, 7.075625619473721e-09, 1.0177655264912775e-07,
+                 1.321542444361811e-06, 1.5252734739377845e-05, 0.00015403530478894586,
+                 0.001333355814556696, 0.00961812910757706, 0.055504108664824574,
+                 0.24022650695910172, 0.6931471805599453)}
 CONTRACT = ("contract",)  # a*b+c may become an FMA: more exact, never less
 
 
@@ -152,6 +108,12 @@ class _Emit:
         for c in coefs[1:]:
             p = self.fma(p, x, self.k(c))
         return p
+
+    def horner2(self, x: ir.Value, coefs: tuple[float, ...]) -> ir.Value:
+        """p(x) = e(x^2) + x o(x^2): two Horner chains of half the length."""
+        x2 = self.b.fmul(x, x)
+        odd, even = coefs[-2::-2][::-1], coefs[::-2][::-1]
+        return self.fma(self.horner(x2, odd), x, self.horner(x2, even))
 
     def bits(self, x: ir.Value) -> ir.Value:
         return self.b.bitcast(x, self.i)
@@ -258,7 +220,52 @@ def _log_body(e: _Emit, dtype: str, x: ir.Value) -> ir.Value:
     return b.select(b.fcmp_unordered("<", x, e.k(0.0)), e.k(float("nan")), y)
 
 
-_BODIES = {"exp": _exp_body, "log": _log_body, "tanh": _tanh_body}
+def _erf_body(e: _Emit, dtype: str, x: ir.Value) -> ir.Value:
+    """|x| < A: x + x q(x^2). Above: 1 - 2^p(t), t = |x| clamped to T (erf rounds to 1
+    from T on), as 1 - 2^n - 2^n f e(f), p(t) = n + f: one rounding, not exp's and then
+    the subtraction's; in base 2 the reduction is exact and needs no multiply. p(t) = p0 +
+    p1 t + t^2 s(t) keeps its largest product unrounded (f32: 1.44 ulp -> 1.24). |x| is
+    held at 2^-(mant + 2) and up in both, where the x^2 term is below the rounding but no
+    product of it is denormal. NaN propagates through p; the sign is x's, copied last."""
+    b = e.b
+    lo, hi, q, p = _ERF[dtype]
+    # f64's chains are long enough that the loop's iterations wait on them (split: 14%
+    # faster); f32's are not, and the split's extra live values cost register copies in a
+    # loop nest (bias + GELU: 25% slower)
+    poly = e.horner2 if dtype == "f64" else e.horner
+    a = _intrinsic(b, "llvm.fabs", e.f, [x])
+    den = b.fcmp_ordered("<", a, e.k(2.0 ** (1 - e.bias)))  # denormal or 0
+    one = e.k(2.0 ** e.mant)
+    j = b.fsub(b.bitcast(b.or_(e.bits(a), e.bits(one)), e.f), one)  # a's bits, as a float
+    # a denormal x as j: j + j q(0) is then its erf in units of the least denormal
+    am = b.select(den, j, a)
+    lo_z = e.k(2.0 ** -(e.mant + 2))
+    az = b.select(b.fcmp_ordered("<", a, lo_z), lo_z, a)  # NaN stays NaN
+    y = e.fma(am, e.horner(b.fmul(az, az), q), am)
+    t = b.select(b.fcmp_ordered(">", az, e.k(hi)), e.k(hi), az)
+    lg = e.fma(e.k(p[-2]), t, e.fma(b.fmul(t, t), poly(t, p[:-2]), e.k(p[-1])))
+    magic = e.k(1.5 * 2.0 ** e.mant)  # lg + magic: round(lg) in its low bits
+    m = b.fadd(lg, magic)
+    f = b.fsub(lg, b.fsub(m, magic))
+    two_n = e.pow2(b.sub(e.bits(m), e.bits(magic)))
+    big = e.fma(b.fneg(two_n), b.fmul(f, poly(f, _EXP2[dtype])), b.fsub(e.k(1.0), two_n))
+    y = b.select(b.fcmp_ordered("<", a, e.k(lo)), y, big)
+    y = b.select(den, _erf_tiny(e, y), y)
+    return _intrinsic(b, "llvm.copysign", e.f, [y, x])
+
+
+def _erf_tiny(e: _Emit, u: ir.Value) -> ir.Value:
+    """|erf(x)| for a denormal x from u = 2/sqrt(pi) j, j its bits: the result's bits are
+    round(u), a denormal or, from 2^mant on, one of the smallest normals (whose bits are
+    as linear in the value), built without float arithmetic that makes a denormal."""
+    b = e.b
+    one = e.k(2.0 ** e.mant)
+    den = b.sub(e.bits(b.fadd(u, one)), e.bits(one))
+    norm = b.sub(e.bits(u), e.ki((e.bias + e.mant - 1) << e.mant))
+    return b.bitcast(b.select(b.fcmp_ordered("<", u, one), den, norm), e.f)
+
+
+_BODIES = {"exp": _exp_body, "log": _log_body, "tanh": _tanh_body, "erf": _erf_body}
 
 
 def _own(mod: ir.Module, fn: str, dtype: str) -> ir.Function:
@@ -276,69 +283,12 @@ def _own(mod: ir.Module, fn: str, dtype: str) -> ir.Function:
     return f
 
 
+def call(b: ir.IRBuilder, fn: str, dtype: str, x: ir.Value) -> ir.Value:
+    """`fn(x)` for a float scalar, fn one of exp, log, tanh, erf: vectorizable, and at
+    one speed whatever x."""
+    return b.call(_own(b.module, fn, dtype), [x])
+
+
 def exp(b: ir.IRBuilder, dtype: str, x: ir.Value) -> ir.Value:
     """exp(x), vectorizable, at one speed whatever x (-inf, -1e4, overflow, NaN)."""
-    return b.call(_own(b.module, "exp", dtype), [x])
-
-
-def log(b: ir.IRBuilder, dtype: str, x: ir.Value) -> ir.Value:
-    """log(x), vectorizable, at one speed whatever x (0, negative, denormal, inf)."""
-    return b.call(_own(b.module, "log", dtype), [x])
-
-
-def tanh(b: ir.IRBuilder, dtype: str, x: ir.Value) -> ir.Value:
-    """tanh(x), vectorizable, at one speed whatever x (libmvec's slows on +-inf, NaN)."""
-    return b.call(_own(b.module, "tanh", dtype), [x])
-
-
-_OWN = {"exp": exp, "log": log, "tanh": tanh}
-
-
-def call(b: ir.IRBuilder, fn: str, dtype: str, x: ir.Value) -> ir.Value:
-    """`fn(x)` for a float scalar (fn in FUNCS), vectorizable."""
-    if fn in _OWN:
-        return _OWN[fn](b, dtype, x)
-    return _libcall(b, fn, dtype, x)
-
-
-def _libcall(b: ir.IRBuilder, fn: str, dtype: str, x: ir.Value) -> ir.Value:
-    """`fn(x)` through libm, vectorizable where libmvec has the function."""
-    mod = b.module
-    t = x.type
-    if _libm() is None or not hasattr(_libm(), _libname(fn, dtype)):
-        raise NotImplementedError(f"no libm {fn} for {dtype} on this system")
-    name = scalar_name(fn, dtype)
-    f = mod.globals.get(name)
-    if f is None:
-        f = ir.Function(mod, ir.FunctionType(t, [t]), name)
-        uses = getattr(mod, "ember_vmath", set())
-        uses.add((fn, dtype))
-        mod.ember_vmath = uses
-    return b.call(f, [x])
-
-
-def patch_text(mod: ir.Module, text: str, bits: int) -> str:
-    """The module's IR text with the vector variants of every math function it calls
-    declared, attached to the scalar declarations, and kept alive until vectorization."""
-    uses = sorted(getattr(mod, "ember_vmath", ()))
-    if not uses:
-        return text
-    decls, keep, lines = [], [], []
-    for fn, dtype in uses:
-        t = "float" if dtype == "f32" else "double"
-        name = scalar_name(fn, dtype)
-        vs = variants(fn, dtype, bits)
-        abi = ",".join(f"{sym[:sym.index('v_') + 1]}_{name}({sym})" for sym, _ in vs)
-        for sym, lanes in vs:
-            decls.append(f"declare <{lanes} x {t}> @{sym}(<{lanes} x {t}>) nounwind")
-            keep.append(f"ptr @{sym}")
-        attrs = f'nounwind willreturn memory(none) "vector-function-abi-variant"="{abi}"' \
-            if vs else "nounwind willreturn memory(none)"
-        group = f"#{9000 + len(lines)}"
-        lines.append(f"attributes {group} = {{ {attrs} }}")
-        text = re.sub(rf'declare {t} @"?{name}"?\([^)]*\)[^\n]*',
-                      f'declare {t} @{name}({t}) {group}', text)
-    if keep:
-        decls.append(f"@llvm.compiler.used = appending global [{len(keep)} x ptr] "
-                     f"[{', '.join(keep)}], section \"llvm.metadata\"")
-    return text + "\n" + "\n".join(decls + lines) + "\n"
+    return call(b, "exp", dtype, x)

@@ -1,9 +1,11 @@
-"""The CPU's exp, log and tanh (backends/cpu/vmath.py: straight-line LLVM IR, no libmvec)
-through compiled graphs, f32 and f64: within 2 ulp of a long-double numpy reference over
-dense sweeps (denormal results exact, not flushed), every special value exactly numpy's
-in every lane position, the -inf / -1e4 lanes of a causal mask exactly 0, and the loop
-vectorized with no call left in it. Their speed on such lanes is measured, not asserted
-(benchmarks/run.py, eltwise)."""
+"""The CPU's exp, log, tanh and erf (backends/cpu/vmath.py: straight-line LLVM IR, no
+libmvec) through compiled graphs, f32 and f64: within 2 ulp of a long-double reference over
+dense sweeps (denormal results not flushed: exp's exact, erf's within an ulp), every special
+value exactly numpy's (math's for erf) in every lane position, the -inf / -1e4 lanes of a
+causal mask exactly 0, and the loop vectorized with no call left in it. Their speed on such
+lanes is measured, not asserted (benchmarks/run.py, eltwise)."""
+
+import math
 
 import numpy as np
 import pytest
@@ -31,12 +33,37 @@ class Unary(nn.Module):
         self.fn = fn
 
     def forward(self, x):
-        return getattr(x, self.fn)()
+        return nn.functional.erf(x) if self.fn == "erf" else getattr(x, self.fn)()
 
 
 def reference(fn: str, x: np.ndarray) -> np.ndarray:
+    if fn == "erf":
+        return erf_reference(x)
     with np.errstate(all="ignore"):
         return getattr(np, fn)(x.astype(np.longdouble))
+
+
+def math_erf(x: np.ndarray) -> np.ndarray:
+    """libm's erf (within an ulp of a double), rounded to x's type."""
+    return np.vectorize(math.erf, otypes=[np.float64])(x.astype(np.float64)).astype(x.dtype)
+
+
+def erf_reference(x: np.ndarray) -> np.ndarray:
+    """erf in long double (numpy has none): for |x| <= 2 the series 2/sqrt(pi) e^-x^2
+    sum_n (2x^2)^n x / (2n+1)!!, all of its terms positive (no cancellation); above, 1 -
+    libm's erfc, which is below 5e-3 there (its rounding < 0.01 ulp of erf). Where long
+    double is only a double, libm's erf."""
+    if not LONG:
+        return math_erf(x.astype(np.float64)).astype(np.longdouble)
+    a = np.abs(x.astype(np.longdouble))
+    s = np.minimum(a, 2)
+    term, total = s.copy(), s.copy()
+    for n in range(1, 70):
+        term = term * 2 * s * s / (2 * n + 1)
+        total += term
+    series = np.longdouble("1.1283791670955125738961589031215452") * np.exp(-s * s) * total
+    erfc = np.vectorize(math.erfc, otypes=[np.float64])(a.astype(np.float64))
+    return np.sign(x).astype(np.longdouble) * np.where(a <= 2, series, 1 - erfc.astype(a.dtype))
 
 
 def ulps(got: np.ndarray, want: np.ndarray) -> np.ndarray:
@@ -60,9 +87,10 @@ def sweep(fn: str, dtype: str) -> np.ndarray:
         emin, emax = (-149, 128) if f32 else (-1074, 1024)
         parts = [2.0 ** rng.uniform(emin, emax, 200_000), rng.uniform(0.5, 2, 20_000),
                  1 + rng.uniform(-1e-3, 1e-3, 5000)]
-    else:
+    else:  # tanh, erf: odd, saturating (erf at 3.92 in f32, 5.92 in f64)
         emin = -150 if f32 else -1075
-        parts = [np.linspace(-25, 25, 200_001), rng.uniform(-1, 1, 20_000),
+        hi = 25 if fn == "tanh" else 7
+        parts = [np.linspace(-hi, hi, 200_001), rng.uniform(-1.5, 1.5, 20_000),
                  rng.choice([-1, 1], 20_000) * 2.0 ** rng.uniform(emin, 0, 20_000)]
     with np.errstate(over="ignore"):
         x = np.concatenate(parts).astype(NP[dtype])
@@ -71,7 +99,7 @@ def sweep(fn: str, dtype: str) -> np.ndarray:
 
 
 @pytest.mark.parametrize("dtype", ["f32", "f64"])
-@pytest.mark.parametrize("fn", ["exp", "log", "tanh"])
+@pytest.mark.parametrize("fn", ["exp", "log", "tanh", "erf"])
 def test_within_two_ulp_over_a_dense_sweep(fn, dtype):
     x = sweep(fn, dtype)
     got = em.compile(Unary(fn), x, backend="cpu")(x)
@@ -89,18 +117,19 @@ SPECIAL = {
     "exp": [-np.inf, -1e30, -1e4, -0.0, 0.0, 1e4, 1e30, np.inf, np.nan],
     "log": [-np.inf, -1e4, -1.0, -0.0, 0.0, 1.0, np.inf, np.nan, -np.nan],
     "tanh": [-np.inf, -1e4, -20.0, -0.0, 0.0, 20.0, 1e4, np.inf, np.nan],
+    "erf": [-np.inf, -1e4, -7.0, -6.0, -0.0, 0.0, 6.0, 7.0, 1e4, np.inf, np.nan],
 }
 
 
 @pytest.mark.parametrize("dtype", ["f32", "f64"])
-@pytest.mark.parametrize("fn", ["exp", "log", "tanh"])
+@pytest.mark.parametrize("fn", ["exp", "log", "tanh", "erf"])
 def test_special_values_are_numpys_exactly_in_every_lane(fn, dtype):
     # each value in every position of a 16-lane vector, and in the scalar remainder
     vals = np.array(SPECIAL[fn] * 19, NP[dtype])
     x = np.concatenate([np.roll(vals, k) for k in range(16)] + [vals[:7]])
     got = em.compile(Unary(fn), x, backend="cpu")(x)
     with np.errstate(all="ignore"):
-        want = getattr(np, fn)(x)
+        want = math_erf(x) if fn == "erf" else getattr(np, fn)(x)
     np.testing.assert_array_equal(got, want)  # NaN where numpy's is NaN
     np.testing.assert_array_equal(np.signbit(got[got == 0]), np.signbit(want[want == 0]))
 
@@ -137,6 +166,19 @@ def test_exp_denormal_results_are_exact_not_flushed(dtype):
     assert np.mean(got == want) > 0.9  # mostly correctly rounded
 
 
+@pytest.mark.parametrize("dtype", ["f32", "f64"])
+def test_erf_of_denormals_is_not_flushed(dtype):
+    # erf(x) = 2/sqrt(pi) x there: denormal results (and the smallest normals), both signs
+    t = np.finfo(NP[dtype])
+    x = np.linspace(t.smallest_subnormal, t.tiny, 4099).astype(NP[dtype])
+    x = np.concatenate([x, -x])
+    got = em.compile(Unary("erf"), x, backend="cpu")(x)
+    np.testing.assert_array_equal(np.signbit(got), np.signbit(x))
+    assert (got != 0).all()
+    assert ulps(got, erf_reference(x)).max() <= 1.0
+    assert np.mean(got == math_erf(x)) > 0.8  # mostly correctly rounded (rounded twice)
+
+
 @pytest.mark.parametrize("mask", [-np.inf, -1e4])
 @pytest.mark.parametrize("dtype", ["f32", "f64"])
 def test_causally_masked_softmax_is_exactly_zero_where_masked(mask, dtype):
@@ -156,7 +198,7 @@ def test_causally_masked_softmax_is_exactly_zero_where_masked(mask, dtype):
     np.testing.assert_allclose(got, want, rtol=8 * np.finfo(s.dtype).eps, atol=0)
 
 
-@pytest.mark.parametrize("fn", ["exp", "log", "tanh"])
+@pytest.mark.parametrize("fn", ["exp", "log", "tanh", "erf"])
 def test_kernel_loop_is_vectorized_with_no_math_call(fn, tmp_path, monkeypatch):
     monkeypatch.setenv("EMBER_DUMP_LLVM", str(tmp_path))
     g = Graph("f", [TensorType((1000,), "f32")])
@@ -164,7 +206,8 @@ def test_kernel_loop_is_vectorized_with_no_math_call(fn, tmp_path, monkeypatch):
     b.create("func.return", [b.op(f"ember.{fn}", g.args[0])])
     x = np.linspace(0.1, 3, 1000, dtype=np.float32)
     got = cpu.Executable(verify(g), use_cache=False)([x])[0]
-    np.testing.assert_allclose(got, getattr(np, fn)(x), rtol=3e-7)
+    want = math_erf(x) if fn == "erf" else getattr(np, fn)(x)
+    np.testing.assert_allclose(got, want, rtol=3e-7)
     opt = "".join(p.read_text() for p in tmp_path.glob("*.opt.ll"))
     assert " x float>" in opt  # vector lanes
     for callee in (f"@{fn}f", f"@ember_{fn}f", f"@llvm.{fn}.", "@_ZGV"):
