@@ -8,14 +8,18 @@ are read through strides, so transposed A costs nothing and transposed B is pack
 - small problems run the micro-kernel straight on A, and on B unless B is transposed or
   reused enough that its rows (a power-of-two stride apart) would alias in L1: then B
   is packed into `nr`-wide panels first;
-- large ones also pack `mc x kc` blocks of A into `mr`-row panels (kept in L2 while
-  B's panels stream past them), as many rows at a time as fit their share of the host's
-  L2 (host.host_caches).
-Threads split the rows of C (each packing its own A blocks, B packed by all first) or,
-when C is wider than tall, its column panels (each thread packs its own B panels), so
-a GEMM is one or two parallel regions. Edges take the same micro-kernel with a run-time
-row count and column mask: no size needs padding, and compile time stays low. `C` is
-row-major with unit column stride and leading dimension `ldc`.
+- large ones block K (`kc`) and M (`mc` rows, as many as fit their share of the host's L2,
+  host.host_caches) and pack B; A is read in place, its `mc x kc` block staying in L2
+  while B's panels stream past it. The micro-kernel's broadcasts load A's elements
+  straight from memory, which reads well both ways round (`mr` rows walked along k, or,
+  A transposed, `mr` adjacent elements per k), so A is never packed: a packing copy
+  cost 10-25% of the multiply when N is narrow (N = 128: 256 flops per copied element)
+  and 5% at 512^3 on a znver4, more than its contiguous panels saved.
+Threads split the rows of C (B packed by all first) or, when C is wider than tall, its
+column panels (each thread packs its own B panels), so a GEMM is one or two parallel
+regions. Edges take the same micro-kernel with a run-time row count and column mask: no
+size needs padding, and compile time stays low. `C` is row-major with unit column stride
+and leading dimension `ldc`.
 """
 
 from __future__ import annotations
@@ -33,19 +37,20 @@ from .threads import elem, parallel_for, stack_array
 I1 = ir.IntType(1)
 
 
-# above these, A and B are packed (cache blocking pays for the copies) ...
+# above these, K and M are blocked and B is packed (cache blocking pays for the copies) ...
 PACK_B_BYTES = 256 << 10
-PACK_A_BYTES = 512 << 10
+BLOCK_A_BYTES = 512 << 10
 # ... and the rows of C are split across threads
 THREAD_FLOPS = 4 << 20  # ~40 us on one core (below, the pool's hand-off and spinning cost more)
 # k per packed block: B's kc x nr micro-panel streams from L2 (64 KiB on AVX-512, over any
 # L1d), so L1 does not bound kc, and at 256 C's loads and stores are amortized (kc from 128
 # to 512 measured within 3% of each other on a znver4)
 KC = 256
-# A's packed mc x kc block (re-read for every column panel) takes an eighth of L2 (a
-# quarter or half measured 5% slower on a znver4's 1 MiB), but has at least MC_MIN rows
-# (fewer measured 3-5% slower: each block's packing and loops cost again)
-A_BLOCK_L2 = 8
+# A's mc x kc block (read in place, re-read for every column panel) takes a quarter of L2:
+# on a znver4's 1 MiB, 2 threads, a half or all of it measured the same, an eighth 5% slower
+# on 512 x 128 x 2048 and 512^3 (each row block streams B's kc x N block past it again);
+# and it has at least MC_MIN rows
+A_BLOCK_L2 = 4
 MC_MIN = 72
 
 
@@ -205,10 +210,33 @@ def _masked_rt(b: ir.IRBuilder, kind: str, dtype: str, lanes: int, mask, ptr, va
     return b.call(fn, [value, ptr, ir.Constant(I32, S.size(dtype)), mask])
 
 
-def pack_b(mod: ir.Module, p: GemmProblem, nr: int, name: str) -> ir.Function:
+def _transpose(b: ir.IRBuilder, rows: list) -> list:
+    """The L x L block rows[j][k] (L vectors of L lanes, L a power of two) as cols[k][j]:
+    per bit s, elements (j, k + s) and (j + s, k) with that bit clear in j and k trade
+    places, one two-input shuffle per vector."""
+    n = len(rows)
+    s = 1
+    while s < n:
+        lo = ir.Constant(ir.VectorType(I32, n), [k if not k & s else n + k - s
+                                                 for k in range(n)])
+        hi = ir.Constant(ir.VectorType(I32, n), [k + s if not k & s else n + k
+                                                 for k in range(n)])
+        out = list(rows)
+        for j in range(n):
+            if not j & s:
+                out[j] = b.shuffle_vector(rows[j], rows[j | s], lo)
+                out[j | s] = b.shuffle_vector(rows[j], rows[j | s], hi)
+        rows, s = out, 2 * s
+    return rows
+
+
+def pack_b(mod: ir.Module, p: GemmProblem, nr: int, lanes: int, name: str) -> ir.Function:
     """`pack(ctx = [src, dst], lo, hi)`: B's column panels lo..hi (each K x nr, zero
     padded past N) into dst[panel][k][nr]; strides are constants, so the copy along the
-    unit-stride side vectorizes. Shaped as a `parallel_for` body."""
+    unit-stride side vectorizes, and a transposed B's whole panels go lanes x lanes blocks
+    at a time through registers (vector loads and stores both; copied element by element
+    they cost 15% of a 128 x 512 x 512 multiply on a znver4). Shaped as a `parallel_for`
+    body."""
     el = S.REG[p.dtype]
     fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [PTR, I64, I64]), f"{name}.packb")
     fn.linkage = "internal"
@@ -232,12 +260,35 @@ def pack_b(mod: ir.Module, p: GemmProblem, nr: int, name: str) -> ir.Function:
                          inbounds=True, source_etype=el), typ=el)
         b.store(b.select(inside, x, ir.Constant(el, 0.0)), d)
 
+    vt = _vec(p.dtype, lanes)
+
+    def block(q, kb, jb):
+        """lanes x lanes of a transposed B: vectors down its columns, stored as rows."""
+        j0 = b.add(b.mul(q, i64(nr)), b.mul(jb, i64(lanes)))
+        k0 = b.mul(kb, i64(lanes))
+        rows = [b.load(b.gep(src, [b.add(b.mul(b.add(j0, i64(j)), i64(p.sb_n)), k0)],
+                             inbounds=True, source_etype=el), typ=vt, align=S.size(p.dtype))
+                for j in range(lanes)]
+        for k, v in enumerate(_transpose(b, rows)):
+            row = b.add(b.mul(q, i64(p.k)), b.add(k0, i64(k)))
+            d = b.gep(dst, [b.add(b.mul(row, i64(nr)), b.mul(jb, i64(lanes)))],
+                      inbounds=True, source_etype=el)
+            b.store(v, d, align=S.size(p.dtype))
+
+    def transposed(q):
+        kv = p.k // lanes
+        loop(b, kv, lambda kb: loop(b, nr // lanes, lambda jb: block(q, kb, jb), "jb"), "kb")
+        loop(b, p.k - kv * lanes, lambda k: loop(
+            b, nr, lambda j: copy(q, b.add(k, i64(kv * lanes)), j, False), "j"), "k")
+
     def panel(q):
         guard = b.icmp_signed(">=", q, i64(full))
         with b.if_else(guard) as (tail, whole):
             for g, blk in ((True, tail), (False, whole)):
                 with blk:
-                    if p.sb_n == 1 or p.sb_k != 1:  # rows of B are contiguous: k outer
+                    if not g and p.sb_k == 1 and p.sb_n != 1:
+                        transposed(q)
+                    elif p.sb_n == 1 or p.sb_k != 1:  # rows of B are contiguous: k outer
                         loop(b, p.k, lambda k, g=g: loop(b, nr, lambda j: copy(q, k, j, g),
                                                            "j"), "k")
                     else:  # columns are contiguous (B transposed): j outer
@@ -245,39 +296,6 @@ def pack_b(mod: ir.Module, p: GemmProblem, nr: int, name: str) -> ir.Function:
                                                          "k"), "j")
 
     for_range(b, lo, hi, panel, "p")
-    b.ret_void()
-    return fn
-
-
-def pack_a(mod: ir.Module, p: GemmProblem, mr: int, name: str) -> ir.Function:
-    """`pack(src, dst, m, kk)`: A[m x kk] (m <= mc, runtime) into mr-row panels
-    dst[panel][k][mr], zero padded past m."""
-    el = S.REG[p.dtype]
-    fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [PTR, PTR, I64, I64]),
-                     f"{name}.packa")
-    fn.linkage = "internal"
-    src, dst, mm, kk = fn.args
-    b = ir.IRBuilder(fn.append_basic_block("entry"))
-    panels = b.sdiv(b.add(mm, i64(mr - 1)), i64(mr))
-
-    def one(q, i, k):
-        r = b.add(b.mul(q, i64(mr)), i64(i) if isinstance(i, int) else i)
-        inside = b.icmp_signed("<", r, mm)
-        safe = b.select(inside, r, i64(0))
-        x = b.load(b.gep(src, [b.add(b.mul(safe, i64(p.sa_m)), b.mul(k, i64(p.sa_k)))],
-                         inbounds=True, source_etype=el), typ=el)
-        d = b.gep(dst, [b.add(b.mul(b.add(b.mul(q, kk), k), i64(mr)),
-                              i64(i) if isinstance(i, int) else i)], inbounds=True,
-                  source_etype=el)
-        b.store(b.select(inside, x, ir.Constant(el, 0.0)), d)
-
-    def body(q):
-        if p.sa_k == 1:  # rows of A are contiguous: walk each row along k
-            loop(b, mr, lambda i: for_range(b, i64(0), kk, lambda k: one(q, i, k), "k"), "i")
-        else:
-            for_range(b, i64(0), kk, lambda k: loop(b, mr, lambda i: one(q, i, k), "i"), "k")
-
-    for_range(b, i64(0), panels, body, "q")
     b.ret_void()
     return fn
 
@@ -306,34 +324,34 @@ class GemmProblem:
 
 
 def plan_own(p: GemmProblem, isa: Isa, threads: int) -> dict:
-    """How the own GEMM runs `p`: blocking, what is packed, how threads split the work
-    ("m": row blocks, B packed first by all threads; "n": column panels, each thread packs
-    its own panels of B and all of A), and the scratch bytes."""
+    """How the own GEMM runs `p`: blocking, whether B is packed, how threads split the
+    work ("m": row blocks, B packed first by all threads; "n": column panels, each thread
+    packs its own panels of B and reads all of A), and the scratch bytes."""
     caches = host_caches()
     blk = blocking(isa, p.dtype, p.n, caches)
     lanes = isa.lanes(p.dtype)
     nr = blk.nr(lanes)
     size = S.size(p.dtype)
-    pack_a_ = p.k * p.n * size > PACK_B_BYTES or p.m * p.k * size > PACK_A_BYTES
+    blocked = p.k * p.n * size > PACK_B_BYTES or p.m * p.k * size > BLOCK_A_BYTES
     # B's rows a large power-of-two stride apart alias in L1: pack B when it is reused
-    pack_b_ = pack_a_ or p.sb_n != 1 or (p.m >= 8 * blk.mr and p.k * p.n * size > caches.l1d)
+    pack_b_ = blocked or p.sb_n != 1 or (p.m >= 8 * blk.mr and p.k * p.n * size > caches.l1d)
     npanels = _cdiv(p.n, nr)
     split, t = "m", 1
     if threads > 1 and p.flops >= THREAD_FLOPS:
-        if not pack_a_ and not pack_b_:
+        if not blocked and not pack_b_:
             t = min(threads, _cdiv(p.m, blk.mr))
-        elif (p.m < p.n or not pack_a_) and npanels >= 2:
+        elif (p.m < p.n or not blocked) and npanels >= 2:
             split, t = "n", min(threads, npanels)
         else:
             t = min(threads, _cdiv(p.m, blk.mr))
     mc = blk.mc // blk.mr * blk.mr
-    if t > 1 and split == "m" and pack_a_:  # equal row blocks, a multiple of t of them
-        mc = _cdiv(_cdiv(p.m, t * _cdiv(p.m, t * mc)), blk.mr) * blk.mr
-    kc = min(blk.kc, p.k)
-    scratch = (npanels * nr * p.k * size if pack_b_ else 0) + (
-        t * mc * kc * size if pack_a_ else 0)
-    return {"blk": blk, "nr": nr, "pack_a": pack_a_, "pack_b": pack_b_, "threads": t,
-            "split": split, "mc": mc, "kc": kc, "scratch": scratch, "npanels": npanels}
+    if blocked:  # equal row blocks (512: 174 + 174 + 164, not 252 + 252 + 8)
+        tm = t if split == "m" else 1  # and a multiple of t of them when threads split rows
+        mc = _cdiv(_cdiv(p.m, tm * _cdiv(p.m, tm * mc)), blk.mr) * blk.mr
+    scratch = npanels * nr * p.k * size if pack_b_ else 0
+    return {"blk": blk, "nr": nr, "blocked": blocked, "pack_b": pack_b_, "threads": t,
+            "split": split, "mc": mc, "kc": min(blk.kc, p.k), "scratch": scratch,
+            "npanels": npanels}
 
 
 def emit_own(b: ir.IRBuilder, p: GemmProblem, a, b_ptr, c, scratch, isa: Isa, threads: int,
@@ -355,9 +373,7 @@ def emit_own(b: ir.IRBuilder, p: GemmProblem, a, b_ptr, c, scratch, isa: Isa, th
     t, split = plan["threads"], plan["split"]
     n_full, n_tail = divmod(p.n, nr)
     packed_b = scratch
-    a_scratch = b.gep(scratch, [i64(plan["npanels"] * nr * p.k if plan["pack_b"] else 0)],
-                      inbounds=True, source_etype=el)
-    packb = pack_b(mod, p, nr, name) if plan["pack_b"] else None
+    packb = pack_b(mod, p, nr, lanes, name) if plan["pack_b"] else None
     if packb is not None and not (split == "n" and t > 1):
         ctx = stack_array(b, PTR, 2, "packctx")
         b.store(b_ptr, elem(b, ctx, PTR, 0))
@@ -365,8 +381,8 @@ def emit_own(b: ir.IRBuilder, p: GemmProblem, a, b_ptr, c, scratch, isa: Isa, th
         tb = min(t, plan["npanels"]) if p.k * p.n >= (1 << 16) else 1
         parallel_for(b, packb, ctx, plan["npanels"], tb, f"{name}.pb")
     # straight on A the row blocks are evened out (16 rows: 8 + 8, not 14 + a 2-row block
-    # that computes 14); packed A panels are mr rows
-    mr = blk.mr if plan["pack_a"] else _cdiv(p.m, _cdiv(p.m, blk.mr))
+    # that computes 14); blocked, they are mr rows
+    mr = blk.mr if plan["blocked"] else _cdiv(p.m, _cdiv(p.m, blk.mr))
     uk_full = microkernel(mod, dt, lanes, mr, blk.nv, False)
     nv_t = _cdiv(n_tail, lanes) if n_tail else 0
     uk_tail = (microkernel(mod, dt, lanes, mr, nv_t, not plan["pack_b"])
@@ -389,7 +405,7 @@ def emit_own(b: ir.IRBuilder, p: GemmProblem, a, b_ptr, c, scratch, isa: Isa, th
     body.linkage = "internal"
     ctx, lo, hi = body.args
     bb = ir.IRBuilder(body.append_basic_block("entry"))
-    ta, tsrc, tb_, tc, tscr = [bb.load(elem(bb, ctx, PTR, i), typ=PTR) for i in range(5)]
+    ta, tsrc, tb_, tc = [bb.load(elem(bb, ctx, PTR, i), typ=PTR) for i in range(4)]
     b_rs = i64(nr) if plan["pack_b"] else i64(p.sb_k)
 
     def bpanel(jp, k0):
@@ -405,7 +421,7 @@ def emit_own(b: ir.IRBuilder, p: GemmProblem, a, b_ptr, c, scratch, isa: Isa, th
         bb.store(tb_, elem(bb, pctx, PTR, 1))
         bb.call(packb, [pctx, lo, hi])
     p0, p1 = (lo, hi) if split == "n" else (i64(0), i64(plan["npanels"]))
-    if not plan["pack_a"]:
+    if not plan["blocked"]:
         # straight on A, all of K at once; threads take row blocks or column panels
         m_blocks = _cdiv(p.m, mr)
 
@@ -434,17 +450,11 @@ def emit_own(b: ir.IRBuilder, p: GemmProblem, a, b_ptr, c, scratch, isa: Isa, th
         mc, kc = plan["mc"], plan["kc"]
         n_mblocks = _cdiv(p.m, mc)
         items = n_mblocks if split == "m" else plan["npanels"]
-        # this thread's A buffer: chunk c of t starts at item floor(c * items / t)
-        chunk = (bb.sdiv(bb.add(bb.mul(lo, i64(t)), i64(items - 1)), i64(items))
-                 if t > 1 else i64(0))
-        abuf = bb.gep(tscr, [bb.mul(chunk, i64(mc * kc))], inbounds=True, source_etype=el)
-        pa = pack_a(mod, p, blk.mr, name)
 
         def kblock(i0, mrows, k0, kk):
             """One kk-deep slice (k0 runtime, kk constant) of row block i0."""
             src = bb.gep(ta, [bb.add(bb.mul(i0, i64(p.sa_m)), bb.mul(k0, i64(p.sa_k)))],
                          inbounds=True, source_etype=el)
-            bb.call(pa, [src, abuf, mrows, i64(kk)])
             n_rb = bb.sdiv(bb.add(mrows, i64(blk.mr - 1)), i64(blk.mr))
             acc = ir.Constant(I1, 1) if accumulate else bb.icmp_signed(">", k0, i64(0))
 
@@ -452,7 +462,7 @@ def emit_own(b: ir.IRBuilder, p: GemmProblem, a, b_ptr, c, scratch, isa: Isa, th
                 bpp = bpanel(jp, k0)
 
                 def rb(r):
-                    ap = bb.gep(abuf, [bb.mul(r, i64(blk.mr * kk))], inbounds=True,
+                    ap = bb.gep(src, [bb.mul(r, i64(blk.mr * p.sa_m))], inbounds=True,
                                 source_etype=el)
                     row = bb.add(i0, bb.mul(r, i64(blk.mr)))
                     rows = bb.sub(mrows, bb.mul(r, i64(blk.mr)))
@@ -460,7 +470,7 @@ def emit_own(b: ir.IRBuilder, p: GemmProblem, a, b_ptr, c, scratch, isa: Isa, th
                                      i64(blk.mr))
                     cp = bb.gep(tc, [bb.add(bb.mul(row, i64(p.ldc)), bb.mul(jp, i64(nr)))],
                                 inbounds=True, source_etype=el)
-                    bb.call(uk, [ap, i64(1), i64(blk.mr), bpp, i64(nr), cp, i64(p.ldc),
+                    bb.call(uk, [ap, i64(p.sa_m), i64(p.sa_k), bpp, i64(nr), cp, i64(p.ldc),
                                  i64(kk), acc, rows, i64(cols)])
 
                 for_range(bb, i64(0), n_rb, rb, "r")
@@ -481,7 +491,7 @@ def emit_own(b: ir.IRBuilder, p: GemmProblem, a, b_ptr, c, scratch, isa: Isa, th
         else:
             for_range(bb, i64(0), i64(n_mblocks), mblock, "ib")
     bb.ret_void()
-    ctx_arr = stack_array(b, PTR, 5, "ctx")
-    for i, v in enumerate((a, b_ptr, packed_b, c, a_scratch)):
+    ctx_arr = stack_array(b, PTR, 4, "ctx")
+    for i, v in enumerate((a, b_ptr, packed_b, c)):
         b.store(v, elem(b, ctx_arr, PTR, i))
     parallel_for(b, body, ctx_arr, items, min(t, items), name)

@@ -134,7 +134,7 @@ def test_random_graphs_with_every_kernel_threaded_and_packed(monkeypatch, case):
 
     monkeypatch.setenv("EMBER_GEMM", "own")
     monkeypatch.setattr(cpu_threads, "MIN_WORK", 1)
-    for name in ("THREAD_FLOPS", "PACK_A_BYTES", "PACK_B_BYTES"):
+    for name in ("THREAD_FLOPS", "BLOCK_A_BYTES", "PACK_B_BYTES"):
         monkeypatch.setattr(gemm, name, 1)
     g, inputs = case
     four_ways(g, inputs, threads=3)
@@ -245,12 +245,12 @@ def test_narrow_gemm_with_transposed_a_runs_swapped(engine, m, n, k, epilogue, m
 @pytest.mark.parametrize("ta,tb", [(False, False), (True, False), (False, True), (True, True)])
 @pytest.mark.parametrize("m,n,k,split", [(157, 83, 301, "m"), (37, 150, 301, "n")])
 def test_packed_threaded_gemm_with_edges(ta, tb, m, n, k, split, monkeypatch):
-    """Large enough to pack A and B (odd sizes: row and column edges, a K tail), split
+    """Large enough to block K and pack B (odd sizes: row and column edges, a K tail), split
     across threads by rows or by column panels, transposed operands read through strides."""
     from ember.backends.cpu import gemm
 
     monkeypatch.setenv("EMBER_GEMM", "own")
-    for name in ("PACK_A_BYTES", "PACK_B_BYTES", "THREAD_FLOPS"):
+    for name in ("BLOCK_A_BYTES", "PACK_B_BYTES", "THREAD_FLOPS"):
         monkeypatch.setattr(gemm, name, 1024)
 
     def fn(b, x, w, bias):
@@ -268,7 +268,7 @@ def test_packed_threaded_gemm_with_edges(ta, tb, m, n, k, split, monkeypatch):
 
     pl = plan_matmul(mm, host_isa(), 2)
     plan = gemm.plan_own(pl.problem, host_isa(), 2)
-    assert plan["pack_a"] and plan["pack_b"] and plan["threads"] == 2
+    assert plan["blocked"] and plan["pack_b"] and plan["threads"] == 2
     assert plan["split"] == split
     inputs = rand(xs, ws, (n,))
     close(cpu.Executable(f, 2, use_cache=False)(inputs), interpreter.run(g, inputs))
@@ -295,8 +295,8 @@ def test_blas_gemm_with_transposes(monkeypatch):
 
 @pytest.mark.parametrize("tb,split", [(False, "m"), (True, "n")])
 def test_direct_gemm_split_across_threads(tb, split, monkeypatch):
-    """Unpacked A split by rows, or (B transposed, so packed) by column panels, each
-    thread packing its own."""
+    """Straight on A (K not blocked) split by rows, or (B transposed, so packed) by column
+    panels, each thread packing its own."""
     from ember.backends.cpu import gemm
     from ember.backends.cpu.host import host_isa
     from ember.backends.cpu.matmul import plan_matmul
@@ -309,7 +309,7 @@ def test_direct_gemm_split_across_threads(tb, split, monkeypatch):
     f = fuse(g)
     mm = next(op for op in f.ops if op.name == "kernel.matmul")
     plan = gemm.plan_own(plan_matmul(mm, host_isa(), 2).problem, host_isa(), 2)
-    assert not plan["pack_a"] and plan["split"] == split and plan["threads"] == 2
+    assert not plan["blocked"] and plan["split"] == split and plan["threads"] == 2
     exe = cpu.Executable(f, 2, use_cache=False)
     assert "ember_parallel_for" in exe.llvm_ir  # the loop goes to the thread pool
     inputs = rand((45, 30), ws)

@@ -250,6 +250,21 @@ def test_a_blocks_rows_follow_l2():
     assert gemm.blocking(isa, "f32", 1024, Caches(32 << 10, 256 << 10)).mc == gemm.MC_MIN
 
 
+@pytest.mark.parametrize("m,threads", [(512, 1), (512, 2), (301, 2), (2048, 2), (128, 1)])
+def test_row_blocks_are_even(m, threads, monkeypatch):
+    """No short last row block (512 rows: 174 + 174 + 164, not 252 + 252 + 8), and when
+    threads split the rows, as many blocks for each."""
+    monkeypatch.setattr(gemm, "host_caches", lambda: Caches(32 << 10, 1 << 20))
+    isa = Isa(512, 32)
+    p = gemm.GemmProblem(m, 128, 2048, 1, m, 128, 1, 128, "f32")
+    plan = gemm.plan_own(p, isa, threads)
+    mc, mr = plan["mc"], plan["blk"].mr
+    blocks = -(-m // mc)
+    assert plan["blocked"] and plan["split"] == "m" and mc % mr == 0
+    assert mc <= plan["blk"].mc and m - (blocks - 1) * mc > mc - blocks * mr
+    assert blocks % plan["threads"] == 0
+
+
 def test_the_cache_key_has_the_caches(monkeypatch):
     before = cache.options(2)
     monkeypatch.setattr(cache, "host_caches", lambda: Caches(48 << 10, 2 << 20))
@@ -271,7 +286,7 @@ SHAPES = [  # (m, n, k, transpose a, transpose b): odd edges everywhere
 @pytest.mark.parametrize("m,n,k,ta,tb", SHAPES)
 def test_the_own_gemm_gives_numpys_values_on_both_vector_widths(isa, m, n, k, ta, tb,
                                                                 monkeypatch):
-    for name in ("PACK_A_BYTES", "PACK_B_BYTES", "THREAD_FLOPS"):  # pack and split it all
+    for name in ("BLOCK_A_BYTES", "PACK_B_BYTES", "THREAD_FLOPS"):  # block, pack and split it all
         monkeypatch.setattr(gemm, name, 1024)
     monkeypatch.setattr(gemm, "host_caches", lambda: Caches(32 << 10, 64 << 10))  # A blocks
     rng = np.random.default_rng(1)
