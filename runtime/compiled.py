@@ -36,6 +36,7 @@ from ..ir.printer import print_graph, strip_locations
 from . import stage_cache
 from .backend import DEVICE_BACKENDS, get_backend, to_host
 from .debug import AnomalyError, ExecutionError, describe, find_anomaly, locate_error
+from .fast_path import BoundStep
 from .inputs import batch_sizes_agree, check_labels, finite_inputs, label_inputs
 from .params import GradientsParams, ParamTable, StateWatch, param_values, state_key
 from .pipeline import Stages, grad_pipeline, inference_pipeline, training_pipeline
@@ -54,6 +55,7 @@ class Entry:
     specs: tuple = field(default_factory=tuple)
     labels: tuple = ()  # (input index, number of classes) of each input of labels
     _replay: Graph | None = None
+    bound: BoundStep | None = None  # a training step's call path on it (runtime/fast_path.py)
 
     def replay_graph(self) -> Graph:
         """What the interpreter replays to find a failing op: the graph before fusion."""
@@ -237,16 +239,21 @@ class Compiled:
         `out`: {result position: array} to write results into (backends with `writes_out`)."""
         try:
             return entry.run(args, params) if out is None else entry.run(args, params, out=out)
-        except InputCheckError:  # the backend's own check: say which rows or values
-            self.check_inputs(entry, tuple(args[:len(entry.specs)]))
-            raise
         except Exception as e:
-            found = locate_error(entry.replay_graph(), args, params)
-            if found is None:
-                raise
+            self.explain(entry, args, params, e)
+            raise
+
+    def explain(self, entry: Entry, args: list, params: dict, error: Exception) -> None:
+        """Raise what says why a run failed, where more can be said than `error` does: the
+        rows or values behind a backend's own input check, else the op and source line."""
+        if isinstance(error, InputCheckError):
+            self.check_inputs(entry, tuple(args[:len(entry.specs)]))
+            return
+        found = locate_error(entry.replay_graph(), args, params)
+        if found is not None:
             op, cause = found
             raise ExecutionError(f"{self.kind} failed in {describe(op)}: "
-                                 f"{type(cause).__name__}: {cause}") from e
+                                 f"{type(cause).__name__}: {cause}") from error
 
     def check_finite(self, entry: Entry, args: list, params: dict, outs: list) -> None:
         """Under detect_anomaly: any NaN/Inf in the results is traced to the op behind it."""
@@ -451,6 +458,14 @@ class _Training(Compiled):
     def finish(self, entry: Entry, table: dict, outs: list) -> list:
         """Check the loss, keep loss and metrics, write buffers; returns the tail."""
         main, buffers, tail = entry.split(outs)
+        self.keep_loss(main)
+        for pid, value in zip(entry.buffer_ids, buffers):
+            self.set_param(table, pid, value)
+        self.rng_step += 1
+        return tail
+
+    def keep_loss(self, main: list) -> None:
+        """Check the loss, before anything is written back, and keep it and the metrics."""
         loss = float(main[0])
         if not math.isfinite(loss):
             raise FloatingPointError(
@@ -460,10 +475,6 @@ class _Training(Compiled):
         self.loss = loss
         self.metrics = tuple(float(m) if m.ndim == 0 else m
                              for m in (to_host(m) for m in main[1:])) if len(main) > 1 else ()
-        for pid, value in zip(entry.buffer_ids, buffers):
-            self.set_param(table, pid, value)
-        self.rng_step += 1
-        return tail
 
     def memory_report(self) -> dict:
         """Bytes by role (params, optimizer state, saved activations, ...) of the compiled
@@ -542,6 +553,13 @@ class TrainStep(_Training):
                 + state_inputs(self.optimizer, entry.update_layout, table))
 
     def __call__(self, *inputs: np.ndarray):
+        table = self.param_table()
+        entry = self.entry(inputs, table)
+        bound = entry.bound
+        if bound is None or bound.table is not table:
+            bound = entry.bound = BoundStep.of(self, entry, table)
+        if bound is not None and not self.detect_anomaly:
+            return bound(self, entry, inputs)
         entry, table, outs = self.execute(inputs)
         tail = self.finish(entry, table, outs)
         write_back(self.optimizer, entry.update_layout, table, tail,

@@ -55,13 +55,12 @@ class StateWatch:
         self.table = table
         self.params = tuple(table.values())
         self.flags = tuple(p for p in self.params if p.kind == "flag")
-        self.state = self._now()
-
-    def _now(self) -> tuple[list, list]:
-        return list(map(_requires_grad, self.params)), list(map(bool, self.flags))
+        self.grads = list(map(_requires_grad, self.params))
+        self.flag_values = list(map(bool, self.flags))
 
     def unchanged(self, table: dict[str, Param]) -> bool:
-        return table is self.table and self._now() == self.state
+        return (table is self.table and list(map(_requires_grad, self.params)) == self.grads
+                and (not self.flags or list(map(bool, self.flags)) == self.flag_values))
 
 
 class GradientsParams:

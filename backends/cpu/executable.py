@@ -25,7 +25,9 @@ from .jit import JitModule, fingerprint
 
 
 class Executable:
-    """`exe(inputs, params)` runs the graph natively and returns fresh arrays.
+    """`exe(inputs, params)` runs the graph natively and returns fresh arrays;
+    `run_values(inputs, values)` is the same call with the params' values listed in
+    `param_keys` order, for a runtime that binds the same params on every step.
 
     Intermediate buffers are allocated once and overwritten by every call (a lock
     serializes concurrent calls; a forked child gets a new one): the op results the graph
@@ -86,9 +88,13 @@ class Executable:
                           _SCALARS.get(numpy_dtype(s.type.dtype).kind, ()),
                           numpy_dtype(s.type.dtype), s.type, self._describe(s)) for i, s in bound
                          if s.kind == "arg" and s.type.shape == ()]
-        self._tensors = [(i, s.kind == "arg", s.key, numpy_dtype(s.type.dtype), s.type.shape,
-                          s.type, self._describe(s)) for i, s in bound
-                         if s.kind == "param" or s.type.shape != ()]
+        # tensor inputs (by position), and params in `param_keys` order (as `run_values` and
+        # `_run` take their values): slot, key, dtype, shape, type, description
+        self._args = [(i, s.key, numpy_dtype(s.type.dtype), s.type.shape, s.type,
+                       self._describe(s)) for i, s in bound if s.kind == "arg" and s.type.shape]
+        self._params = [(i, s.key, numpy_dtype(s.type.dtype), s.type.shape, s.type,
+                         self._describe(s)) for i, s in bound if s.kind == "param"]
+        self.param_keys = tuple(key for _, key, *_ in self._params)
         # (slot, shape to view it as or None, returned as is) of each result: a fresh
         # buffer is handed over the first time it is returned, anything else is copied
         self._results, handed = [], set()
@@ -97,6 +103,9 @@ class Executable:
             handed.add(i)
             self._results.append((i, t.shape if self.slots[i].type.shape != t.shape else None,
                                   own))
+        # the results' slots when each is handed over as it is (no copy, no reshape)
+        self._handed = [i for i, *_ in self._results] \
+            if all(own and shape is None for _, shape, own in self._results) else None
         # id -> pool entry (array, owner, address) of every pooled result: a training step
         # binds them as its next params, and their address is known already (the entry is
         # shared with the pool, so the refcounts _run reads to recycle them stay as they were)
@@ -199,7 +208,7 @@ class Executable:
         """A buffer table bound to `inputs` and `params`, with buffers of its own for the
         returned results, for running the native code alone; the list keeps alive every
         array it points to (inputs as converted for the native code included)."""
-        keep = self._run(inputs, params)
+        keep = self._run(inputs, self._values(params))
         table = (ctypes.c_void_p * len(self._ptrs))(*self._ptrs)
         for i in self._fresh:
             keep[i], table[i] = aligned_empty(self.slots[i].type)
@@ -254,16 +263,32 @@ class Executable:
         the result's dtype and size): a data-parallel step's flat gradient buffer. A result
         the kernels write directly is written there; any other is copied there."""
         into = self._bind_out(out) if out else None
-        arrays = self._run(inputs, params, into)
-        results = [arrays[i] if own and shape is None else
-                   arrays[i].reshape(shape) if own else
-                   (arrays[i] if shape is None else arrays[i].reshape(shape)).copy()
-                   for i, shape, own in self._results]
+        results = self._collect(self._run(inputs, self._values(params), into))
         for k, target in out.items() if out else ():
             if results[k].ctypes.data != target.ctypes.data:
                 np.copyto(target.reshape(results[k].shape), results[k])
             results[k] = target.reshape(results[k].shape)
         return results
+
+    def run_values(self, inputs: Sequence, values: Sequence) -> list[np.ndarray]:
+        """`exe(inputs, params)` with the params' values listed in `param_keys` order: what a
+        runtime that binds the same params on every step calls (no mapping read per call)."""
+        return self._collect(self._run(inputs, values))
+
+    def _values(self, params: Mapping | None) -> list:
+        """The values of `param_keys` in `params` (None where it has none)."""
+        if not params:
+            return [None] * len(self.param_keys)
+        return [params.get(key) for key in self.param_keys]
+
+    def _collect(self, arrays: list) -> list[np.ndarray]:
+        """One call's results from its slots' arrays: handed over, else reshaped or copied."""
+        if self._handed is not None:
+            return [arrays[i] for i in self._handed]
+        return [arrays[i] if own and shape is None else
+                arrays[i].reshape(shape) if own else
+                (arrays[i] if shape is None else arrays[i].reshape(shape)).copy()
+                for i, shape, own in self._results]
 
     def _bind_out(self, out: Mapping[int, np.ndarray]) -> dict[int, np.ndarray]:
         """{slot: array viewed as the slot's type} for the results the kernels write."""
@@ -279,30 +304,43 @@ class Executable:
                 into[i] = target.reshape(t.shape)
         return into
 
-    def _run(self, inputs, params, into: dict | None = None) -> list:
+    def _run(self, inputs, values, into: dict | None = None) -> list:
         """Bind and run: every slot's array (inputs as converted, results) of this call;
-        `into` gives some results' slots the caller's arrays."""
+        `values`: the params' in `param_keys` order; `into` gives some results' slots the
+        caller's arrays."""
         if len(inputs) != self._n_args:
             raise ValueError(f"graph @{self.graph.name} takes {self._n_args} inputs, "
                              f"got {len(inputs)}")
+        if len(values) != len(self.param_keys):
+            raise ValueError(f"graph @{self.graph.name} takes {len(self.param_keys)} params, "
+                             f"got {len(values)}")
         arrays = self._arrays.copy()
-        pooled, getrefcount = self._pooled, sys.getrefcount
+        pooled, getrefcount, ndarray = self._pooled, sys.getrefcount, np.ndarray
         with self._lock:
             table = self._ptrs
             for key, buf, takes, dtype, t, what in self._scalars:
                 x = inputs[key]
                 buf[()] = x if type(x) in takes else as_input(x, t, dtype, what)
-            for i, is_arg, key, dtype, shape, t, what in self._tensors:
-                x = inputs[key] if is_arg else params.get(key) if params else None
+            for i, key, dtype, shape, t, what in self._args:
+                x = inputs[key]
+                if not (type(x) is ndarray and x.dtype is dtype and x.shape == shape
+                        and x.flags.c_contiguous):
+                    x = as_input(x, t, dtype, what)
+                arrays[i] = x
+                try:  # `_address`, inline: a new input on every call
+                    table[i] = _addressof(_from_buffer(x))
+                except (TypeError, ValueError, BufferError):
+                    table[i] = x.ctypes.data
+            for (i, _, dtype, shape, t, what), x in zip(self._params, values):
                 # an array this executable returned (the pool keeps it alive, so its id is
                 # its own): C-contiguous and aligned, its address known
                 known = pooled.get(id(x))
                 if known is not None and x.dtype is dtype and x.shape == shape:
                     table[i] = known[2]
                 else:
-                    if x is None and not is_arg:
+                    if x is None:
                         raise KeyError(f"no value for param {what}")
-                    if not (type(x) is np.ndarray and x.dtype is dtype and x.shape == shape
+                    if not (type(x) is ndarray and x.dtype is dtype and x.shape == shape
                             and x.flags.c_contiguous):
                         x = as_input(x, t, dtype, what)
                     table[i] = _address(x)
@@ -363,6 +401,9 @@ def _address(x: np.ndarray) -> int:
     """The data pointer of a contiguous array (ctypes' from_buffer is the fast way; it
     needs a writable, non-empty buffer)."""
     try:
-        return ctypes.addressof(ctypes.c_char.from_buffer(x))
+        return _addressof(_from_buffer(x))
     except (TypeError, ValueError, BufferError):
         return x.ctypes.data
+
+
+_addressof, _from_buffer = ctypes.addressof, ctypes.c_char.from_buffer

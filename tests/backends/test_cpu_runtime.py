@@ -214,3 +214,29 @@ def test_bound_call_runs_the_native_code_alone():
     np.testing.assert_array_equal(out, want)
     np.testing.assert_array_equal(held, -want)
     assert exe.native_calls == 2  # the bound call is not counted as a step
+
+
+def test_run_values_binds_params_by_position_as_the_mapping_does_by_id():
+    """`run_values(inputs, values)`: the call a training step makes on every step, with the
+    params' values in `param_keys` order; the same results as `exe(inputs, params)`, and a
+    missing or extra value is an error, never a stale pointer."""
+    g = Graph("f", [TensorType((2, 3), "f32")])
+    b = Builder(g.body)
+    w, s = (b.create("ember.param", [], {"id": pid, "path": f"layer.{pid}"},
+                     result_types=[TensorType(shape, "f32")]).result
+            for pid, shape in (("w", (2, 3)), ("s", (3,))))
+    b.create("func.return", [b.op("ember.add", b.op("ember.mul", g.args[0], w), s)])
+    exe = cpu.Executable(verify(g), use_cache=False)
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    params = {"w": np.full((2, 3), 2, np.float32), "s": np.arange(3, dtype=np.float64)}
+    assert sorted(exe.param_keys) == ["s", "w"]
+    values = [params[k] for k in exe.param_keys]
+    (want,) = exe([x], params)
+    np.testing.assert_array_equal(want, 2 * x + np.arange(3))
+    np.testing.assert_array_equal(exe.run_values([x], values)[0], want)
+    with pytest.raises(ValueError, match="takes 2 params, got 1"):
+        exe.run_values([x], values[:1])
+    with pytest.raises(KeyError, match=r"no value for param .*layer\.s \(id s\)"):
+        exe.run_values([x], [None if k == "s" else v for k, v in zip(exe.param_keys, values)])
+    with pytest.raises(KeyError, match=r"no value for param .*layer\.w \(id w\)"):
+        exe([x], {"s": params["s"]})

@@ -1,0 +1,111 @@
+"""A training step on the cpu backend runs through its bound call path (runtime/fast_path.py):
+it trains bit for bit as the general path (forced here by detect_anomaly) whatever changes
+between steps, and keeps the contract that an array a step returned is never written again
+while someone holds it."""
+
+import numpy as np
+import pytest
+
+import ember as em
+from ember import nn, optim
+from ember.runtime.fast_path import BoundStep
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(12, 16), nn.Linear(16, 4)
+        self.norm = nn.BatchNorm1d(16)
+        self.drop = nn.Dropout(0.25)
+
+    def forward(self, x):
+        return self.fc2(self.drop(nn.functional.relu(self.norm(self.fc1(x)))))
+
+
+def loss_and_metric(out, y):
+    return nn.functional.cross_entropy(out, y), out.mean()
+
+
+def batches(n=6, rows=8):
+    rng = np.random.default_rng(0)
+    return [(rng.standard_normal((rows, 12)).astype(np.float32), rng.integers(0, 4, rows))
+            for _ in range(n)]
+
+
+def replace_a_weight(model, step):
+    model.fc2.weight.set_value(np.full(model.fc2.weight.shape, 0.01, np.float32))
+
+
+def schedule_the_lr(model, step):
+    step.optimizer.lr = optim.StepLR(0.05, step_size=1, gamma=0.5)
+
+
+def swap_a_layer(model, step):
+    em.seed(5)
+    model.fc2 = nn.Linear(16, 4)
+
+
+def new_optimizer(model, step):
+    step.optimizer = optim.Adam(lr=1e-2)
+
+
+def drop_the_state(model, step):
+    step.optimizer.state.clear()
+
+
+def run(general: bool, change=None):
+    em.seed(0)
+    model = Net()
+    step = em.compile_train_step(model, loss_and_metric, optim.SGD(lr=0.1, momentum=0.9),
+                                 backend="cpu", detect_anomaly=general)
+    if not general:
+        step.execute = lambda inputs: pytest.fail("the general path ran")
+    out = []
+    for i, (x, y) in enumerate(batches()):
+        if i == 3 and change is not None:
+            change(model, step)
+        out.append(step(x, y))
+    return out, {k: v.copy() for k, v in model.state_dict().items()}, step
+
+
+@pytest.mark.parametrize("change", [None, replace_a_weight, schedule_the_lr, swap_a_layer,
+                                    new_optimizer, drop_the_state])
+def test_the_bound_path_trains_exactly_as_the_general_one(change):
+    fast, general = run(False, change), run(True, change)
+    assert fast[0] == general[0] and len(fast[0][0]) == 2  # (loss, metric) each step
+    assert fast[1].keys() == general[1].keys()
+    for k, v in general[1].items():
+        np.testing.assert_array_equal(fast[1][k], v, err_msg=k)
+    assert fast[2].rng_step == general[2].rng_step == 6
+    assert fast[2].optimizer.step_count == general[2].optimizer.step_count
+
+
+def test_arrays_a_step_returned_are_not_written_while_held():
+    em.seed(0)
+    model = Net()
+    step = em.compile_train_step(model, loss_and_metric, optim.SGD(lr=0.1), backend="cpu")
+    data = batches()
+    step(*data[0])
+    held = [(p.val(), p.val().copy()) for p in model.parameters()]
+    for b in data[1:]:
+        step(*b)
+    assert isinstance(step._last.bound, BoundStep)
+    for value, copy in held:
+        np.testing.assert_array_equal(value, copy)
+        assert all(value is not p.val() for p in model.parameters())
+
+
+def test_a_nan_loss_leaves_params_and_counters_as_they_were():
+    em.seed(0)
+    model = Net()
+    step = em.compile_train_step(model, loss_and_metric, optim.SGD(lr=1e30), backend="cpu")
+    x, y = batches(1)[0]
+    before = {k: v.copy() for k, v in model.state_dict().items()}
+    with pytest.raises(FloatingPointError, match="params were not updated"):
+        for _ in range(4):
+            before = {k: v.copy() for k, v in model.state_dict().items()}
+            counters = step.rng_step, step.optimizer.step_count
+            step(x, y)
+    assert (step.rng_step, step.optimizer.step_count) == counters
+    for k, v in model.state_dict().items():
+        np.testing.assert_array_equal(v, before[k], err_msg=k)
