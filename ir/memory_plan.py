@@ -2,11 +2,15 @@
 
 `plan_memory(graph) -> MemoryPlan` plans every op result that the graph computes (params,
 constants and graph arguments are resident: the runtime owns them). A result lives from
-its op to its last use (results returned by the graph: to the end). Buffers are reused in
-place: an elementwise op (or a reshape) whose operand of the same shape and dtype dies
-there writes its result into that operand's buffer. Buffers then get offsets in one arena,
-greedily by size (largest first, lowest offset that no buffer alive at the same time
-overlaps), 64-byte aligned (a backend may ask for more: the cuda one aligns to 256).
+its op to its last use (results returned by the graph: to the end). A reshape is a view:
+its result shares its operand's buffer, which lives as long as either. Buffers are reused
+in place: an op whose operand of the same shape and dtype dies there writes its result
+into that operand's buffer where `in_place_operands` allows it (an elementwise op, a
+single-output `kernel.fused` reading it at the index it writes); a result the graph
+returns never does, and lives from the first step (a backend hands the caller a buffer
+that it holds through the whole run, outside the arena). Buffers then get offsets in one
+arena, greedily by size (largest first, lowest offset that no buffer alive at the same
+time overlaps), 64-byte aligned (a backend may ask for more: the cuda one aligns to 256).
 
 The plan's report breaks the peak down by class: `params`, `optimizer_state` (the state
 arguments the optimizer pass adds, `ember.state`), `inputs` (every other argument),
@@ -24,6 +28,7 @@ can really write over an operand); the `plan-memory` pass is passes/memory.py.
 from __future__ import annotations
 
 import bisect
+import math
 from collections import defaultdict
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
@@ -34,6 +39,7 @@ from .types import TensorType
 
 ALIGN = 64
 RESIDENT_OPS = {"ember.param": "params", "ember.constant": "constants"}
+VIEW_OPS = frozenset({"ember.reshape"})  # the result is its operand's bytes, reinterpreted
 CLASSES = ("params", "optimizer_state", "inputs", "constants", "saved", "temporaries")
 
 
@@ -83,14 +89,15 @@ def argument_classes(graph: Graph) -> dict[Value, str]:
 class Step:
     """One op of a schedule, with keys (anything with a `.type`) for its values.
     `reuse`: the operands its result may be written over (dying there, same type); None
-    means all of them for an elementwise op or a reshape, what a plain op-by-op executor
-    can do (a backend passes what its kernels really can)."""
+    means what `in_place_operands` allows for an op of that name without regions (all
+    operands of an elementwise op). `view`: the result is operand 0's buffer."""
 
     name: str
     operands: list
     results: list
     forward: bool = False
     reuse: list | None = None
+    view: bool = False
 
 
 @dataclass
@@ -148,9 +155,9 @@ def plan(steps: list[Step], resident: dict[Hashable, str], outputs: Iterable,
             last.setdefault(r, t)
             if s.forward:
                 forward_defined.add(r)
-    for v in outputs:
-        if v in define:
-            last[v] = end
+    returned = {v for v in outputs if v in define}
+    for v in returned:
+        last[v] = end
 
     buffer_of: dict[Hashable, Buffer] = {}
     buffers: list[Buffer] = []
@@ -160,13 +167,21 @@ def plan(steps: list[Step], resident: dict[Hashable, str], outputs: Iterable,
         for r in s.results:
             if r not in define:
                 continue
-            donor = _donor(s, r, t, last, buffer_of, claimed) if len(s.results) == 1 else None
+            if s.view and s.operands[0] in buffer_of:
+                buf = buffer_of[s.operands[0]]
+                buf.values.append(r)
+                buf.end = max(buf.end, last[r])
+                buffer_of[r] = buf
+                continue
+            donor = (_donor(s, r, t, last, buffer_of, claimed)
+                     if len(s.results) == 1 and r not in returned else None)
             if donor is not None:
                 buf = buffer_of[donor]
                 claimed.add(id(buf))
                 in_place[r] = donor
             else:
-                buf = Buffer(_aligned(nbytes(r), align), t, t)
+                # a returned result is the caller's buffer, held through the whole run
+                buf = Buffer(_aligned(nbytes(r), align), 0 if r in returned else t, t)
                 buffers.append(buf)
             buf.values.append(r)
             buf.end = max(buf.end, last[r])
@@ -196,21 +211,41 @@ def plan(steps: list[Step], resident: dict[Hashable, str], outputs: Iterable,
 
 
 def _donor(s: Step, r, t: int, last, buffer_of, claimed: set[int]):
-    """An operand whose buffer `r` may overwrite: same type (a reshape: same bytes), dying
-    at this step, its buffer not already taken by another result of the step."""
-    if s.reuse is not None:
-        candidates = s.reuse
-    elif has_trait(s.name, "elementwise") or s.name == "ember.reshape":
-        candidates = s.operands
-    else:
-        return None
+    """An operand whose buffer `r` may overwrite: same type, dying at this step, its buffer
+    not already taken by another result of the step nor read through a view by another
+    operand (whose map `in_place_operands` did not compare)."""
+    candidates = s.operands if s.reuse is None and has_trait(s.name, "elementwise") else (
+        s.reuse or ())
     for v in candidates:
         buf = buffer_of.get(v)
         if buf is None or id(buf) in claimed or last.get(v) != t or buf.end != t:
             continue
-        if v.type == r.type or (s.name == "ember.reshape" and nbytes(v) == nbytes(r)):
+        if any(u != v and buffer_of.get(u) is buf for u in s.operands):
+            continue
+        if v.type == r.type:
             return v
     return None
+
+
+def in_place_operands(op: Operation, storage: list) -> list[int]:
+    """The operands `op` may write its result over: those it reads at the very index it
+    writes (and at no other), before writing it. That holds for an elementwise op's
+    operands of the result's type, and for a single-output `kernel.fused` without
+    reductions that reads the operand only through the result's own map, over a space of
+    the result's size (each element written once). `storage[k]` names operand k's buffer:
+    one buffer passed twice (x * x.T) must be read through that one map both times."""
+    if op.name == "kernel.fused":
+        a = op.attributes
+        if (len(op.results) != 1 or math.prod(a["space"]) != op.result.type.size
+                or any(b.name == "kernel.reduce" for b in op.regions[0].blocks[0].ops)):
+            return []
+        same = [k for k, m in enumerate(a["maps"]) if m == a["out_maps"][0] and all(
+            a["maps"][j] == m for j, s in enumerate(storage) if s == storage[k])]
+    elif has_trait(op.name, "elementwise") and len(op.results) == 1:
+        same = list(range(len(op.operands)))
+    else:
+        return []
+    return [k for k in same if op.operands[k].type == op.result.type]
 
 
 def _assign_offsets(buffers: list[Buffer]) -> int:
@@ -315,8 +350,17 @@ def graph_steps(graph: Graph) -> tuple[list[Step], dict[Hashable, str]]:
             continue
         if op.name in RESIDENT_OPS:
             resident.update({r: RESIDENT_OPS[op.name] for r in op.results})
-        steps.append(Step(op.name, list(op.operands), list(op.results), op in fwd))
+        steps.append(op_step(op, list(op.operands), list(op.results), op in fwd))
     return steps, resident
+
+
+def op_step(op: Operation, operands: list, results: list, forward: bool) -> Step:
+    """`op` as a step over the keys `operands` and `results`: a view, or writing over
+    what `in_place_operands` allows."""
+    if op.name in VIEW_OPS:
+        return Step(op.name, operands, results, forward, [], view=True)
+    return Step(op.name, operands, results, forward,
+                [operands[k] for k in in_place_operands(op, operands)])
 
 
 def plan_memory(graph: Graph) -> MemoryPlan:

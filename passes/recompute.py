@@ -57,6 +57,7 @@ from ..ir.memory_plan import (
     argument_classes,
     forward_ops,
     nbytes,
+    op_step,
     plan,
 )
 from .autodiff.rules import checkpoint_class
@@ -98,7 +99,7 @@ class Schedule:
     clones: int = 0
 
     def steps(self) -> list[Step]:
-        return [Step(e.op.name, e.operands, e.results, e.forward) for e in self.entries]
+        return [op_step(e.op, e.operands, e.results, e.forward) for e in self.entries]
 
 
 def recomputable(op: Operation) -> bool:

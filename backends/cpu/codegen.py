@@ -18,14 +18,13 @@ code and only needs the plan. `emit(plan)` builds the module.
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass, field
 
 import numpy as np
 from llvmlite import ir
 
-from ...ir import Graph, Operation, TensorType, Value, has_trait, numpy_dtype
+from ...ir import Graph, Operation, TensorType, Value, numpy_dtype
 from ...ir import memory_plan as mp
 from ...ir.dialects.kernel_attention import ATTENTION_OPS
 from ...ir.printer import print_graph
@@ -195,27 +194,12 @@ def _place_temps(p: Plan, owner: list[Value]) -> None:
 
 
 def _reuse(st: Step, owner: list[Value]) -> list[Value]:
-    """The operands a kernel may write its result over: those it reads at the very index
-    it writes (and at no other), before writing it. That holds for an unfused elementwise
-    op's operands of the result's type, and for a single-output `kernel.fused` without
-    reductions that reads the operand only through the result's own map, over a space of
-    the result's size (each element written once). Their arguments keep `noalias`: a store
-    depends on the loads at its own index, so no reordering LLVM may do moves it before
-    them, and no other index is shared."""
-    op = st.op
-    if op.name == "kernel.fused":
-        a = op.attributes
-        if (len(op.results) != 1 or math.prod(a["space"]) != op.result.type.size
-                or any(b.name == "kernel.reduce" for b in op.regions[0].blocks[0].ops)):
-            return []
-        # ... and through no other map: the slot may be passed twice (x * x.T)
-        same = [k for k, m in enumerate(a["maps"]) if m == a["out_maps"][0] and all(
-            a["maps"][j] == m for j, s in enumerate(st.ins) if s == st.ins[k])]
-    elif op.name in KERNELS and has_trait(op.name, "elementwise"):
-        same = list(range(len(op.operands)))
-    else:
+    """The operands a kernel may write its result over (ir/memory_plan.py's rule, by slot).
+    Their arguments keep `noalias`: a store depends on the loads at its own index, so no
+    reordering LLVM may do moves it before them, and no other index is shared."""
+    if st.op.name != "kernel.fused" and st.op.name not in KERNELS:
         return []
-    return [owner[st.ins[k]] for k in same if op.operands[k].type == op.result.type]
+    return [owner[st.ins[k]] for k in mp.in_place_operands(st.op, st.ins)]
 
 
 def _kernel_key(st: Step, index: int) -> tuple:

@@ -75,11 +75,10 @@ def test_real_bytes_follow_the_plan_under_every_strategy(name, capsys):
                                      backend="cpu", checkpoint=s)
         step(x, y)
         rows[s] = r = step.memory_report()
-        # within 10% is issue 13's aim; today the plan leaves out GEMM scratch and counts
-        # returned results only from where they are computed (real: the whole call), and
-        # the cpu arena writes fused kernels in place over dying operands, which the plan
-        # (passes/memory.py) does not model (autodiff-first block: real arena 0.8x plan)
-        assert 0.85 * r["peak_bytes"] <= r["real_bytes"] <= 1.3 * r["peak_bytes"], (s, r)
+        # the plan models what the cpu does (views, in-place fused kernels, returned
+        # results held through the call); it leaves out the kernels' scratch (packed GEMM
+        # panels, conv tiles: a few percent)
+        assert 0.9 * r["peak_bytes"] <= r["real_bytes"] <= 1.1 * r["peak_bytes"], (s, r)
     real = {s: r["real_bytes"] for s, r in rows.items()}
     assert real["balanced"] <= real["none"] and real["all"] <= real["none"]
     with capsys.disabled():
