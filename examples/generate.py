@@ -1,0 +1,257 @@
+"""Text generation with a KV cache from a handful of compiled graphs (static shapes).
+
+    python examples/generate.py --tokens 100 --prompt "To be, or not to be"
+    python examples/generate.py --tokens 100 --temperature 0.8 --seed 1
+    python examples/generate.py --train 300 --tokens 200 --prompt "To be"   # fit it first
+
+The model is benchmarks/gpt.py's char-level `Gpt` (its weights drive both graphs, so a
+trained `Gpt` generates as it is). Growing the context one token at a time would trace a
+new graph for every length; instead two kinds of graph of fixed shapes run:
+
+- PREFILL, one per prompt bucket P (a power of two): the prompt padded to P with its real
+  `length` as an input. Causal attention hides the padding from every position < length,
+  so the logits at length - 1 are exact; it returns every layer's keys and values placed
+  in caches of the model's full context (`block`), zero past the prompt.
+- DECODE, one graph: a token, its position `pos` (an i64 scalar) and the caches in; it
+  writes the token's key and value at `pos` (a select on `arange == pos`), attends over
+  the whole cache with the keys after `pos` masked, and returns the logits and the caches.
+
+So a generation compiles (prompt buckets used) + 1 graphs, whatever its length.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+import ember as em
+from ember import nn, optim
+from ember.nn import functional as F
+from ember.runtime.compiled import CompiledFunction
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from gpt import CONFIGS, Gpt, lm_loss  # noqa: E402
+
+CHARS = "\n !$&',-.3:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"  # 65, as Gpt's vocab
+
+TEXT = """To be, or not to be, that is the question:
+Whether 'tis nobler in the mind to suffer
+The slings and arrows of outrageous fortune,
+Or to take arms against a sea of troubles
+And by opposing end them. To die: to sleep;
+No more; and by a sleep to say we end
+The heart-ache and the thousand natural shocks
+That flesh is heir to: 'tis a consummation
+Devoutly to be wish'd.
+"""  # what `--train` fits the model to (Hamlet, III.1)
+
+
+def encode(text: str) -> np.ndarray:
+    """Characters outside the vocabulary become spaces."""
+    return np.array([CHARS.find(c) if c in CHARS else 1 for c in text], np.int64)
+
+
+def decode_text(ids) -> str:
+    return "".join(CHARS[int(i)] for i in ids)
+
+
+def bucket(length: int, limit: int, smallest: int = 8) -> int:
+    """The power of two >= length (at least `smallest`), at most `limit`."""
+    return min(limit, max(smallest, 1 << (length - 1).bit_length()))
+
+
+def _heads(x, lin: nn.Linear, heads: int):
+    """[B, T, d] projected by `lin` and split to [B, heads, T, d / heads]."""
+    y = lin(x)
+    b, t, d = y.shape
+    return y.reshape(b, t, heads, d // heads).transpose(0, 2, 1, 3)
+
+
+def _block(blk, x, attend):
+    """One pre-LN block of `Gpt` (benchmarks/gpt.py Block's params) with the attention
+    itself left to `attend(q, k, v) -> (y, k_cache, v_cache)`."""
+    a = blk.attn
+    h = blk.ln1(x)
+    y, kc, vc = attend(*(_heads(h, lin, a.num_heads) for lin in (a.query, a.key, a.value)))
+    b, _, t, dh = y.shape
+    x = x + a.output(y.transpose(0, 2, 1, 3).reshape(b, t, a.num_heads * dh))
+    return x + blk.proj(F.gelu(blk.fc(blk.ln2(x)))), kc, vc
+
+
+class Prefill(nn.Module):
+    """forward(idx [B, P] i64, length i64 scalar) -> (logits [B, vocab] at length - 1,
+    k0, v0, k1, v1, ...: each layer's caches [B, heads, block, d_head])."""
+
+    def __init__(self, gpt: Gpt):
+        super().__init__()
+        self.gpt = gpt
+
+    def forward(self, idx, length):
+        g, p = self.gpt, idx.shape[1]
+        x = g.tok(idx) + g.pos(np.arange(p))
+        # [block, P]: 1 where cache row t takes prompt position t (t < length), else 0; a
+        # matmul by it pads to the full context exactly (one product of 1.0 per element)
+        place = np.arange(g.block)[:, None] == np.arange(p)[None, :]
+        place = F.where(length > np.arange(p), place.astype(np.float32), 0.0)
+        caches = []
+
+        def attend(q, k, v):
+            return F.scaled_dot_product_attention(q, k, v, causal=True), place @ k, place @ v
+
+        for blk in g.blocks:
+            x, kc, vc = _block(blk, x, attend)
+            caches += [kc, vc]
+        last = F.embedding(length - 1, x.transpose(1, 0, 2))  # x[:, length - 1]: [B, d]
+        return (g.head(g.norm(last)), *caches)
+
+
+class Decode(nn.Module):
+    """forward(token [B] i64, pos i64 scalar, k0, v0, k1, v1, ...) -> (logits [B, vocab],
+    the caches with the token's keys and values written at `pos`)."""
+
+    def __init__(self, gpt: Gpt):
+        super().__init__()
+        self.gpt = gpt
+
+    def forward(self, token, pos, *caches):
+        g = self.gpt
+        keys = np.arange(g.block)
+        here = (pos == keys).reshape(g.block, 1)  # the cache row that `pos` writes
+        seen = pos >= keys  # the keys this query attends to
+        x = (g.tok(token) + g.pos(pos)).reshape(token.shape[0], 1, -1)
+        out = []
+        for i, blk in enumerate(g.blocks):
+            def attend(q, k, v, kc=caches[2 * i], vc=caches[2 * i + 1]):
+                kc, vc = F.where(here, k, kc), F.where(here, v, vc)
+                return F.scaled_dot_product_attention(q, kc, vc, attn_mask=seen), kc, vc
+
+            x, kc, vc = _block(blk, x, attend)
+            out += [kc, vc]
+        return (g.head(g.norm(x)).reshape(token.shape[0], -1), *out)
+
+
+class Generator:
+    """Greedy or temperature sampling from a `Gpt` through its prefill and decode graphs,
+    compiled on first use for each prompt bucket (`compiles` counts them)."""
+
+    def __init__(self, gpt: Gpt, batch: int = 1, backend: str = "cpu",
+                 buckets: Callable[[int, int], int] = bucket):
+        """`buckets(length, block)`: the padded length of a prompt's graph (>= length)."""
+        self.gpt, self.batch, self.backend, self.buckets = gpt, batch, backend, buckets
+        self.block = gpt.block
+        self.prefills: dict[int, CompiledFunction] = {}
+        self.decode: CompiledFunction | None = None
+
+    @property
+    def compiles(self) -> int:
+        """Graphs compiled so far: one per prompt bucket used, and the decode graph."""
+        return len(self.prefills) + (self.decode is not None)
+
+    def prefill(self, prompt: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
+        """(logits [B, vocab] after the prompt [B, T], the caches)."""
+        b, t = prompt.shape
+        if not 0 < t <= self.block:
+            raise ValueError(f"the prompt has {t} tokens; the model's context holds 1 to "
+                             f"{self.block}")
+        if b != self.batch:
+            raise ValueError(f"a batch of {b} prompts for a Generator of batch {self.batch}")
+        p = self.buckets(t, self.block)
+        if not t <= p <= self.block:
+            raise ValueError(f"bucket {p} for a prompt of {t} tokens: it must lie in "
+                             f"[{t}, {self.block}]")
+        padded, length = np.zeros((b, p), np.int64), np.array(t, np.int64)
+        padded[:, :t] = prompt
+        if p not in self.prefills:
+            self.prefills[p] = em.compile(Prefill(self.gpt), padded, length,
+                                          backend=self.backend)
+        logits, *caches = self.prefills[p](padded, length)
+        return logits, caches
+
+    def step(self, token: np.ndarray, pos: int, caches: list) -> tuple[np.ndarray, list]:
+        """(logits [B, vocab] after `token` [B] at `pos`, the caches with it written)."""
+        pos = np.array(pos, np.int64)
+        if self.decode is None:  # example arrays, not TensorSpecs: calls with arrays then
+            # find this graph (a TensorSpec's dtype keys the cache apart from numpy's)
+            self.decode = em.compile(Decode(self.gpt), token, pos, *caches,
+                                     backend=self.backend)
+        logits, *caches = self.decode(token, pos, *caches)
+        return logits, caches
+
+    def generate(self, prompt: np.ndarray, tokens: int, temperature: float = 0.0,
+                 seed: int = 0) -> np.ndarray:
+        """The prompt [B, T] followed by `tokens` new ones: argmax at temperature 0, else
+        sampled from softmax(logits / temperature) by a numpy RNG seeded with `seed`."""
+        prompt = np.asarray(prompt, np.int64).reshape(self.batch, -1)
+        t = prompt.shape[1]
+        if t + tokens > self.block:
+            raise ValueError(f"{t} prompt tokens + {tokens} new ones exceed the model's "
+                             f"context of {self.block}")
+        rng = np.random.default_rng(seed)
+        out = [prompt]
+        logits, caches = self.prefill(prompt)
+        for i in range(tokens):
+            out.append(choose(logits, temperature, rng)[:, None])
+            if i + 1 < tokens:
+                logits, caches = self.step(out[-1][:, 0], t + i, caches)
+        return np.concatenate(out, axis=1)
+
+
+def choose(logits: np.ndarray, temperature: float, rng: np.random.Generator) -> np.ndarray:
+    """The next token of each row [B] of logits [B, vocab]."""
+    if temperature <= 0:
+        return logits.argmax(-1)
+    z = logits.astype(np.float64) / temperature
+    p = np.exp(z - z.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    return np.array([rng.choice(len(row), p=row) for row in p], np.int64)
+
+
+def train(gpt: Gpt, steps: int, seed: int = 0) -> float:
+    """Fit `gpt` to TEXT by AdamW on random windows (so the generated text means something);
+    returns the last loss."""
+    ids, rng = encode(TEXT * (2 + gpt.block // len(TEXT))), np.random.default_rng(seed)
+    t = gpt.block  # every position the generation will use
+    step = em.compile_train_step(gpt, lm_loss, optim.AdamW(lr=3e-3))
+    loss = float("nan")
+    for _ in range(steps):
+        at = rng.integers(0, len(TEXT), 8)[:, None] + np.arange(t + 1)
+        loss = step(ids[at[:, :-1]], ids[at[:, 1:]])
+    return loss
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokens", type=int, default=100)
+    ap.add_argument("--prompt", default="To be, or not to be")
+    ap.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
+    ap.add_argument("--seed", type=int, default=0, help="the weights' and the sampling's")
+    ap.add_argument("--config", choices=sorted(CONFIGS), default="A")
+    ap.add_argument("--block", type=int, default=256, help="the context (cache) length")
+    ap.add_argument("--backend", default="cpu")
+    ap.add_argument("--train", type=int, default=0, metavar="STEPS",
+                    help="first fit the model to a passage of Hamlet for STEPS steps")
+    args = ap.parse_args(argv)
+    em.seed(args.seed)
+    gpt = Gpt(vocab=len(CHARS), n_head=4, block=args.block, **CONFIGS[args.config])
+    if args.train:
+        print(f"trained {args.train} steps: loss {train(gpt, args.train, args.seed):.3f}")
+    gen = Generator(gpt, backend=args.backend)
+    start = time.perf_counter()
+    ids = gen.generate(encode(args.prompt), args.tokens, args.temperature, args.seed)
+    first = time.perf_counter() - start  # compiling included
+    start = time.perf_counter()
+    gen.generate(encode(args.prompt), args.tokens, args.temperature, args.seed)
+    rate = args.tokens / (time.perf_counter() - start)
+    print(decode_text(ids[0]))
+    print(f"{args.tokens} tokens: {rate:.0f} tokens/s compiled ({first:.2f} s the first time, "
+          f"compiling), {gen.compiles} compiles (prompt buckets {sorted(gen.prefills)} + "
+          f"decode), temperature {args.temperature}")
+
+
+if __name__ == "__main__":
+    main()
