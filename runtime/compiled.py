@@ -31,7 +31,7 @@ from ..backends.input_checks import InputCheckError
 from ..cache_store import vouching
 from ..frontend.module import Module
 from ..frontend.trace import ShapeError, TensorSpec, trace_function
-from ..ir import Graph
+from ..ir import Graph, numpy_dtype
 from ..ir.printer import print_graph, strip_locations
 from . import stage_cache
 from .backend import DEVICE_BACKENDS, get_backend, to_host
@@ -397,8 +397,10 @@ def write_stages(stages: Stages, directory: str, prefix: str) -> list[str]:
 
 def _shape_and_dtype(x) -> tuple:
     """What of an input keys a compiled graph (cheaper than a TensorSpec on every call)."""
-    if type(x) is np.ndarray or isinstance(x, TensorSpec):
+    if type(x) is np.ndarray:
         return x.shape, x.dtype
+    if isinstance(x, TensorSpec):  # keyed as an array of its dtype is, so calls find it
+        return x.shape, numpy_dtype(x.dtype)
     dtype = getattr(x, "dtype", None)
     return np.shape(x), np.asarray(x).dtype if dtype is None else dtype
 

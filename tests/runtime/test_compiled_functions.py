@@ -101,3 +101,10 @@ def test_compile_grad_reports_its_memory_like_a_train_step():
     f(*batch(64))
     report = f.memory_report()
     assert report["peak_bytes"] == plan_memory(f.graph).peak_bytes and report["real_bytes"] > 0
+
+
+def test_a_function_compiled_for_tensor_specs_runs_arrays_without_recompiling(capsys):
+    """A TensorSpec keys its graph as an array of its shape and dtype does."""
+    f = em.compile(nn.Linear(4, 3), em.TensorSpec((2, 4), "f32"))
+    f(np.zeros((2, 4), np.float32))
+    assert len(f._cache) == 1 and "recompiling" not in capsys.readouterr().err
