@@ -175,8 +175,7 @@ class Generator:
     def step(self, token: np.ndarray, pos: int, caches: list) -> tuple[np.ndarray, list]:
         """(logits [B, vocab] after `token` [B] at `pos`, the caches with it written)."""
         pos = np.array(pos, np.int64)
-        if self.decode is None:  # example arrays, not TensorSpecs: calls with arrays then
-            # find this graph (a TensorSpec's dtype keys the cache apart from numpy's)
+        if self.decode is None:
             self.decode = em.compile(Decode(self.gpt), token, pos, *caches,
                                      backend=self.backend)
         logits, *caches = self.decode(token, pos, *caches)
