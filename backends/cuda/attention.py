@@ -1,11 +1,12 @@
 """CUDA C kernels of `kernel.attention` and `kernel.attention_grad` (flash-attention style),
 so the [..., Tq, Tk] scores never reach global memory.
 
-Every operand is read in place through its map (any strides, batch of any rank); results
-are written contiguously. Sizes and strides are constants in the source, as in every
-kernel of this backend, and tile sizes are chosen here from the head dims and the dtype so
-that a block's shared memory stays within the 48 KB a launch gets without opting in, and
-its register accumulators within ACC_BYTES per thread.
+Every operand is read in place through its map (any strides, batch of any rank), and every
+result is written through its map (contiguous unless the op has `out_maps`). Sizes and
+strides are constants in the source, as in every kernel of this backend, and tile sizes
+are chosen here from the head dims and the dtype so that a block's shared memory stays
+within the 48 KB a launch gets without opting in, and its register accumulators within
+ACC_BYTES per thread.
 
 - forward: one block per (batch index, tile of BQ query rows); the Q tile stays in shared
   memory, K/V tiles of BK keys are staged through it, and an online softmax (running max
@@ -33,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ...ir import Operation
-from ...ir.dialects.kernel_attention import Attention, AttentionGrad, logical_shapes
+from ...ir.dialects.kernel_attention import Attention, AttentionGrad, logical_shapes, result_maps
 from ..errors import UnsupportedOpError
 from ..strides import collapse, contiguous_strides
 from . import launch as L
@@ -52,7 +53,7 @@ CNAME = {"do": "dout"}     # `do` is a C keyword
 @dataclass(frozen=True)
 class Geometry:
     """One attention op's static shape: sizes, causal, scale, dtype and each buffer's element
-    strides over its logical shape (operands: their maps; results and scratch: contiguous)."""
+    strides over its logical shape (operands and results: their maps; scratch: contiguous)."""
 
     batch: tuple[int, ...]
     tq: int
@@ -97,8 +98,8 @@ def geometry(op: Operation) -> Geometry:
     a = op.attributes
     cls = Attention if op.name == Attention.name else AttentionGrad
     shapes = logical_shapes(a)
-    maps = {n: tuple(m) for n, m in zip(cls.operand_names, a["maps"])}
-    maps.update({n: tuple(contiguous_strides(shapes[n])) for n in cls.result_names})
+    maps = {n: tuple(m) for n, m in zip(cls.operand_names + cls.result_names,
+                                         a["maps"] + result_maps(op.name, a))}
     maps["drow"] = tuple(contiguous_strides(shapes["lse"]))
     tq, tk, d, dv = a["sizes"]
     sizes = [v.type.size for v in op.operands] + [r.type.size for r in op.results]

@@ -12,8 +12,8 @@ from __future__ import annotations
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from ...ir import Operation, numpy_dtype
-from ...ir.dialects.kernel_attention import logical_shapes
+from ...ir import Operation, TensorType, numpy_dtype
+from ...ir.dialects.kernel_attention import logical_shapes, result_maps
 from . import rng
 from .reference import KERNELS
 
@@ -70,18 +70,20 @@ def _dropout(a, x, step, index):
     return np.where(keep, x / x.dtype.type(1.0 - a["p"]), x.dtype.type(0))
 
 
-def store(values: list[np.ndarray], op: Operation, shape, out_maps) -> list[np.ndarray]:
+def place(v: np.ndarray, m: list[int], t: TensorType) -> np.ndarray:
+    """A buffer of type `t` holding `v`'s elements where map `m` (over v's shape) puts them."""
+    out = np.zeros(t.size, numpy_dtype(t.dtype))
+    if out.size and v.size:
+        keep = tuple(slice(None) if s else slice(0, 1) for s in m)
+        dst = as_strided(out, tuple(d if s else 1 for d, s in zip(v.shape, m)),
+                         tuple(s * out.itemsize for s in m))
+        dst[...] = v[keep]
+    return out.reshape(t.shape)
+
+
+def store(values: list[np.ndarray], op: Operation, out_maps) -> list[np.ndarray]:
     """Each result's elements from its value over the space, through its out map."""
-    outs = []
-    for v, m, t in zip(values, out_maps, op.attributes["out_types"]):
-        out = np.zeros(t.size, numpy_dtype(t.dtype))
-        if out.size and all(shape):
-            keep = tuple(slice(None) if s else slice(0, 1) for s in m)
-            dst = as_strided(out, tuple(d if s else 1 for d, s in zip(shape, m)),
-                             tuple(s * out.itemsize for s in m))
-            dst[...] = v[keep]
-        outs.append(out.reshape(t.shape))
-    return outs
+    return [place(v, m, t) for v, m, t in zip(values, out_maps, op.attributes["out_types"])]
 
 
 def fused(op: Operation, *args: np.ndarray) -> list[np.ndarray]:
@@ -90,7 +92,7 @@ def fused(op: Operation, *args: np.ndarray) -> list[np.ndarray]:
     if 0 in space:  # nothing to compute (a reduce over nothing has no identity to run)
         return [np.zeros(t.shape, numpy_dtype(t.dtype)) for t in at["out_types"]]
     return store(run_body(op, [view(x, space, m) for x, m in zip(args, at["maps"])], space),
-                 op, space, at["out_maps"])
+                 op, at["out_maps"])
 
 
 def matmul(op: Operation, *args: np.ndarray) -> list[np.ndarray]:
@@ -103,7 +105,7 @@ def matmul(op: Operation, *args: np.ndarray) -> list[np.ndarray]:
     acc = np.matmul(a, b)
     out_space = space[:-1]
     extras = [view(x, out_space, m[:-1]) for x, m in zip(args[2:], maps[2:])]
-    return store(run_body(op, [acc, *extras], out_space), op, out_space,
+    return store(run_body(op, [acc, *extras], out_space), op,
                  [m[:-1] for m in at["out_maps"]])
 
 
@@ -121,13 +123,19 @@ def _scores(a: dict, q: np.ndarray, k: np.ndarray) -> np.ndarray:
     return s
 
 
+def _results(op: Operation, values: list[np.ndarray]) -> list[np.ndarray]:
+    """The results in their buffers: each logical value through its result map."""
+    return [place(x, m, r.type)
+            for x, m, r in zip(values, result_maps(op.name, op.attributes), op.results)]
+
+
 def attention(op: Operation, *args: np.ndarray) -> list[np.ndarray]:
     """o = softmax(s) v and lse = logsumexp(s) per row, in float64."""
     q, k, v = _attention_views(op, ("q", "k", "v"), args)
     s = _scores(op.attributes, q, k)
     m = s.max(axis=-1, keepdims=True)
     lse = m + np.log(np.exp(s - m).sum(axis=-1, keepdims=True))
-    return [np.exp(s - lse) @ v, lse[..., 0]]
+    return _results(op, [np.exp(s - lse) @ v, lse[..., 0]])
 
 
 def attention_grad(op: Operation, *args: np.ndarray) -> list[np.ndarray]:
@@ -137,7 +145,7 @@ def attention_grad(op: Operation, *args: np.ndarray) -> list[np.ndarray]:
     p = np.exp(_scores(a, q, k) - lse[..., None])
     dp = do @ np.swapaxes(v, -1, -2)
     ds = p * (dp - (do * o).sum(axis=-1, keepdims=True)) * a["scale"]
-    return [ds @ k, np.swapaxes(ds, -1, -2) @ q, np.swapaxes(p, -1, -2) @ do]
+    return _results(op, [ds @ k, np.swapaxes(ds, -1, -2) @ q, np.swapaxes(p, -1, -2) @ do])
 
 
 FUSED = {"kernel.fused": fused, "kernel.matmul": matmul, "kernel.attention": attention,

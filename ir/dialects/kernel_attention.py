@@ -7,7 +7,11 @@ dim of operand k's logical shape, so q, k and v are read in place from the [B, T
 projections a multi-head attention splits them from (no transpose is ever copied).
 `batch` lists the leading dims, `sizes` is [Tq, Tk, D, Dv]; logical shapes are
 q [*batch, Tq, D], k [*batch, Tk, D], v [*batch, Tk, Dv], o and do [*batch, Tq, Dv],
-lse [*batch, Tq]. Results are contiguous in their logical shapes.
+lse [*batch, Tq]. Results are contiguous in their logical shapes unless the op carries
+`out_maps` and `out_types` (both or neither): then result k is a buffer of type
+`out_types[k]` whose element at logical index i is `flat[sum(i * out_maps[k])]`, each
+element written once, so o, dq, dk and dv land in the [B, T, H, D] layout the projections
+read (no transpose is copied after the op either).
 
 `kernel.attention(q, k, v) -> (o, lse)`: o = softmax(s) v with s = q k^T * scale (key j
 hidden from query i when j > i if `causal`), and lse = logsumexp over each row of s,
@@ -25,11 +29,12 @@ from __future__ import annotations
 
 import math
 
-from ..opdef import SHAPE, InferenceError, OpDef, register, same_dtype
+from ..opdef import OPS, SHAPE, InferenceError, OpDef, register, same_dtype
 from ..types import TensorType
-from .kernel import check_map
+from .kernel import check_cover, check_map
 
 ATTRS = {"batch": SHAPE, "sizes": SHAPE, "maps": (list,), "causal": bool, "scale": float}
+LAYOUT = {"out_maps": (list,), "out_types": (list,)}
 
 
 def logical_shapes(attrs: dict) -> dict[str, list[int]]:
@@ -40,11 +45,22 @@ def logical_shapes(attrs: dict) -> dict[str, list[int]]:
             "dv": b + [tk, dv]}
 
 
+def result_maps(op_name: str, attrs: dict) -> list[list[int]]:
+    """Each result's element strides over its logical shape: `out_maps`, or contiguous."""
+    if "out_maps" in attrs:
+        return attrs["out_maps"]
+    shapes = logical_shapes(attrs)
+    return [[math.prod(s[i + 1:]) for i in range(len(s))]
+            for s in (shapes[n] for n in OPS[op_name].result_names)]
+
+
 class AttentionOp(OpDef):
-    """Shared checks: one map per operand over its logical shape, one float dtype."""
+    """Shared checks: one map per operand over its logical shape, one float dtype, and
+    results that cover their buffers."""
 
     traits = frozenset({"pure", "compute_bound"})
     attrs = ATTRS
+    optional_attrs = LAYOUT
     operand_names: tuple[str, ...] = ()
     result_names: tuple[str, ...] = ()
 
@@ -65,7 +81,20 @@ class AttentionOp(OpDef):
         shapes = logical_shapes(attrs)
         for name, m, t in zip(cls.operand_names, maps, operand_types):
             check_map(cls.name, f"operand {name}", shapes[name], m, t)
-        return [TensorType(tuple(shapes[n]), dtype) for n in cls.result_names]
+        if ("out_maps" in attrs) != ("out_types" in attrs):
+            raise InferenceError(f"{cls.name}: out_maps and out_types come together")
+        if "out_types" not in attrs:
+            return [TensorType(tuple(shapes[n]), dtype) for n in cls.result_names]
+        outs, out_maps = attrs["out_types"], attrs["out_maps"]
+        if len(outs) != len(cls.result_names) or len(out_maps) != len(outs) or not all(
+                isinstance(t, TensorType) and t.dtype == dtype for t in outs):
+            raise InferenceError(f"{cls.name}: out_types and out_maps must list one {dtype} "
+                                 f"tensor type and one map per result "
+                                 f"({', '.join(cls.result_names)}), got {outs!r}")
+        for k, (name, m, t) in enumerate(zip(cls.result_names, out_maps, outs)):
+            check_map(cls.name, f"result {name}", shapes[name], m, t)
+            check_cover(cls.name, k, shapes[name], m, t)
+        return list(outs)
 
 
 @register

@@ -13,6 +13,11 @@ if any value between the scaled scores and the gradients has a reader outside th
 the unfused kernels compute the same values. Only the scores' matmul may have other
 readers (a checkpointed graph that keeps it and recomputes p from it): it is erased once
 none is left.
+
+A result that the graph only reads transposed (o, dq, dk, dv go back from [B, H, T, D] to
+the [B, T, H, D] of the projections, and on through a reshape to [B, T, H*D]) is written
+in that layout (`out_maps`, `out_types`), so the transpose, which a matmul reading it
+through the reshape could not fold into its maps, is never copied.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ...ir import Block, Builder, Operation, Value
+from ...ir.dialects.kernel_attention import ATTENTION_OPS, logical_shapes, result_maps
 from ...ir.opdef import OPS
 from .analysis import VIEWS, contiguous, splat_value, strided
 
@@ -256,6 +262,7 @@ class AttentionFuser:
         self.order = {op: i for i, op in enumerate(block.ops)}
         self.forward: dict[tuple, tuple[Operation, Operation]] = {}  # key -> (kernel, p v)
         self.dead: list[Operation] = []
+        self.kernels: list[Operation] = []  # each forward before the backwards that read it
 
     def run(self) -> None:
         found = []
@@ -275,6 +282,8 @@ class AttentionFuser:
                 self.backward(pr, r)
             self.dead += pr.chain + r.ops + r.dv + r.dq + r.dk
         self.erase()
+        for kernel in self.kernels:
+            fold_layouts(kernel)
 
     @staticmethod
     def key(pr: Probs) -> tuple:
@@ -306,8 +315,10 @@ class AttentionFuser:
     def attention(self, pr: Probs, v: View, before: Operation) -> Operation:
         a = self.attrs(pr, v)
         a["maps"] = [list(pr.q[1]), list(pr.k[1]), list(v[1])]
-        return Builder.before_op(before).create(
+        kernel = Builder.before_op(before).create(
             "kernel.attention", [pr.q[0], pr.k[0], v[0]], a)
+        self.kernels.append(kernel)
+        return kernel
 
     def backward(self, pr: Probs, r: Readers) -> None:
         readers_of_do = [mm for mm in r.dv + r.ops if mm.name == "ember.matmul"]
@@ -324,6 +335,7 @@ class AttentionFuser:
                      list(r.do[1])]
         grad = Builder.before_op(at).create(
             "kernel.attention_grad", [pr.q[0], pr.k[0], v[0], o, lse, r.do[0]], a)
+        self.kernels.append(grad)
         for mms, g in ((r.dq, grad.results[0]), (r.dk, grad.results[1]),
                        (r.dv, grad.results[2])):
             for mm in mms:
@@ -340,6 +352,49 @@ class AttentionFuser:
             op.erase()
             todo += [f for f in feeds if f.name in (*VIEWS, "ember.constant")
                      and f.parent is self.block and not f.result.uses]
+
+
+def fold_layouts(kernel: Operation) -> None:
+    """Store each result of a new kernel in the layout of the transposes that read it, when
+    they (all with one perm) and attention ops reading it whole through its map are all
+    its readers: the transposes go, and the attention readers' maps follow the result."""
+    names = OPS[kernel.name].result_names
+    shapes, maps = logical_shapes(kernel.attributes), result_maps(kernel.name,
+                                                                  kernel.attributes)
+    folded = False
+    for k, (name, r) in enumerate(zip(names, kernel.results)):
+        perm = _read_transposed(r, shapes[name], maps[k])
+        if perm is None:
+            continue
+        flips = [op for op, _ in r.uses if op.name == "ember.transpose"]
+        layout = flips[0].result.type
+        st = contiguous(list(layout.shape))
+        maps[k] = [st[perm.index(i)] for i in range(len(perm))]
+        for op, i in r.uses:
+            if op.name != "ember.transpose":
+                op.attributes["maps"][i] = maps[k]
+        for t in flips:
+            t.result.replace_all_uses_with(r)
+            t.erase()
+        r.type, folded = layout, True
+    if folded:
+        kernel.attributes["out_maps"] = maps
+        kernel.attributes["out_types"] = [r.type for r in kernel.results]
+
+
+def _read_transposed(r: Value, shape: list[int], m: list[int]) -> list[int] | None:
+    """The one perm r's transposes share, if every other reader is an attention op that
+    reads r over its own logical shape through r's map."""
+    perms = {tuple(op.attributes["perm"]) for op, _ in r.uses if op.name == "ember.transpose"}
+    if len(perms) != 1:
+        return None
+    for op, i in r.uses:
+        if op.name == "ember.transpose":
+            continue
+        if op.name not in ATTENTION_OPS or op.attributes["maps"][i] != m or logical_shapes(
+                op.attributes)[OPS[op.name].operand_names[i]] != shape:
+            return None
+    return list(perms.pop())
 
 
 def _contiguous(v: Value) -> list[int]:

@@ -1,8 +1,9 @@
-"""`kernel.attention` and `kernel.attention_grad` on the cpu (backends/cpu/attention.py)
+"""`kernel.attention` and `kernel.attention_grad` on the cpu (backends/cpu/attention*.py)
 against the numpy interpreter: odd sizes, Tq != Tk, D != Dv, every batch rank, operands as
 the strided views multi-head attention makes ([B, T, H*D] projections), contiguous,
-broadcast (a stride-0 head dim) and transposed, causal on and off, one and two threads,
-both vector widths; the gradients against finite differences; no read past a buffer.
+broadcast (a stride-0 head dim) and transposed, results written through `out_maps` into
+[B, T, H, D] buffers, causal on and off, one and two threads, both vector widths; the
+gradients against finite differences; no read past (or write outside) a buffer.
 
 One graph runs the forward and feeds its o and lse to the backward, so a single compile
 checks both kernels.
@@ -25,10 +26,11 @@ from ember.backends.cpu import threads as cpu_threads
 from ember.backends.cpu.host import Isa, host_isa
 from ember.ir import Builder, Graph, TensorType, verify
 from ember.ir.dialects.kernel_attention import logical_shapes
+from ember.ir.opdef import InferenceError
 
 RTOL = {"f32": 1e-5, "f64": 1e-12}
 NP = {"f32": np.float32, "f64": np.float64}
-LAYOUTS = ("heads", "contiguous", "broadcast", "transposed")
+LAYOUTS = ("heads", "contiguous", "broadcast", "transposed", "heads_out")
 
 
 def _contiguous(shape) -> list[int]:
@@ -42,7 +44,7 @@ def _contiguous(shape) -> list[int]:
 def _buffer(layout: str, batch: list[int], t: int, d: int, shared: bool):
     """(buffer shape, map over [*batch, t, d]) of one of q, k, v, do in `layout`; k and v
     are `shared` (the ones a broadcast layout reads through a stride-0 head dim)."""
-    if layout == "heads":
+    if layout in ("heads", "heads_out"):
         bsz, h = batch
         return (bsz, t, h * d), [t * h * d, d, h * d, 1]
     if layout == "broadcast" and shared and batch:
@@ -53,6 +55,21 @@ def _buffer(layout: str, batch: list[int], t: int, d: int, shared: bool):
         return shape, _contiguous(shape)[:-2] + [1, t]
     shape = (*batch, t, d)
     return shape, _contiguous(shape)
+
+
+def _results(layout: str, names, attrs: dict, dtype: str) -> dict:
+    """"heads_out": `out_maps` and `out_types` that put every result in the [B, T, H, ...]
+    layout the projections read (lse as [B, T, H]); other layouts: contiguous results."""
+    if layout != "heads_out":
+        return {}
+    shapes = logical_shapes(attrs)
+    types, maps = [], []
+    for n in names:
+        bsz, h, t, *d = shapes[n]
+        types.append(TensorType((bsz, t, h, *d), dtype))
+        st = _contiguous(types[-1].shape)
+        maps.append([st[0], st[2], st[1], *st[3:]])
+    return {"out_maps": maps, "out_types": types}
 
 
 def attention_graph(layout, batch, tq, tk, d, dv, causal, dtype, scale=None) -> Graph:
@@ -67,11 +84,13 @@ def attention_graph(layout, batch, tq, tk, d, dv, causal, dtype, scale=None) -> 
     attrs = {"batch": batch, "sizes": [tq, tk, d, dv], "causal": causal,
              "scale": scale if scale is not None else 1 / math.sqrt(d)}
     maps = [m for _, m in bufs]
-    o, lse = b.create("kernel.attention", [q, k, v], {**attrs, "maps": maps[:3]}).results
+    fwd = _results(layout, ("o", "lse"), attrs, dtype)
+    o, lse = b.create("kernel.attention", [q, k, v], {**attrs, "maps": maps[:3], **fwd}).results
     shapes = logical_shapes(attrs)
+    o_lse = fwd.get("out_maps", [_contiguous(shapes["o"]), _contiguous(shapes["lse"])])
     grads = b.create("kernel.attention_grad", [q, k, v, o, lse, do],
-                     {**attrs, "maps": maps[:3] + [_contiguous(shapes["o"]),
-                                                   _contiguous(shapes["lse"]), maps[3]]})
+                     {**attrs, "maps": maps[:3] + o_lse + [maps[3]],
+                      **_results(layout, ("dq", "dk", "dv"), attrs, dtype)})
     b.create("func.return", [o, lse, *grads.results])
     return verify(g)
 
@@ -132,7 +151,7 @@ def test_narrower_vectors(isa, dtype, causal, split, monkeypatch):
        causal=st.booleans(), dtype=st.sampled_from(["f32", "f64"]),
        threads=st.sampled_from([1, 2, 3]))
 def test_sweep(layout, batch, tq, tk, d, dv, causal, dtype, threads, split):
-    if layout == "heads" and len(batch) != 2:
+    if layout.startswith("heads") and len(batch) != 2:
         layout = "contiguous"
     check(layout, batch, tq, tk, d, dv, causal, dtype, threads)
 
@@ -164,6 +183,36 @@ def test_gradients_match_finite_differences(causal):
                                    err_msg=f"grad {which}")
 
 
+@pytest.mark.parametrize("causal", [True, False])
+def test_out_maps_write_the_transposed_results(causal):
+    """With `out_maps` every result is the contiguous one in [B, T, H, ...] order, on the
+    cpu and in the interpreter (so the reference does not agree with itself by mistake)."""
+    plain, placed = (attention_graph(lay, [2, 3], 19, 13, 5, 7, causal, "f64")
+                     for lay in ("heads", "heads_out"))
+    xs = inputs(plain)
+    want = [np.swapaxes(x, 1, 2) for x in interpreter.run(plain, xs)]
+    close(interpreter.run(placed, xs), want, "f64", "interpreter")
+    close(cpu.Executable(placed, 2, use_cache=False)(xs), want, "f64", "cpu")
+
+
+@pytest.mark.parametrize("layout,match", [
+    ({"out_maps": [[8, 2, 1], [4, 1]]}, "come together"),
+    ({"out_maps": [[8, 2, 1]], "out_types": ["o"]}, "one map per result"),
+    ({"out_maps": [[8, 1, 1], [4, 1]], "out_types": ["o", "lse"]}, "does not write every"),
+    ({"out_maps": [[9, 2, 1], [4, 1]], "out_types": ["o", "lse"]}, "past its 24 elements"),
+])
+def test_out_maps_that_do_not_cover_their_buffers_are_refused(layout, match):
+    """Each result must be written whole, once per element, inside its type."""
+    types = {"o": TensorType((3, 4, 2), "f32"), "lse": TensorType((3, 4), "f32")}
+    g = Graph("f", [TensorType((3, 4, 2), "f32")] * 3)
+    attrs = {"batch": [3], "sizes": [4, 4, 2, 2], "causal": False, "scale": 1.0,
+             "maps": [[8, 2, 1]] * 3, **layout}
+    if "out_types" in attrs:
+        attrs["out_types"] = [types[n] for n in attrs["out_types"]]
+    with pytest.raises(InferenceError, match=match):
+        Builder(g.body).create("kernel.attention", list(g.args), attrs)
+
+
 def test_scores_are_never_stored_whole():
     """Scratch per thread holds blocks, not [Tq, Tk] scores: it stays the same as Tk grows
     (forward) and grows only with the key-row accumulators of one batch element (backward)."""
@@ -187,6 +236,7 @@ def test_nothing_is_read_past_a_buffer():
 
 def _guarded_cases() -> None:
     for layout, batch, sizes, causal in (("heads", [2, 3], [70, 53, 17, 9], True),
+                                         ("heads_out", [2, 3], [33, 20, 5, 9], False),
                                          ("transposed", [3], [33, 97, 5, 16], False),
                                          ("broadcast", [2, 2], [17, 49, 3, 24], True),
                                          ("contiguous", [], [1, 7, 1, 1], False)):

@@ -5,8 +5,9 @@ block and barrier semantics) and on a GPU when there is one; and the source comp
 
 Each case is one graph: the forward op on q, k, v read through their maps, then the
 backward op on q, k, v, the forward's o and lse, and an upstream gradient do; every result
-(o, lse, dq, dk, dv) is compared. Emulated cases stay small (T <= 40): the emulator runs
-every thread of every block as a fiber.
+(o, lse, dq, dk, dv) is compared, written contiguously or (layout "bthd_out") through
+`out_maps` into the [B, T, H, ...] buffers the projections read. Emulated cases stay small
+(T <= 40): the emulator runs every thread of every block as a fiber.
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ TOL = {"f32": 1e-5, "f64": 1e-12}
 class Case:
     """One attention shape. layout: how q, k, v and do sit in their buffers:
     "contiguous"; "bthd" ([B, T, H * D] projections, batch [B, H]); "transposed" ([..., D, T]);
-    "shared_kv" (k and v broadcast over the last batch dim, stride 0); "self" (k is q)."""
+    "shared_kv" (k and v broadcast over the last batch dim, stride 0); "self" (k is q);
+    "bthd_out" (as bthd, and every result written as [B, T, H, ...] through out_maps)."""
 
     batch: tuple[int, ...]
     tq: int
@@ -65,7 +67,7 @@ class Case:
 def _operand(case: Case, rows: int, cols: int, name: str) -> tuple[tuple[int, ...], list[int]]:
     """(buffer shape, map over [*batch, rows, cols]) of one operand in the case's layout."""
     b = list(case.batch)
-    if case.layout == "bthd":
+    if case.layout in ("bthd", "bthd_out"):
         nb, h = b
         return (nb, rows, h * cols), [rows * h * cols, cols, h * cols, 1]
     if case.layout == "transposed":
@@ -78,6 +80,19 @@ def _operand(case: Case, rows: int, cols: int, name: str) -> tuple[tuple[int, ..
         return shape, [*st[:-2], 0, cols, 1]
     shape = (*b, rows, cols)
     return shape, list(contiguous_strides(shape))
+
+
+def _results(case: Case, shapes: dict[str, tuple[int, ...]]) -> dict:
+    """For "bthd_out", out_maps and out_types putting each result ([B, H, T, ...] logical
+    shape in `shapes`) in a [B, T, H, ...] buffer; contiguous results otherwise."""
+    if case.layout != "bthd_out":
+        return {}
+    types, maps = [], []
+    for nb, h, t, *d in shapes.values():
+        types.append(TensorType((nb, t, h, *d), case.dtype))
+        st = contiguous_strides(types[-1].shape)
+        maps.append([st[0], st[2], st[1], *st[3:]])
+    return {"out_maps": maps, "out_types": types}
 
 
 def build(*cases: Case) -> Graph:
@@ -99,12 +114,16 @@ def build(*cases: Case) -> Graph:
         maps = [ops[n][1] for n in ("q", "k", "v")]
         attrs = dict(batch=list(case.batch), sizes=[case.tq, case.tk, case.d, case.dv],
                      maps=maps, causal=case.causal, scale=0.9 / case.d ** 0.5)
-        o, lse = b.create("kernel.attention", [arg["q"], arg["k"], arg["v"]], attrs).results
-        grad_maps = maps + [list(contiguous_strides(o.type.shape)),
-                            list(contiguous_strides(lse.type.shape)), ops["do"][1]]
+        bh, (tq, tk, d, dv) = case.batch, attrs["sizes"]
+        fwd = _results(case, {"o": (*bh, tq, dv), "lse": (*bh, tq)})
+        o, lse = b.create("kernel.attention", [arg["q"], arg["k"], arg["v"]],
+                          dict(attrs, **fwd)).results
+        o_lse = fwd.get("out_maps", [list(contiguous_strides(o.type.shape)),
+                                     list(contiguous_strides(lse.type.shape))])
+        bwd = _results(case, {"dq": (*bh, tq, d), "dk": (*bh, tk, d), "dv": (*bh, tk, dv)})
         grads = b.create("kernel.attention_grad",
                          [arg["q"], arg["k"], arg["v"], o, lse, arg["do"]],
-                         dict(attrs, maps=grad_maps)).results
+                         dict(attrs, maps=maps + o_lse + [ops["do"][1]], **bwd)).results
         outs += [o, lse, *grads]
     b.create("func.return", outs)
     return verify(g)
@@ -141,6 +160,7 @@ def on_gpu(g: Graph, xs) -> list[np.ndarray]:
 SWEEP = [
     Case((2, 3), 5, 5, 4, 4, True, layout="bthd"),
     Case((2, 2), 33, 33, 16, 16, False, layout="bthd"),
+    Case((2, 3), 21, 14, 8, 5, True, "f64", layout="bthd_out"),
     Case((), 37, 23, 16, 8, True),                      # Tq > Tk, no batch
     Case((3,), 17, 40, 5, 12, True, "f64", "transposed"),  # Tq < Tk, odd dims
     Case((2,), 40, 31, 24, 7, False, "f64"),
@@ -154,6 +174,7 @@ SMALL_TILES = [  # several query and key tiles per row: online softmax, causal s
     (Case((2,), 13, 35, 7, 5, True, layout="transposed"), (8, 8)),
     (Case((3,), 27, 17, 4, 4, False), (8, 8)),
     (Case((2, 2), 11, 14, 3, 6, True, layout="bthd"), (4, 4)),
+    (Case((2, 2), 13, 11, 4, 6, False, layout="bthd_out"), (4, 4)),
 ]
 
 
@@ -230,7 +251,8 @@ def _nvcc_source() -> str:
     cases = [Case((2, 4), 256, 256, d, d, c, dt, "bthd") for d in (16, 64, 128)
              for dt in ("f32", "f64") for c in (True, False)]
     cases += [Case((3,), 17, 40, 5, 12, True, "f64", "transposed"), Case((), 100, 70, 40, 24, True),
-              Case((2, 2), 19, 26, 8, 8, True, "f32", "shared_kv")]
+              Case((2, 2), 19, 26, 8, 8, True, "f32", "shared_kv"),
+              Case((2, 4), 64, 64, 32, 32, True, "f32", "bthd_out")]
     return lower(build(*cases)).source
 
 

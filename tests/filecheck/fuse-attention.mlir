@@ -1,22 +1,30 @@
-// RUN: ember opt %s -p fuse | filecheck %s
-// RUN: ember opt %s -p "fuse{attention=false}" | filecheck %s --check-prefix=UNFUSED
+// RUN: ember opt %s --split-input-file -p fuse | filecheck %s
+// RUN: ember opt %s --split-input-file -p "fuse{attention=false}" | filecheck %s --check-prefix=UNFUSED
 
 // Causal multi-head attention (3 heads of 2 split from [2, 4, 6] projections) and the
 // attention rule's backward, decomposed: the forward softmax(q k^T s + mask) v becomes ONE
 // kernel.attention that reads q, k and v in place (maps over the [B, T, H*D] buffers) and
 // also returns lse; the backward (do v^T, rowsum(dp p), ds, ds k, ds^T q, p^T do) is ONE
-// kernel.attention_grad reading o and lse. No [4, 4] scores remain.
+// kernel.attention_grad reading o and lse. No [4, 4] scores remain. The gradients go back
+// to [2, 4, 6] through a transpose and a reshape: kernel.attention_grad writes them as
+// [2, 4, 3, 2] (out_maps over the logical [2, 3, 4, 2]), so only free reshapes are left.
 
 // CHECK-LABEL: func.func @f
 // CHECK:         [[O:%[0-9]+]], [[LSE:%[0-9]+]] = "kernel.attention"(%0, %1, %2) {batch = [2, 3], causal = true, maps = {{\[}}[24, 2, 6, 1], [24, 2, 6, 1], [24, 2, 6, 1]], scale = 0.70{{[0-9]+}} : f64, sizes = [4, 4, 2, 2]}
 // CHECK-SAME:      -> (tensor<2x3x4x2xf32>, tensor<2x3x4xf32>)
 // CHECK:         [[DQ:%[0-9]+]], [[DK:%[0-9]+]], [[DV:%[0-9]+]] = "kernel.attention_grad"(%0, %1, %2, [[O]], [[LSE]], %5)
 // CHECK-SAME:      maps = {{\[}}[24, 2, 6, 1], [24, 2, 6, 1], [24, 2, 6, 1], [24, 8, 2, 1], [12, 4, 1], [24, 8, 2, 1]]
+// CHECK-SAME:      out_maps = {{\[}}[24, 2, 6, 1], [24, 2, 6, 1], [24, 2, 6, 1]], out_types = [tensor<2x4x3x2xf32>, tensor<2x4x3x2xf32>, tensor<2x4x3x2xf32>]
+// CHECK-SAME:      -> (tensor<2x4x3x2xf32>, tensor<2x4x3x2xf32>, tensor<2x4x3x2xf32>)
 // CHECK-NOT:     tensor<2x3x4x4xf32>
+// CHECK-NOT:     ember.transpose
+// CHECK:         "ember.reshape"([[DV]]) {shape = [2, 4, 6]} : (tensor<2x4x3x2xf32>) -> tensor<2x4x6xf32>
 // CHECK:         func.return
 
+// UNFUSED-LABEL: func.func @f
 // UNFUSED-NOT:   kernel.attention
 // UNFUSED:       out_types = [tensor<2x3x4x4xf32>]
+
 module {
   func.func @f() -> (tensor<f32>, tensor<2x4x6xf32>, tensor<2x4x6xf32>, tensor<2x4x6xf32>) attributes {ember.grads = ["p0", "p1", "p2"], ember.linear = "split"} {
     %0 = "ember.param"() {id = "p0", path = "p0"} : () -> tensor<2x4x6xf32>
@@ -66,3 +74,39 @@ module {
   }
 }
 
+// -----
+
+// Inference, heads merged back into a projection: o is written as [2, 4, 3, 2] (lse stays
+// contiguous), so the matmul reads it in place as [2, 4, 6] and no transpose is left.
+
+// CHECK-LABEL: func.func @merged
+// CHECK:         [[O:%[0-9]+]], [[LSE:%[0-9]+]] = "kernel.attention"(%q, %k, %v) {batch = [2, 3], causal = false, maps = {{\[}}[24, 2, 6, 1], [24, 2, 6, 1], [24, 2, 6, 1]], out_maps = {{\[}}[24, 2, 6, 1], [12, 4, 1]], out_types = [tensor<2x4x3x2xf32>, tensor<2x3x4xf32>]
+// CHECK-SAME:      -> (tensor<2x4x3x2xf32>, tensor<2x3x4xf32>)
+// CHECK-NOT:     ember.transpose
+// CHECK:         "kernel.matmul"([[O]], %w)
+// CHECK:         space = [2, 4, 5, 6]} : (tensor<2x4x3x2xf32>, tensor<6x5xf32>) -> tensor<2x4x5xf32>
+
+// UNFUSED-LABEL: func.func @merged
+// UNFUSED-NOT:   kernel.attention
+// UNFUSED:       func.return
+module {
+  func.func @merged(%q: tensor<2x4x6xf32>, %k: tensor<2x4x6xf32>, %v: tensor<2x4x6xf32>, %w: tensor<6x5xf32>) -> tensor<2x4x5xf32> {
+    %0 = "ember.reshape"(%q) {shape = [2, 4, 3, 2]} : (tensor<2x4x6xf32>) -> tensor<2x4x3x2xf32>
+    %1 = "ember.transpose"(%0) {perm = [0, 2, 1, 3]} : (tensor<2x4x3x2xf32>) -> tensor<2x3x4x2xf32>
+    %2 = "ember.reshape"(%k) {shape = [2, 4, 3, 2]} : (tensor<2x4x6xf32>) -> tensor<2x4x3x2xf32>
+    %3 = "ember.transpose"(%2) {perm = [0, 2, 3, 1]} : (tensor<2x4x3x2xf32>) -> tensor<2x3x2x4xf32>
+    %4 = "ember.reshape"(%v) {shape = [2, 4, 3, 2]} : (tensor<2x4x6xf32>) -> tensor<2x4x3x2xf32>
+    %5 = "ember.transpose"(%4) {perm = [0, 2, 1, 3]} : (tensor<2x4x3x2xf32>) -> tensor<2x3x4x2xf32>
+    %6 = "ember.matmul"(%1, %3) : (tensor<2x3x4x2xf32>, tensor<2x3x2x4xf32>) -> tensor<2x3x4x4xf32>
+    %7 = "ember.reduce_max"(%6) {axes = [3], keepdims = true, stop_gradient = true} : (tensor<2x3x4x4xf32>) -> tensor<2x3x4x1xf32>
+    %8 = "ember.sub"(%6, %7) : (tensor<2x3x4x4xf32>, tensor<2x3x4x1xf32>) -> tensor<2x3x4x4xf32>
+    %9 = "ember.exp"(%8) : (tensor<2x3x4x4xf32>) -> tensor<2x3x4x4xf32>
+    %10 = "ember.reduce_sum"(%9) {axes = [3], keepdims = true} : (tensor<2x3x4x4xf32>) -> tensor<2x3x4x1xf32>
+    %11 = "ember.div"(%9, %10) : (tensor<2x3x4x4xf32>, tensor<2x3x4x1xf32>) -> tensor<2x3x4x4xf32>
+    %12 = "ember.matmul"(%11, %5) : (tensor<2x3x4x4xf32>, tensor<2x3x4x2xf32>) -> tensor<2x3x4x2xf32>
+    %13 = "ember.transpose"(%12) {perm = [0, 2, 1, 3]} : (tensor<2x3x4x2xf32>) -> tensor<2x4x3x2xf32>
+    %14 = "ember.reshape"(%13) {shape = [2, 4, 6]} : (tensor<2x4x3x2xf32>) -> tensor<2x4x6xf32>
+    %15 = "ember.matmul"(%14, %w) : (tensor<2x4x6xf32>, tensor<6x5xf32>) -> tensor<2x4x5xf32>
+    func.return %15 : tensor<2x4x5xf32>
+  }
+}

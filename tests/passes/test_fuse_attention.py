@@ -1,7 +1,8 @@
 """`fuse` turns a decomposed attention and its backward into kernel.attention and
 kernel.attention_grad: the fused graph computes what the unfused one does (interpreter),
-every form it cannot fuse is left unfused with the same values, and checkpointed graphs
-fuse the recomputed copy of p against its forward."""
+every form it cannot fuse is left unfused with the same values, checkpointed graphs fuse
+the recomputed copy of p against its forward, and results the graph reads transposed are
+written in that layout (no copy kernel)."""
 
 from __future__ import annotations
 
@@ -119,6 +120,55 @@ def test_checkpointed_training_graph_fuses_the_recomputed_copy(strategy):
     inputs = [rng.normal(size=a.type.shape).astype(np.float32) if a.type.is_float else
               rng.integers(0, 5, a.type.shape) for a in fused.args]
     agree(fused, unfused, inputs, net.values(), rtol=1e-4)
+
+
+def merged(b, o):
+    """[B, H, T, D] -> [B, T, H*D] and a projection, as multi-head attention merges heads."""
+    bsz, h, t, d = o.type.shape
+    x = b.op("ember.reshape", b.op("ember.transpose", o, perm=[0, 2, 1, 3]),
+             shape=[bsz, t, h * d])
+    w = np.random.default_rng(5).normal(size=(h * d, 4))
+    return b.op("ember.matmul", x, b.op("ember.constant", value=w))
+
+
+def copies(g) -> list:
+    """Kernels that only move elements: a body that yields its argument."""
+    return [op for op in g.ops if op.name == "kernel.fused"
+            and [x.name for x in op.regions[0].blocks[0].ops] == ["kernel.yield"]]
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_results_are_written_in_the_layout_the_merged_heads_read(causal):
+    """o goes to the projection as [B, T, H*D], dq, dk, dv back to the [B, T, H*D] inputs:
+    each is written as [B, T, H, D] (lse stays [B, H, T]), so no transpose is copied."""
+    fn, args = case(causal=causal, split=True, dv=6)
+    graph = build(lambda b, *xs: merged(b, fn(b, *xs)), args, {0, 1, 2})
+    fused, unfused = fused_and_unfused(graph)
+    att = {op.name: op for op in fused.ops if op.name.startswith("kernel.attention")}
+    assert [r.type.shape for r in att["kernel.attention"].results] == [(2, 5, 3, 6), (2, 3, 5)]
+    assert [r.type.shape for r in att["kernel.attention_grad"].results] == [
+        (2, 5, 3, 4), (2, 5, 3, 4), (2, 5, 3, 6)]
+    assert att["kernel.attention_grad"].operands[3] is att["kernel.attention"].results[0]
+    assert not copies(fused)
+    agree(fused, unfused, [], {f"p{i}": a for i, a in enumerate(args)})
+
+
+def test_a_result_read_in_two_layouts_stays_contiguous():
+    """o read both as [B, T, H, D] and transposed [B, H, D, T]: no one layout serves both,
+    so the forward writes it as before; the gradients, read one way, still fold."""
+    fn, args = case(split=True)
+
+    def two_ways(b, q, k, v):
+        o = fn(b, q, k, v)
+        sums = [b.op("ember.reduce_sum", b.op("ember.transpose", o, perm=p), axes=[0, 1, 2, 3],
+                     keepdims=False) for p in ([0, 2, 1, 3], [0, 1, 3, 2])]
+        return b.op("ember.add", *sums)
+    graph = build(two_ways, args, {0, 1, 2})
+    fused, unfused = fused_and_unfused(graph)
+    fwd, = (op for op in fused.ops if op.name == "kernel.attention")
+    grad, = (op for op in fused.ops if op.name == "kernel.attention_grad")
+    assert "out_maps" not in fwd.attributes and "out_maps" in grad.attributes
+    agree(fused, unfused, [], {f"p{i}": a for i, a in enumerate(args)})
 
 
 # -- what is left unfused, with the same values -------------------------------------------
