@@ -135,9 +135,11 @@ class MemoryPlan:
 
 
 def plan(steps: list[Step], resident: dict[Hashable, str], outputs: Iterable,
-         align: int = ALIGN) -> MemoryPlan:
+         align: int = ALIGN, place: bool = True) -> MemoryPlan:
     """Plan `steps` (in order); `resident` values (args, params, constants) are not in the
-    arena; `outputs` live to the end. Every buffer starts on an `align`-byte boundary."""
+    arena; `outputs` live to the end. Every buffer starts on an `align`-byte boundary.
+    `place=False` skips the offsets (none, arena 0): the peak does not depend on them, and
+    a search over schedules (the checkpoint pass) wants only the peak."""
     end = len(steps)
     define: dict[Hashable, int] = {}
     last: dict[Hashable, int] = {}
@@ -203,8 +205,8 @@ def plan(steps: list[Step], resident: dict[Hashable, str], outputs: Iterable,
         res[c] += nbytes(v)
     res["saved"] = saved_bytes
     res["temporaries"] = max(0, peak - saved_bytes)
-    arena = _assign_offsets(buffers)
-    offsets = {v: b.offset for b in buffers for v in b.values}
+    arena = _assign_offsets(buffers) if place else 0
+    offsets = {v: b.offset for b in buffers for v in b.values} if place else {}
     total = sum(res[c] for c in ("params", "optimizer_state", "inputs", "constants"))
     return MemoryPlan(offsets, in_place, buffers, total + peak, peak_step, arena, res,
                       list(saved))

@@ -14,7 +14,15 @@ from model_graphs import mixed, mlp
 from ember.backends import interpreter
 from ember.backends.interpreter import evaluate
 from ember.ir import Builder, Graph, TensorType, numpy_dtype
-from ember.ir.memory_plan import CLASSES, Buffer, MemoryPlan, Step, plan, plan_memory
+from ember.ir.memory_plan import (
+    CLASSES,
+    Buffer,
+    MemoryPlan,
+    Step,
+    graph_steps,
+    plan,
+    plan_memory,
+)
 from ember.passes import PassManager, parse_pipeline
 
 T = TensorType
@@ -126,6 +134,18 @@ def test_report_classes_of_a_training_step():
     inputs = [rng.normal(size=(4, 8)), np.array([1, 2, 3, 0]), np.float32(0.01), np.float32(1)]
     state = [np.zeros(a.type.shape, np.float32) for a in g.args[4:]]
     check_plan(g, inputs + state, values)
+
+
+def test_the_peak_without_placing_is_the_peak():
+    """`place=False` (what a search over schedules asks for) gives the same peak and
+    classes, and no offsets."""
+    g = PassManager(parse_pipeline("decompose,autodiff,optimizer{kind=adam},fuse")).run(
+        mlp(3, 16, 8).graph)
+    steps, resident = graph_steps(g)
+    placed, peak_only = plan(steps, resident, g.outputs), plan(steps, resident, g.outputs,
+                                                                place=False)
+    assert peak_only.report() == {**placed.report(), "arena_bytes": 0}
+    assert placed.offsets and not peak_only.offsets
 
 
 @pytest.mark.parametrize("strategy", ["none", "all"])
