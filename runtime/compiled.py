@@ -105,16 +105,13 @@ class Entry:
 class _LastKey:
     """The last call's cache key in parts that are cheap to check again: a call with the
     same inputs' shapes and dtypes, the same param table in the same state (`StateWatch`)
-    and the same settings (`watch_settings`) finds its graph without rebuilding the key."""
+    and the same settings (`watch_settings`) finds its graph without rebuilding the key
+    (`Compiled.entry` checks them inline: it runs on every step)."""
 
     entry: Entry
     shapes: tuple
     state: StateWatch
     settings_unchanged: Callable[[], bool]
-
-    def holds(self, shapes: tuple, table: dict) -> bool:
-        return (shapes == self.shapes and self.state.unchanged(table)
-                and self.settings_unchanged())
 
 
 class Compiled:
@@ -166,7 +163,8 @@ class Compiled:
         shapes = tuple([(x.shape, x.dtype) if type(x) is np.ndarray else _shape_and_dtype(x)
                         for x in inputs])
         last = self._last_key
-        if last is not None and last.holds(shapes, table):
+        if last is not None and shapes == last.shapes and last.state.unchanged(table) \
+                and last.settings_unchanged():
             return last.entry  # the most recently used already
         state, settings = StateWatch(table), self.watch_settings()
         key = (shapes, state_key(table), self.key_extra())

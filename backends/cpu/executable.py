@@ -10,6 +10,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
+from operator import itemgetter
 
 import numpy as np
 
@@ -21,13 +22,17 @@ from ..input_checks import InputCheckError, describe
 from . import blas, cache
 from .buffers import aligned_copy, aligned_empty, as_input, guarding, raw_bytes
 from .codegen import ENTRY, PROFILED, emit, plan
+from .feedback import Feedback
 from .jit import JitModule, fingerprint
 
 
 class Executable:
     """`exe(inputs, params)` runs the graph natively and returns fresh arrays;
     `run_values(inputs, values)` is the same call with the params' values listed in
-    `param_keys` order, for a runtime that binds the same params on every step.
+    `param_keys` order, for a runtime that binds the same params on every step;
+    `feedback(feeds)` makes that call for a runtime that also feeds results back as the
+    next call's inputs (a training step's params and optimizer state), bound once
+    (feedback.py).
 
     Intermediate buffers are allocated once and overwritten by every call (a lock
     serializes concurrent calls; a forked child gets a new one): the op results the graph
@@ -81,6 +86,7 @@ class Executable:
         self._arrays = [self._fixed(i, s, fresh) for i, s in enumerate(self.slots)]
         self._ptrs = (ctypes.c_void_p * max(len(self.slots), 1))(
             *[a.ctypes.data if a is not None else None for a in self._arrays])
+        self._table = ctypes.c_void_p(ctypes.addressof(self._ptrs))  # cheaper to pass
         bound = [(i, s) for i, s in enumerate(self.slots) if s.kind in ("arg", "param")]
         # scalar inputs (a learning rate, a step count) go into buffers of their own; each
         # with the Python and numpy types it takes as they are
@@ -275,6 +281,12 @@ class Executable:
         runtime that binds the same params on every step calls (no mapping read per call)."""
         return self._collect(self._run(inputs, values))
 
+    def feedback(self, feeds: Mapping[int, int | str]) -> Feedback:
+        """`run_values` for a caller that feeds result `r` back as the next call's input
+        `feeds[r]` (an argument's position or a param's key): bound once, not per call
+        (feedback.py)."""
+        return Feedback(self, feeds)
+
     def _values(self, params: Mapping | None) -> list:
         """The values of `param_keys` in `params` (None where it has none)."""
         if not params:
@@ -315,56 +327,68 @@ class Executable:
             raise ValueError(f"graph @{self.graph.name} takes {len(self.param_keys)} params, "
                              f"got {len(values)}")
         arrays = self._arrays.copy()
-        pooled, getrefcount, ndarray = self._pooled, sys.getrefcount, np.ndarray
         with self._lock:
             table = self._ptrs
-            for key, buf, takes, dtype, t, what in self._scalars:
-                x = inputs[key]
-                buf[()] = x if type(x) in takes else as_input(x, t, dtype, what)
-            for i, key, dtype, shape, t, what in self._args:
-                x = inputs[key]
-                if not (type(x) is ndarray and x.dtype is dtype and x.shape == shape
-                        and x.flags.c_contiguous):
-                    x = as_input(x, t, dtype, what)
-                arrays[i] = x
-                try:  # `_address`, inline: a new input on every call
-                    table[i] = _addressof(_from_buffer(x))
-                except (TypeError, ValueError, BufferError):
-                    table[i] = x.ctypes.data
-            for (i, _, dtype, shape, t, what), x in zip(self._params, values):
-                # an array this executable returned (the pool keeps it alive, so its id is
-                # its own): C-contiguous and aligned, its address known
-                known = pooled.get(id(x))
-                if known is not None and x.dtype is dtype and x.shape == shape:
-                    table[i] = known[2]
-                else:
-                    if x is None:
-                        raise KeyError(f"no value for param {what}")
-                    if not (type(x) is ndarray and x.dtype is dtype and x.shape == shape
-                            and x.flags.c_contiguous):
-                        x = as_input(x, t, dtype, what)
-                    table[i] = _address(x)
-                arrays[i] = x
+            self._bind_scalars(inputs)
+            for row in self._args:
+                arrays[row[0]], table[row[0]] = self._bind(inputs[row[1]], row)
+            for row, x in zip(self._params, values):
+                if x is None:
+                    raise KeyError(f"no value for {row[5]}")
+                arrays[row[0]], table[row[0]] = self._bind(x, row)
             for i, pool in self._pools:
                 if into and i in into:
                     arrays[i] = into[i]
                     table[i] = into[i].ctypes.data
                     continue
-                for entry in pool:
-                    # free when only the pool refers to the array and to its memory (a view
-                    # a caller kept refers to the owning buffer `entry[1]`: numpy collapses
-                    # bases)
-                    if getrefcount(entry[0]) <= _FREE_ARRAY and \
-                            getrefcount(entry[1]) <= _FREE_OWNER:
-                        break
-                else:
-                    entry = self._new_result(i, pool)
+                entry = self._take(i, pool)
                 arrays[i], table[i] = entry[0], entry[2]
-            self._entry(table)
-            self.native_calls += 1
-            if self._status is not None and self._status.value:
-                self._raise_status()
+            self._call(self._table)
         return arrays
+
+    def _bind_scalars(self, inputs) -> None:
+        """Copy the scalar inputs into their buffers."""
+        for key, buf, takes, dtype, t, what in self._scalars:
+            x = inputs[key]
+            buf[()] = x if type(x) in takes else as_input(x, t, dtype, what)
+
+    def _bind(self, x, row: tuple) -> tuple[np.ndarray, int]:
+        """A tensor input or param as the native code reads it, and its address: an array
+        this executable returned (the pool keeps it alive, so its id is its own) is
+        C-contiguous and aligned, its address known."""
+        _, _, dtype, shape, t, what = row
+        known = self._pooled.get(id(x))
+        if known is not None and x.dtype is dtype and x.shape == shape:
+            return x, known[2]
+        if not (type(x) is np.ndarray and x.dtype is dtype and x.shape == shape
+                and x.flags.c_contiguous):
+            x = as_input(x, t, dtype, what)
+        return x, _address(x)
+
+    def _take(self, i: int, pool: list) -> tuple:
+        """A pool entry of result slot `i` nobody holds, else a new one."""
+        getrefcount = sys.getrefcount
+        for entry in pool:
+            # free when only the pool refers to the array and to its memory (a view a
+            # caller kept refers to the owning buffer `entry[1]`: numpy collapses bases)
+            if getrefcount(entry[0]) <= _FREE_ARRAY and getrefcount(entry[1]) <= _FREE_OWNER:
+                return entry
+        return self._new_result(i, pool)
+
+    @staticmethod
+    def _free(entries: list) -> bool:
+        """Whether nobody but the pool holds any of these (non-empty) pool entries."""
+        getrefcount = sys.getrefcount
+        return max(map(getrefcount, map(_first, entries))) <= _FREE_ARRAY \
+            and max(map(getrefcount, map(_second, entries))) <= _FREE_OWNER
+
+    def _call(self, table: ctypes.c_void_p) -> None:
+        """The native call on a bound table (its address; the lock held); raises what its
+        status says."""
+        self._entry(table)
+        self.native_calls += 1
+        if self._status is not None and self._status.value:
+            self._raise_status()
 
 
 _live: weakref.WeakSet[Executable] = weakref.WeakSet()
@@ -390,7 +414,8 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_unlock_in_child)
 
 # references to a pooled (array, owner, address) entry's array and owner while only the
-# pool holds them: the entry tuple, (the array's .base,) getrefcount's argument
+# pool holds them: the entry tuple, (the array's .base,) getrefcount's argument (called
+# as `_take` and `_free` call it)
 _FREE_ARRAY, _FREE_OWNER = 2, 3
 
 _SCALARS = {"f": (float, int, np.float32, np.float64, np.int64), "i": (int, np.int64, np.int32),
@@ -407,3 +432,4 @@ def _address(x: np.ndarray) -> int:
 
 
 _addressof, _from_buffer = ctypes.addressof, ctypes.c_char.from_buffer
+_first, _second = itemgetter(0), itemgetter(1)

@@ -240,3 +240,89 @@ def test_run_values_binds_params_by_position_as_the_mapping_does_by_id():
         exe.run_values([x], [None if k == "s" else v for k, v in zip(exe.param_keys, values)])
     with pytest.raises(KeyError, match=r"no value for param .*layer\.w \(id w\)"):
         exe([x], {"s": params["s"]})
+
+
+def _feedback_graph():
+    """f(x, s; w) = (s + x, w * 2, x.sum()): a state `s` (argument 1) and a param `w` that
+    a caller feeds back (results 0 and 1), and an input `x` it gives anew or not."""
+    g = Graph("f", [TensorType((2, 3), "f32"), TensorType((2, 3), "f32")])
+    b = Builder(g.body)
+    w = b.create("ember.param", [], {"id": "w", "path": "layer.w"},
+                 result_types=[TensorType((2, 3), "f32")]).result
+    two = b.op("ember.constant", value=np.array(2, np.float32))
+    b.create("func.return", [b.op("ember.add", g.args[1], g.args[0]), b.op("ember.mul", w, two),
+                             b.op("ember.reduce_sum", g.args[0], axes=[0, 1],
+                                                  keepdims=False)])
+    return cpu.Executable(verify(g), use_cache=False)
+
+
+def test_a_feedback_run_is_run_values_whatever_the_caller_changes():
+    """`exe.feedback(feeds)`: results fed back as the next call's inputs are bound once per
+    turn, yet every call gives `run_values`' results: a fed value replaced by another
+    array, an input changed in place, an input converted (float64), a held result."""
+    exe = _feedback_graph()
+    run = exe.feedback({0: 1, 1: "w"})
+    assert run.carries
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    s, w = np.zeros((2, 3), np.float32), np.ones((2, 3), np.float32)
+    held = []
+    for i in range(12):
+        want = [s + x, w * 2, x.sum()]
+        outs = run([x, s], [w])
+        for got, ref in zip(outs, want):
+            np.testing.assert_array_equal(got, ref, err_msg=f"call {i}")
+        s, w = outs[0], outs[1]
+        if i == 3:
+            x[0, 0] += 10  # the same array, changed: read again
+        if i == 5:
+            w = np.full((2, 3), 3, np.float32)  # a param replaced
+        if i == 6:
+            x = np.arange(6.0).reshape(2, 3)  # converted: a copy made on each call
+        if i == 7:
+            x[1, 1] = -4.0
+        if i in (8, 9):
+            held.append((outs[0], outs[0].copy()))  # results a caller keeps
+    for value, copy in held:
+        np.testing.assert_array_equal(value, copy)  # never written again
+    assert exe.native_calls == 12
+
+
+def test_a_feedback_run_binds_each_turn_once():
+    """Only a call whose fed input is not the array the last call returned (the first, one
+    after the caller put a copy there) runs the executable's general path, and binds both
+    turns again: the others bind no fed input or result."""
+    exe = _feedback_graph()
+    run = exe.feedback({0: 1, 1: "w"})
+    general = []
+    plain = exe._run
+    exe._run = lambda *a: (general.append(1), plain(*a))[1]
+    x = np.ones((2, 3), np.float32)
+    s, w = np.zeros((2, 3), np.float32), np.ones((2, 3), np.float32)
+    for i in range(8):
+        if i == 5:
+            s = s.copy()
+        s, w, _ = run([x, s], [w])
+    assert len(general) == 2  # the first (the caller's arrays), the sixth (a copy)
+    with pytest.raises(ValueError, match="takes 2 inputs, got 1"):
+        run([x], [w])
+    with pytest.raises(KeyError, match=r"no value for param layer\.w"):
+        run([x, s], [None])
+
+
+def test_a_feedback_run_never_writes_one_buffer_for_two_results():
+    """A caller may feed one array to two inputs (a param tied to another): the next calls
+    still write each result into a buffer of its own."""
+    g = Graph("f", [TensorType((4,), "f32"), TensorType((4,), "f32")])
+    b = Builder(g.body)
+    one = b.op("ember.constant", value=np.array(1, np.float32))
+    b.create("func.return", [b.op("ember.add", g.args[0], one), b.op("ember.mul", g.args[1], one)])
+    exe = cpu.Executable(verify(g), use_cache=False)
+    run = exe.feedback({0: 0, 1: 1})
+    a, c = np.zeros(4, np.float32), np.zeros(4, np.float32)
+    for i in range(6):
+        a, c = run([a, c], [])
+        if i == 1:
+            c = a  # both inputs one (pooled) array
+        assert a is not c or i == 1
+    np.testing.assert_array_equal(a, np.full(4, 6, np.float32))
+    np.testing.assert_array_equal(c, np.full(4, 2, np.float32))

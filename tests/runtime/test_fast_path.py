@@ -53,7 +53,39 @@ def drop_the_state(model, step):
     step.optimizer.state.clear()
 
 
-def run(general: bool, change=None):
+def change_a_weight_in_place(model, step):
+    model.fc1.weight.val()[0] = 0.5
+
+
+def reset_a_moment(model, step):
+    slots = step.optimizer.state[model.fc1.weight.id]
+    for name in slots:
+        slots[name] = np.zeros_like(slots[name])
+
+
+def replace_a_params_slots(model, step):
+    state = step.optimizer.state
+    state[model.fc2.bias.id] = {k: np.full_like(v, 0.1) for k, v in
+                                state[model.fc2.bias.id].items()}
+
+
+def freeze_then_replace_a_weight(model, step):
+    if step.rng_step == 1:
+        model.fc1.freeze()
+    else:  # the frozen weight, bound by identity while it stays the same array
+        model.fc1.weight.set_value(np.full(model.fc1.weight.shape, 0.02, np.float32))
+
+
+def refill_the_same_input_arrays(model, step):
+    # strided views, copied to contiguous arrays on every call (a copy is not kept)
+    step.reused = np.zeros((12, 8), np.float32).T, np.zeros(16, np.int64)[::2]
+
+
+def refill_the_same_contiguous_inputs(model, step):
+    step.reused = np.zeros((8, 12), np.float32), np.zeros(8, np.int64)  # bound by identity
+
+
+def run(general: bool, change=None, at=(3,)):
     em.seed(0)
     model = Net()
     step = em.compile_train_step(model, loss_and_metric, optim.SGD(lr=0.1, momentum=0.9),
@@ -62,16 +94,23 @@ def run(general: bool, change=None):
         step.execute = lambda inputs: pytest.fail("the general path ran")
     out = []
     for i, (x, y) in enumerate(batches()):
-        if i == 3 and change is not None:
+        if i in at and change is not None:
             change(model, step)
+        if hasattr(step, "reused"):
+            step.reused[0][:], step.reused[1][:] = x, y
+            x, y = step.reused
         out.append(step(x, y))
     return out, {k: v.copy() for k, v in model.state_dict().items()}, step
 
 
-@pytest.mark.parametrize("change", [None, replace_a_weight, schedule_the_lr, swap_a_layer,
-                                    new_optimizer, drop_the_state])
-def test_the_bound_path_trains_exactly_as_the_general_one(change):
-    fast, general = run(False, change), run(True, change)
+@pytest.mark.parametrize("change,at", [
+    (None, ()), (replace_a_weight, (3,)), (schedule_the_lr, (3,)), (swap_a_layer, (3,)),
+    (new_optimizer, (3,)), (drop_the_state, (3,)), (change_a_weight_in_place, (3, 4)),
+    (reset_a_moment, (3,)), (replace_a_params_slots, (3,)), (freeze_then_replace_a_weight, (1, 4)),
+    (refill_the_same_input_arrays, (2,)),
+    (refill_the_same_contiguous_inputs, (2,))])
+def test_the_bound_path_trains_exactly_as_the_general_one(change, at):
+    fast, general = run(False, change, at), run(True, change, at)
     assert fast[0] == general[0] and len(fast[0][0]) == 2  # (loss, metric) each step
     assert fast[1].keys() == general[1].keys()
     for k, v in general[1].items():
@@ -109,3 +148,34 @@ def test_a_nan_loss_leaves_params_and_counters_as_they_were():
     assert (step.rng_step, step.optimizer.step_count) == counters
     for k, v in model.state_dict().items():
         np.testing.assert_array_equal(v, before[k], err_msg=k)
+
+
+def test_a_frozen_param_reshaped_in_place_is_still_checked():
+    """A param the step reads but does not update is bound by identity: its shape is
+    checked again on every step all the same."""
+    em.seed(0)
+    model = Net()
+    model.fc1.freeze()
+    step = em.compile_train_step(model, loss_and_metric, optim.SGD(lr=0.1), backend="cpu")
+    data = batches(3)
+    for b in data:
+        step(*b)
+    model.fc1.bias.val().shape = (2, 8)
+    with pytest.raises(ValueError, match="fc1.bias"):
+        step(*data[0])
+
+
+def test_after_the_first_step_the_executable_binds_nothing_again():
+    """Params, buffers and momentum a step returned are bound by the executable's feedback
+    run (backends/cpu/feedback.py) from the second step on: its general path never runs."""
+    em.seed(0)
+    model = Net()
+    step = em.compile_train_step(model, loss_and_metric, optim.SGD(lr=0.1, momentum=0.9),
+                                 backend="cpu")
+    data = batches()
+    step(*data[0])
+    exe = step._last.run
+    exe._run = lambda *a: pytest.fail("the executable's general path ran")
+    for b in data[1:]:
+        step(*b)
+    assert exe.native_calls == len(data)
