@@ -16,7 +16,11 @@ step's buffers. Columns:
 - rss: peak RSS of the process, and how much of it came after the imports and the
   batch (compile and run);
 - step: median ms per training step (SGD with momentum); compile: seconds to compile;
-- matmuls: `kernel.matmul` ops in the compiled graph (recomputation adds some).
+  each also as a ratio to the model's `none` row (xnone; rows are separate processes, so
+  on a loaded machine the ratio is only as steady as the load);
+- matmuls: `kernel.matmul` ops in the compiled graph (recomputation adds some);
+- attn bwd: fused attention backward kernels (`kernel.attention_grad`, one per block when
+  the checkpointed graph lets `fuse` form them; otherwise 5 matmuls each and the scores).
 """
 
 from __future__ import annotations
@@ -132,7 +136,8 @@ def row(name: str, strategy: str, quick: bool, steps: int) -> dict:
             "real": report["real_bytes"], "rss": vm_hwm(), "rss_base": base,
             "step_ms": statistics.median(times) * 1e3, "compile_s": step.compile_seconds,
             "matmuls": sum(op.name in ("kernel.matmul", "ember.matmul")
-                           for op in step.graph.walk())}
+                           for op in step.graph.walk()),
+            "attn_bwd": sum(op.name == "kernel.attention_grad" for op in step.graph.walk())}
 
 
 def run_row(name: str, strategy: str, quick: bool, steps: int) -> dict:
@@ -147,15 +152,25 @@ def run_row(name: str, strategy: str, quick: bool, steps: int) -> dict:
 
 
 def table(rows: list[dict], quick: bool) -> str:
+    """One line per row; `xnone`: the step and compile time over the same model's `none` row
+    (issue 13 bounds both at 1.5x)."""
+    none = {r["model"]: r for r in rows if r["strategy"] == "none"}
+
+    def over(r: dict, key: str) -> str:
+        base = none.get(r["model"])
+        return f"{r[key] / base[key]:>7.2f}" if base else f"{'-':>7}"
+
     head = (f"{'model':<20}{'strategy':<10}{'planned MiB':>12}{'real MiB':>10}{'real/plan':>10}"
-            f"{'rss MiB':>9}{'(+run)':>8}{'step ms':>9}{'compile s':>10}{'matmuls':>8}")
+            f"{'rss MiB':>9}{'(+run)':>8}{'step ms':>9}{'xnone':>7}{'compile s':>10}"
+            f"{'xnone':>7}{'matmuls':>8}{'attn bwd':>9}")
     lines = [head]
     for r in rows:
         lines.append(f"{describe(r['model'], quick):<20}{r['strategy']:<10}"
                      f"{r['planned'] / MIB:>12.1f}{r['real'] / MIB:>10.1f}"
                      f"{r['real'] / r['planned']:>10.2f}{r['rss'] / MIB:>9.0f}"
                      f"{(r['rss'] - r['rss_base']) / MIB:>8.0f}{r['step_ms']:>9.1f}"
-                     f"{r['compile_s']:>10.2f}{r['matmuls']:>8}")
+                     f"{over(r, 'step_ms')}{r['compile_s']:>10.2f}{over(r, 'compile_s')}"
+                     f"{r['matmuls']:>8}{r['attn_bwd']:>9}")
     return "\n".join(lines)
 
 

@@ -4,15 +4,17 @@ backward keeps and what it recomputes.
 Runs on the joint graph that autodiff returns (before the optimizer pass). The forward
 part is every op the forward results (loss, outputs, buffer updates) depend on; the
 backward part is the rest. The pass reorders the graph into the forward part, then the
-backward part, and chooses the *saved set*: the forward values that stay alive into the
+backward part (a view it takes of forward values moved to its first reader), and chooses
+the *saved set*: the forward values that stay alive into the
 backward. Every other forward value the backward reads is recomputed there: its op (and,
 recursively, whatever it needs that is not saved) is duplicated just before the first
 backward op that reads it, marked `ember.recompute = true` (CSE never merges such a copy
-back). Copies are shared, so a recomputed matmul or conv runs at most once per backward
-*segment* (see `_Scheduler`): the backward is cut into `segments` runs of equally many
-ops, and a copy made in one is read by every later op of that run. A random op is copied
-with its attributes and its rng operand, so a recomputed dropout draws exactly the mask
-the forward drew. Graph arguments, params, constants and the forward results are always
+back). Copies are shared, so a recomputed matmul or conv (or the q, k, v of an
+attention) runs at most once per backward *segment* (see `_Scheduler`): the backward is
+cut into `segments` runs of about equally many ops, never inside an attention's backward,
+and a copy made in one is read by every later op of that run. A random op is copied with
+its attributes and its rng operand, so a recomputed dropout draws exactly the mask the
+forward drew. Graph arguments, params, constants and the forward results are always
 available and never recomputed.
 
 - `none`: save every forward value the backward reads.
@@ -21,11 +23,13 @@ available and never recomputed.
   the originals; in 2, segment 1 recomputes the whole forward and keeps what it needs,
   segment 2 the front half again (1.5 forwards, about half the memory); each segment
   more: less memory, one more partial forward. Unless `segments` is given, it takes the
-  count with the lowest planned peak whose recomputed work stays within 3 forwards
-  (RECOMPUTE_CAP), so a training step costs at most about twice `none`'s (and no
-  longer grows with the square of the depth).
+  count with the lowest planned peak whose modelled step work (forward, backward and
+  recompute) stays within STEP_CAP (1.4) times `none`'s: the step time is what the
+  memory is traded for (a 4-block GPT: 1 segment, 1.1 forwards recomputed).
 - `balanced`: save results of compute-bound ops (matmul, conv, linear, attention: the
-  rule table's "compute" class) and recompute memory-bound chains from them.
+  rule table's "compute" class) and recompute memory-bound chains from them, except the
+  q, k and v of a fusible attention (`Joint.attention`), which are saved too: the
+  fused attention backward needs them, and never stores the scores it recomputes.
 - `min-cut`: the saved set is a minimum s-t cut (networkx max-flow) of a graph in which
   saving a value costs its bytes and recomputing an op costs its work: bytes first,
   recompute as the tie-break, compute-bound ops never recomputed. With `budget` (bytes,
@@ -47,12 +51,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import ClassVar
+from functools import cached_property
+from typing import ClassVar, NamedTuple
 
 from ..ir import Graph, Operation, Value, has_trait
 from ..ir.memory_plan import (
     RESIDENT_OPS,
-    MemoryPlan,
     Step,
     argument_classes,
     forward_ops,
@@ -64,13 +68,15 @@ from .autodiff.rules import checkpoint_class
 from .canonicalize import Canonicalize
 from .cse import Cse
 from .dce import Dce
+from .fuse.analysis import VIEWS
+from .fuse.attention import match_probs, read_p
 from .manager import Pass, PipelineError, register_pass
 
 STRATEGIES = ("none", "all", "balanced", "min-cut")
 RECOMPUTE = "ember.recompute"
 WINDOW = 2  # backward ops within which a cheap copy made to recompute another is shared
 MAX_SEGMENTS = 8
-RECOMPUTE_CAP = 3  # forwards' worth of work that `all` may recompute to plan less memory
+STEP_CAP = 1.4  # modelled step work `all` may spend, relative to `none`'s, to plan less memory
 
 
 class Clone:
@@ -122,6 +128,43 @@ def work(op: Operation) -> int:
     return n * max(1, op.operands[0].type.shape[-1])
 
 
+def sink_views(backward: list[Operation], fwd: set[Operation]) -> list[Operation]:
+    """The backward ops, each view of forward values (a transpose autodiff takes up front)
+    moved to just before its first reader: it then reads the copy made in that reader's
+    segment, not one that an earlier segment would keep alive for it."""
+    early: set[Operation] = set()
+    for op in backward:
+        if op.name in VIEWS and all(v.op is None or v.op in fwd or v.op in early
+                                    for v in op.operands):
+            early.add(op)
+    order: list[Operation] = []
+    placed: set[Operation] = set()
+
+    def place(op: Operation) -> None:
+        for v in op.operands:
+            if v.op in early and v.op not in placed:
+                place(v.op)
+        placed.add(op)
+        order.append(op)
+
+    for op in backward:
+        if op not in early:
+            place(op)
+    for op in backward:  # a view nothing in the backward reads (a result): at the end
+        if op not in placed:
+            place(op)
+    return order
+
+
+class Attention(NamedTuple):
+    """The attentions that `fuse` makes one kernel of (fuse/attention.py). Their fused
+    backward recomputes p from q and k, so it forms only when it reads the very q, k, v
+    values the softmax it replaces was computed from: one copy each, in one segment."""
+
+    inputs: set[Operation]  # the forward ops whose results are their q, k and v
+    spans: list[tuple[int, int]]  # per attention: first and last backward op reading them
+
+
 class Joint:
     """The joint graph split into its forward and backward parts."""
 
@@ -130,10 +173,50 @@ class Joint:
         fwd = forward_ops(graph)
         ops = [op for op in graph.ops if op.name != "func.return"]
         self.forward = [op for op in ops if op in fwd]
-        self.backward = [op for op in ops if op not in fwd]
+        self.backward = sink_views([op for op in ops if op not in fwd], fwd)
         self.fwd = fwd
         outs = graph.outputs
         self.results = set(outs[:len(outs) - len(graph.attributes["ember.grads"])])
+
+    @cached_property
+    def attention(self) -> Attention:
+        """See `Attention`; a span is over the backward ops (by index) that read p, q, k, v
+        or a view of them."""
+        inputs: set[Operation] = set()
+        spans = []
+        at = {op: i for i, op in enumerate(self.backward)}
+        for op in self.forward:
+            pr = match_probs(op) if op.name == "ember.div" else None
+            r = read_p(pr) if pr is not None else None
+            if r is None:
+                continue
+            bases = [b for b in (pr.q[0], pr.k[0], *(v[0] for _, v in r.forward))
+                     if not self.free(b)]
+            inputs.update(b.op for b in bases)
+            values, todo = set(), [pr.p, *bases]
+            while todo:  # and their views (a view the backward takes early reads nothing)
+                v = todo.pop()
+                values.add(v)
+                todo += [u.result for u, _ in v.uses if u.name in VIEWS]
+            readers = [at[u] for v in values for u, _ in v.uses
+                       if u in at and u.name not in VIEWS]
+            if readers:
+                spans.append((min(readers), max(readers)))
+        return Attention(inputs, spans)
+
+    def segment_starts(self, segments: int) -> set[int]:
+        """Where each segment of the backward after the first starts: `segments` runs of
+        about equally many ops, a start moved past the backward of an attention it would
+        cut (see `attention`)."""
+        n, spans = len(self.backward), self.attention.spans
+        starts = set()
+        for k in range(1, segments):
+            start = -(-k * n // segments)
+            for lo, hi in sorted(spans):
+                if lo < start <= hi:
+                    start = hi + 1
+            starts.add(start)
+        return starts
 
     def free(self, v: Value) -> bool:
         """Available in the backward at no memory cost beyond what it costs anyway."""
@@ -154,12 +237,13 @@ class Joint:
         `_Scheduler` for `segments` and `window`)."""
         return _Scheduler(self, keep, segments, window).run()
 
-    def plan(self, s: Schedule) -> MemoryPlan:
+    def peak(self, s: Schedule) -> int:
+        """The planned peak of schedule `s` (the offsets are not placed: not needed)."""
         resident = dict(argument_classes(self.graph))
         for e in s.entries:
             if e.op.name in RESIDENT_OPS:
                 resident.update({r: RESIDENT_OPS[e.op.name] for r in e.results})
-        return plan(s.steps(), resident, self.graph.outputs)
+        return plan(s.steps(), resident, self.graph.outputs, place=False).peak_bytes
 
     def min_cut(self, alpha: int, allow_compute: bool) -> set[Operation]:
         """Forward ops to save: a minimum cut where saving op costs alpha * bytes and
@@ -193,22 +277,24 @@ class Joint:
         _, (reach, _) = nx.minimum_cut(g, "source", "sink")
         return {op for op in relevant if ("in", op) in reach}
 
-    def total_work(self) -> int:
-        return sum(work(op) for op in self.forward) + 1
+    def total_work(self, ops: list[Operation] | None = None) -> int:
+        """The `work` of `ops` (default: the forward), at least 1."""
+        return sum(work(op) for op in (self.forward if ops is None else ops)) + 1
 
 
 class _Scheduler:
-    """Copies are shared within a segment of the backward (`segments` runs of equally
-    many backward ops), but cheap ones only while sharing keeps them short-lived. A value
-    the backward reads directly, and a copy of a compute-bound op (matmul, conv), is
-    copied once per segment and read by every later op of the segment: recomputing the
-    chain behind it again for each reader is what made `all` quadratic in depth (a chain
-    from the inputs per value read). A cheap copy (a memory-bound op) made only to
-    recompute another is reused only within `window` backward ops of its last use; after
-    that it is recomputed again, from the shared copies, so a long chain of elementwise
-    ops recomputed early in the backward does not stay alive until its other readers.
-    At a segment's start every copy is forgotten: what the segment needs again it
-    recomputes, so no copy lives from one segment into the next."""
+    """Copies are shared within a segment of the backward (`Joint.segment_starts`), but
+    cheap ones only while sharing keeps them short-lived. A value the backward reads
+    directly, and a copy of a compute-bound op (matmul, conv) or of an attention's q, k
+    or v (`Attention`), is copied once per segment and read by every later op of the
+    segment: recomputing the chain behind it again for each reader is what made `all`
+    quadratic in depth (a chain from the inputs per value read). A cheap copy (a
+    memory-bound op) made only to recompute another is reused only within `window`
+    backward ops of its last use; after that it is recomputed again, from the shared
+    copies, so a long chain of elementwise ops recomputed early in the backward does not
+    stay alive until its other readers. At a segment's start every copy is forgotten:
+    what the segment needs again it recomputes, so no copy lives from one segment into
+    the next."""
 
     def __init__(self, joint: Joint, keep: Callable[[Operation], bool], segments: int,
                  window: int):
@@ -221,9 +307,9 @@ class _Scheduler:
         self.now = 0
 
     def run(self) -> Schedule:
-        n = len(self.joint.backward)
+        starts = self.joint.segment_starts(self.segments)
         for now, bop in enumerate(self.joint.backward):
-            if now * self.segments // n != (now - 1) * self.segments // n:  # a new segment
+            if now in starts:
                 self.memo.clear()
                 self.scratch.clear()
             self.now = now
@@ -269,7 +355,7 @@ class _Scheduler:
                                         clone=True))
             self.s.cost += work(op)
             self.s.clones += 1
-            if compute_bound(op):
+            if compute_bound(op) or op in self.joint.attention.inputs:
                 self.memo.update(zip(op.results, clones))
             else:
                 self.scratch.update((r, (c, self.now)) for r, c in zip(op.results, clones))
@@ -316,7 +402,7 @@ class Checkpoint(Pass):
     STRATEGIES: ClassVar[tuple[str, ...]] = STRATEGIES
     strategy: str = "none"
     budget: int = 0
-    segments: int = 0  # 0: 1, or for `all` the best within RECOMPUTE_CAP
+    segments: int = 0  # 0: 1, or for `all` the best within STEP_CAP
 
     def __post_init__(self):
         if self.strategy not in STRATEGIES:
@@ -357,10 +443,11 @@ class Checkpoint(Pass):
                 s = self._all(joint)
             else:
                 keep = {"none": lambda op: True, "all": lambda op: False,
-                        "balanced": compute_bound}[self.strategy]
+                        "balanced": lambda op: compute_bound(op) or op in joint.attention.inputs
+                        }[self.strategy]
                 s = joint.schedule(keep, self.segments or 1)
             if self.budget:
-                peak = joint.plan(s).peak_bytes
+                peak = joint.peak(s)
                 if peak > self.budget:
                     raise PipelineError(f"checkpoint: strategy {self.strategy} needs a planned "
                                         f"peak of {peak} bytes, over the budget of "
@@ -373,15 +460,16 @@ class Checkpoint(Pass):
         return graph
 
     def _all(self, joint: Joint) -> Schedule:
-        """The lowest planned peak over 1, 2, ... segments, while the recomputed work stays
-        within RECOMPUTE_CAP forwards (fewer segments on a tie)."""
-        cap = RECOMPUTE_CAP * joint.total_work()
+        """The lowest planned peak over 1, 2, ... segments while the modelled step work
+        (forward, backward and recompute, see `work`) stays within STEP_CAP times `none`'s
+        (fewer segments on a tie; 1 segment when even that exceeds it)."""
+        step = joint.total_work(joint.forward + joint.backward)
         best: tuple | None = None  # (peak, schedule)
         for n in range(1, MAX_SEGMENTS + 1):
             s = joint.schedule(lambda op: False, n)
-            if best is not None and s.cost > cap:
+            if best is not None and step + s.cost > STEP_CAP * step:
                 break
-            peak = joint.plan(s).peak_bytes
+            peak = joint.peak(s)
             if best is None or peak < best[0]:
                 best = (peak, s)
         return best[1]
@@ -412,7 +500,7 @@ class Checkpoint(Pass):
         return best[2]
 
     def _consider(self, joint: Joint, s: Schedule, best, lowest):
-        peak = joint.plan(s).peak_bytes
+        peak = joint.peak(s)
         if lowest is None or peak < lowest[0]:
             lowest = (peak, f"saving {len(s.saved)} values of {sum(map(nbytes, s.saved))} bytes"
                             f" and recomputing {s.clones} ops")
