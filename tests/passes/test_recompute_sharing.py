@@ -20,7 +20,14 @@ from ember.frontend.trace import TensorSpec, trace_function
 from ember.ir import Graph, verify
 from ember.passes import PassManager, PipelineError, parse_pipeline
 from ember.passes.memory import plan_memory
-from ember.passes.recompute import STEP_CAP, Checkpoint, Joint, compute_bound
+from ember.passes.recompute import (
+    MAX_SEGMENTS,
+    MIN_SAVING,
+    STEP_CAP,
+    Checkpoint,
+    Joint,
+    compute_bound,
+)
 
 F = nn.functional
 STRATEGIES = ("none", "balanced", "min-cut", "all")
@@ -92,7 +99,7 @@ def test_all_recomputes_each_matmul_at_most_once_per_segment(name):
     for segments in (1, 2, 3):
         got = matmuls(checkpointed(MODELS[name]()[0], "all", segments))
         assert none < got <= none + segments * forward, (segments, got, none)
-    assert matmuls(checkpointed(MODELS[name]()[0], "all")) <= none + forward  # 1 segment
+    assert matmuls(checkpointed(MODELS[name]()[0], "all")) <= none + MAX_SEGMENTS * forward
 
 
 def test_each_compute_bound_op_is_copied_at_most_once_per_segment():
@@ -155,20 +162,20 @@ def test_attention_backward_fuses_under_every_strategy():
 
 @pytest.mark.parametrize("name", ["mlp", "gpt"])
 def test_all_takes_the_lowest_peak_within_the_step_cap(name):
-    """`all` trades step time for memory only up to STEP_CAP times `none`'s modelled step
-    work: more segments plan less memory but recompute more of the forward (1 segment, the
-    least `all` can recompute, when even that exceeds it, as on the tiny gpt)."""
+    """`all` trades step time for memory up to STEP_CAP times `none`'s modelled step work:
+    more segments plan less memory but recompute more of the forward. Past the cap only
+    while the best plans more than MIN_SAVING of keeping everything."""
     graph = PassManager(parse_pipeline("decompose,autodiff,canonicalize,cse,dce")).run(
         MODELS[name]()[0])
     joint = Joint(graph)
     step = joint.total_work(joint.forward + joint.backward)
     chosen = Checkpoint(strategy="all")._all(joint)
-    one = joint.schedule(lambda op: False, 1)
-    assert step + chosen.cost <= STEP_CAP * step or chosen.cost == one.cost
-    for n in range(1, 5):
-        s = joint.schedule(lambda op: False, n)
-        if step + s.cost <= STEP_CAP * step:
-            assert joint.peak(chosen) <= joint.peak(s), n
+    enough = MIN_SAVING * joint.peak(joint.schedule(lambda op: True))
+    within = [s for s in (joint.schedule(lambda op: False, n) for n in range(1, 5))
+              if step + s.cost <= STEP_CAP * step]
+    if within and min(map(joint.peak, within)) <= enough:
+        assert step + chosen.cost <= STEP_CAP * step
+        assert joint.peak(chosen) == min(map(joint.peak, within))
 
 
 def test_segments_option():
