@@ -116,6 +116,9 @@ class Executable:
         # binds them as its next params, and their address is known already (the entry is
         # shared with the pool, so the refcounts _run reads to recycle them stay as they were)
         self._pooled: dict[int, tuple] = {}
+        # (array, address) of each param the last call bound as it was: the same array
+        # (held here, so its memory cannot move) is bound again without a look at it
+        self._held: list[tuple | None] = [None] * len(self.param_keys)
         self._pools = [(i, []) for i in self._fresh]  # (slot, its returned results' entries)
         self._status = None
         if self.plan.checked:
@@ -332,10 +335,18 @@ class Executable:
             self._bind_scalars(inputs)
             for row in self._args:
                 arrays[row[0]], table[row[0]] = self._bind(inputs[row[1]], row)
-            for row, x in zip(self._params, values):
+            held = self._held
+            for k, (row, x) in enumerate(zip(self._params, values)):
+                last = held[k]
+                if last is not None and last[0] is x and x.shape == row[3] and x.dtype is row[2]:
+                    arrays[row[0]], table[row[0]] = x, last[1]
+                    continue
                 if x is None:
                     raise KeyError(f"no value for {row[5]}")
-                arrays[row[0]], table[row[0]] = self._bind(x, row)
+                y, table[row[0]] = arrays[row[0]], addr = self._bind(x, row)
+                # never a converted copy, nor a pooled result (a reference here would keep
+                # the pool from recycling it)
+                held[k] = (x, addr) if y is x and id(x) not in self._pooled else None
             for i, pool in self._pools:
                 if into and i in into:
                     arrays[i] = into[i]

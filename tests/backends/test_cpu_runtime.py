@@ -216,6 +216,28 @@ def test_bound_call_runs_the_native_code_alone():
     assert exe.native_calls == 2  # the bound call is not counted as a step
 
 
+def test_a_param_bound_again_reads_its_values_now():
+    """The last call's param arrays are bound again without a look (the same arrays): a
+    value written in place is read, a new array or a converted one (f64 for an f32 param,
+    never cached) gives its current values."""
+    g = Graph("f", [TensorType((3,), "f32")])
+    b = Builder(g.body)
+    w = b.create("ember.param", [], {"id": "w", "path": "w"},
+                 result_types=[TensorType((3,), "f32")]).result
+    b.create("func.return", [b.op("ember.mul", g.args[0], w)])
+    exe = cpu.Executable(verify(g), use_cache=False)
+    x, w32, w64 = np.ones(3, np.float32), np.full(3, 2, np.float32), np.full(3, 4.0)
+    for params, want in (({"w": w32}, 2), ({"w": w32}, 2), ({"w": w64}, 4), ({"w": w64}, 4)):
+        np.testing.assert_array_equal(exe([x], params)[0], np.full(3, want, np.float32))
+    w32[:] = 5
+    w64[:] = 6
+    np.testing.assert_array_equal(exe([x], {"w": w32})[0], np.full(3, 5, np.float32))
+    np.testing.assert_array_equal(exe([x], {"w": w32})[0], np.full(3, 5, np.float32))
+    w32[1] = 7
+    np.testing.assert_array_equal(exe([x], {"w": w32})[0], np.array([5, 7, 5], np.float32))
+    np.testing.assert_array_equal(exe([x], {"w": w64})[0], np.full(3, 6, np.float32))
+
+
 def test_run_values_binds_params_by_position_as_the_mapping_does_by_id():
     """`run_values(inputs, values)`: the call a training step makes on every step, with the
     params' values in `param_keys` order; the same results as `exe(inputs, params)`, and a
