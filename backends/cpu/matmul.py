@@ -1,5 +1,6 @@
 """`kernel.matmul`: per batch element a GEMM (OpenBLAS or ember's own, chosen by the
-measured cost table), then the epilogue as one fused loop over the output.
+measured cost table), then the epilogue as one fused loop over the output. Batch dims
+that only continue the rows of A and C (a Linear on [B, T, C]) are rows of one GEMM.
 
 The GEMM accumulates straight into the first result when that result is the plain
 product layout (row-major, unit column stride); otherwise into scratch memory that the
@@ -28,12 +29,12 @@ from .scalar import i64
 
 @dataclass
 class MatmulPlan:
-    nb: int
-    batch: list[int]
+    batch: list[int]  # the batch dims the GEMMs loop over (the others folded into M)
     problem: GemmProblem
     a_batch: list[int]
     b_batch: list[int]
     c_batch: list[int]
+    c_map: list[int]  # the product's strides over the space less K, read by the epilogue
     in_place: bool  # accumulate into result 0
     engine: str  # "blas" | "own"
     trivial: bool  # the epilogue only stores the product
@@ -81,15 +82,19 @@ def plan_matmul(op, isa: Isa, threads: int) -> MatmulPlan:
                 and (m == 1 or o[nb] >= n) and all(s or d == 1 for s, d in zip(o, space)))
     ldc = (o[nb] if m > 1 else n) if in_place else n
     c_batch = o[:nb] if in_place else [s * m * n for s in contiguous_strides(batch)]
-    p = GemmProblem(m, n, k, ma[nb], ma[nb + 2], mb[nb + 2], mb[nb + 1], ldc, dt)
+    c_map = list(c_batch) + [ldc if m > 1 else 0, 1 if n > 1 else 0]
+    loop, a_batch, b_batch, c_batch, rows = _fold_rows(batch, ma[:nb], mb[:nb], c_batch, m,
+                                                       ma[nb], ldc)
+    p = GemmProblem(rows, n, k, ma[nb], ma[nb + 2], mb[nb + 2], mb[nb + 1], ldc, dt)
     # C narrower than a vector but tall, with A read down its columns (a weight gradient
     # X^T dY of a classifier head): computing C^T = B^T A^T instead puts M in the vector
     # lanes and reads A^T's rows contiguously; the epilogue reads the product transposed
     lanes = isa.lanes(dt)
     swapped = nb == 0 and ma[nb] == 1 and k > 1 and n < lanes and m >= 2 * lanes
-    if swapped:
+    if swapped:  # the product is C^T, row-major: element (i, j) at j * M + i
         in_place = False
         p = GemmProblem(n, m, k, mb[nb + 1], mb[nb + 2], ma[nb + 2], ma[nb], m, dt)
+        c_map = [1 if m > 1 else 0, m if n > 1 else 0]
     engine = engine_for(p, isa, threads)
     block = op.regions[0].blocks[0]
     body = block.ops
@@ -97,8 +102,22 @@ def plan_matmul(op, isa: Isa, threads: int) -> MatmulPlan:
                and body[0].operands[0] is block.args[0])
     c_bytes = 0 if in_place else _prod(batch) * m * n * S.size(dt)
     (_, gemm_offset), total = regions(c_bytes, gemm_scratch(p, engine, isa, threads))
-    return MatmulPlan(nb, batch, p, ma[:nb], mb[:nb], c_batch, in_place, engine, trivial,
+    return MatmulPlan(loop, p, a_batch, b_batch, c_batch, c_map, in_place, engine, trivial,
                       swapped, gemm_offset, total)
+
+
+def _fold_rows(batch, a_batch, b_batch, c_batch, m, sa_m, ldc):
+    """Trailing batch dims that only continue A's and C's rows (B the same for each: a
+    Linear on [B, T, C] with the weight broadcast) become rows of one taller GEMM, so
+    M = B*T is one call, not B calls of T rows. Returns what is left of the batch (its
+    strides in A, B and C) and the rows."""
+    batch, a_batch, b_batch, c_batch = (list(x) for x in (batch, a_batch, b_batch, c_batch))
+    while batch and (batch[-1] == 1 or (
+            m > 1 and b_batch[-1] == 0 and a_batch[-1] == m * sa_m and c_batch[-1] == m * ldc)):
+        m *= batch.pop()
+        for x in (a_batch, b_batch, c_batch):
+            x.pop()
+    return batch, a_batch, b_batch, c_batch, m
 
 
 def engine_for(p: GemmProblem, isa: Isa, threads: int) -> str:
@@ -159,7 +178,7 @@ def emit_matmul(b: ir.IRBuilder, op, outs: list, ins: list, scratch, isa: Isa, t
 
     def one(bi):
         offs = [i64(0), i64(0), i64(0)]
-        if pl.nb:
+        if pl.batch:
             for d, (n_d, st) in enumerate(zip(pl.batch, bstr)):
                 coord = b.urem(b.udiv(bi, i64(st)), i64(n_d)) if n_d > 1 else None
                 if coord is None:
@@ -177,12 +196,8 @@ def emit_matmul(b: ir.IRBuilder, op, outs: list, ins: list, scratch, isa: Isa, t
         return
     a = op.attributes
     space = a["space"][:-1]
-    if pl.swapped:  # the product is C^T, row-major: element (i, j) at j * M + i
-        c_map = [1 if p.n > 1 else 0, p.ldc if p.m > 1 else 0]
-    else:
-        c_map = list(pl.c_batch) + [p.ldc if p.m > 1 else 0, 1 if p.n > 1 else 0]
     block = op.regions[0].blocks[0]
-    em = FusedEmitter(block, space, [c_map] + [m[:-1] for m in a["maps"][2:]],
+    em = FusedEmitter(block, space, [pl.c_map] + [m[:-1] for m in a["maps"][2:]],
                       [m[:-1] for m in a["out_maps"]],
                       [dt] + [v.type.dtype for v in op.operands[2:]],
                       [t.dtype for t in a["out_types"]], f"{name}.epilogue")

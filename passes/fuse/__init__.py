@@ -13,7 +13,9 @@ with those dims matching (the other dims are matched by size). That one rule fus
   that run over the same rows (fuse on write): a row softmax, log-softmax with its loss,
   or a layer norm is one kernel whose body reduces in phases;
 - a matmul with elementwise consumers of its output (bias, activation, residual, the
-  optimizer's update), which become its epilogue.
+  optimizer's update), which become its epilogue; a Linear on [B, T, C] (decomposed as a
+  matmul on [B*T, C] and a reshape back) first gets a matmul of [B, T] rows, so its
+  consumers join it like a Linear on rows (`unflatten_matmuls`).
 Where to cut follows from the cost rules: a kernel reduces over one set of dims (a value
 reduced along another axis is materialized and read by a second kernel); an epilogue
 never reduces; two matmuls never share a kernel; nothing is recomputed — a value that
@@ -41,7 +43,7 @@ from ...ir.memory_plan import forward_ops
 from ..manager import Pass, register_pass
 from .attention import AttentionFuser
 from .building import emit
-from .grouping import Grouper, duplicate_views
+from .grouping import Grouper, duplicate_views, unflatten_matmuls
 
 
 @register_pass
@@ -58,6 +60,7 @@ class Fuse(Pass):
     def apply(self, graph: Graph) -> Graph:
         if self.attention:
             AttentionFuser(graph.body).run()
+        unflatten_matmuls(graph.body)
         duplicate_views(graph.body)
         groups = Grouper(graph.body, forward_ops(graph), self.epilogues, self.reductions).run()
         emit(graph.body, groups)

@@ -2,16 +2,20 @@
 merges with the groups producing its operands when one iteration space embeds into the
 other, subject to the cost rules (one reduced dim set per kernel, no reducing epilogue,
 one matmul per kernel, no forward/backward mixing, no cycle between kernels, and on a
-checkpointed graph no longer-lived inputs).
+checkpointed graph no longer-lived inputs). Before that, a matmul whose rows a reshape
+splits (a Linear on [B, T, C]) is rewritten to produce that shape itself
+(`unflatten_matmuls`), so its consumers can join it, and `duplicate_views` gives each
+reader its own views.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from dataclasses import dataclass, field
 
-from ...ir import Block, Operation, Value
+from ...ir import Block, Operation, TensorType, Value
 from .analysis import REDUCTIONS, VIEWS, Dims, describe
 
 RECOMPUTE = "ember.recompute"  # the checkpoint pass's mark on recomputed copies
@@ -44,6 +48,78 @@ class Group:
         self.vdims = {v: m(d) for v, d in self.vdims.items()}
         self.odims = {op: [m(d) for d in ds] for op, ds in self.odims.items()}
         self.reduce = frozenset(phi[d] for d in self.reduce)
+
+
+def _row_split(op: Operation) -> list[int] | None:
+    """The shape [*lead, N] that a reader reshapes rank-2 matmul op's [M, N] result to,
+    with prod(lead) = M (its rows split, N kept), if one does."""
+    if (op.name != "ember.matmul" or any(v.type.rank != 2 for v in op.operands)
+            or describe(op) is None):
+        return None
+    m, n = op.result.type.shape
+    for u, _ in op.result.uses:
+        shape = list(u.attributes.get("shape", ())) if u.name == "ember.reshape" else []
+        if len(shape) > 2 and shape[-1] == n and math.prod(shape[:-1]) == m:
+            return shape
+    return None
+
+
+def unflatten_matmuls(block: Block) -> None:
+    """A Linear on [B, T, C] is decomposed as a matmul of x flattened to [B*T, C] whose
+    result is reshaped back to [B, T, N]; that split of the rows would stop the bias,
+    activation and residual that follow from joining the GEMM as its epilogue. So the
+    reshape moves to the operand: the matmul reads x as [B, T, C] (in place, a view) with
+    the weight broadcast over B, its result is the [B, T, N] value itself, and any other
+    reader of the flat product reads a view of it. The backends still run it as one GEMM
+    with M = B*T (the batch dims are contiguous rows of A and C, and B does not vary)."""
+    before: dict[Operation, list[Operation]] = {}
+    dead: list[Operation] = []
+    for op in block.ops:
+        shape = _row_split(op)
+        if shape is None:
+            continue
+        a, w = op.operands
+        while a.op is not None and a.op.name == "ember.reshape":
+            a = a.op.operands[0]  # a reshape of a reshape is one reshape
+        new = []
+        rows = [*shape[:-1], w.type.shape[0]]
+        if list(a.type.shape) != rows:
+            new.append(Operation("ember.reshape", [a], [TensorType(rows, a.type.dtype)],
+                                 {"shape": rows, **_marks(op)}, loc=op.loc))
+            a = new[-1].result
+        mm = Operation("ember.matmul", [a, w], [TensorType(shape, op.result.type.dtype)],
+                       dict(op.attributes), loc=op.loc)
+        new.append(mm)
+        for u, i in list(op.result.uses):
+            if u.name == "ember.reshape" and list(u.attributes["shape"]) == shape:
+                u.result.replace_all_uses_with(mm.result)
+            else:
+                flat = Operation("ember.reshape", [mm.result], [op.result.type],
+                                 {"shape": list(op.result.type.shape), **_marks(op)},
+                                 loc=op.loc)
+                new.append(flat)
+                u.set_operand(i, flat.result)
+        for n in new:
+            n.parent = block
+        before[op] = new
+        dead += [u for u, _ in op.result.uses]  # the reshapes mm replaced
+        dead.append(op)
+        v = op.operands[0]
+        while v.op is not None and v.op.name == "ember.reshape" and len(v.uses) == 1:
+            dead.append(v.op)  # the flattening of x, once nothing else reads it
+            v = v.op.operands[0]
+    for op in dead:
+        op.drop_operands()
+        op.parent = None
+    if before:
+        gone = set(dead)
+        block.ops = [new for op in block.ops
+                     for new in before.get(op, () if op in gone else (op,))]
+
+
+def _marks(op: Operation) -> dict:
+    """The checkpoint pass's mark of op, for the ops that replace it."""
+    return {RECOMPUTE: op.attributes[RECOMPUTE]} if RECOMPUTE in op.attributes else {}
 
 
 def duplicate_views(block: Block) -> None:
