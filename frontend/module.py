@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, fields, is_dataclass
+from itertools import chain
 from operator import is_
 
 import numpy as np
@@ -143,6 +144,9 @@ class _Edits:
     count = 0
 
 
+_END = (object(),)  # ends each container in TreeWatch's snapshot: no tree holds it
+
+
 class TreeWatch:
     """Says cheaply whether a module tree may have changed shape since the watch was made,
     so that the runtime walks the tree once instead of on every step.
@@ -151,30 +155,36 @@ class TreeWatch:
     unrelated tree's edit costs one more walk, never a stale one) or a list or dict held
     in the tree's fields changed in place (each is kept with a snapshot of its items).
     Param values, flags and requires_grad are not structure: callers read them each time.
+
+    The check runs on every step, so it is one C-level pass: the elements of every list,
+    and the keys and values of every dict (live views), each container followed by `_END`,
+    compared by identity with the snapshot. A container that grew or shrank puts an
+    element where the snapshot has `_END` or the other way round, so lengths need no check
+    of their own; a key replaced by an equal one only costs a walk.
     """
 
     def __init__(self, root: Module):
         self._count = _Edits.count
-        self._lists: list[tuple[list, tuple]] = []
-        self._dicts: list[tuple[dict, tuple, tuple]] = []
+        views: list = []
         for _, module in root.visit(_Paths(root)).modules:
             for name in module.__dict__.get("_fields", ()):
-                self._collect(module.__dict__.get(name))
-
-    def _collect(self, value) -> None:
-        if isinstance(value, list):
-            self._lists.append((value, tuple(value)))
-        elif isinstance(value, dict):
-            self._dicts.append((value, tuple(value), tuple(value.values())))
-        for _, x, _ in _items(value):
-            self._collect(x)
+                _collect(module.__dict__.get(name), views)
+        self._views = tuple(views)
+        self._items = list(chain(*views))
 
     def unchanged(self) -> bool:
-        return (self._count == _Edits.count
-                and all(len(v) == len(items) and all(map(is_, v, items))
-                        for v, items in self._lists)
-                and all(len(d) == len(keys) and all(map(is_, d.values(), values))
-                        and tuple(d) == keys for d, keys, values in self._dicts))
+        return self._count == _Edits.count and all(map(is_, chain(*self._views), self._items))
+
+
+def _collect(value, views: list) -> None:
+    """What TreeWatch compares of every list and dict in `value`, at any depth: the list,
+    or the dict's keys and values views, then `_END`."""
+    if isinstance(value, list):
+        views += (value, _END)
+    elif isinstance(value, dict):
+        views += (value.keys(), _END, value.values(), _END)
+    for _, x, _ in _items(value):
+        _collect(x, views)
 
 
 # -- the visitors and mappers behind Module's methods -------------------------------------

@@ -57,6 +57,10 @@ class ParamId:
     def __post_init__(self):
         if not 0 <= self.value < 1 << 64:
             raise ValueError(f"ParamId must fit in 64 bits, got {self.value}")
+        object.__setattr__(self, "_hash", hash(self.value))
+
+    def __hash__(self) -> int:  # dicts of ParamIds (optimizer state) hash them on every lookup
+        return self._hash
 
     @classmethod
     def new(cls) -> ParamId:

@@ -24,6 +24,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
+from operator import attrgetter
 
 import numpy as np
 
@@ -104,12 +105,12 @@ class Entry:
 @dataclass
 class _LastKey:
     """The last call's cache key in parts that are cheap to check again: a call with the
-    same inputs' shapes and dtypes, the same param table in the same state (`StateWatch`)
-    and the same settings (`watch_settings`) finds its graph without rebuilding the key
-    (`Compiled.entry` checks them inline: it runs on every step)."""
+    same inputs' types, shapes and dtypes, the same param table in the same state
+    (`StateWatch`) and the same settings (`watch_settings`) finds its graph without
+    rebuilding the key (`Compiled.entry` checks them inline: it runs on every step)."""
 
     entry: Entry
-    shapes: tuple
+    inputs: tuple | None
     state: StateWatch
     settings_unchanged: Callable[[], bool]
 
@@ -160,12 +161,15 @@ class Compiled:
 
     def entry(self, inputs: tuple, table: dict | None = None) -> Entry:
         table = self.param_table() if table is None else table
-        shapes = tuple([(x.shape, x.dtype) if type(x) is np.ndarray else _shape_and_dtype(x)
-                        for x in inputs])
         last = self._last_key
-        if last is not None and shapes == last.shapes and last.state.unchanged(table) \
-                and last.settings_unchanged():
+        try:  # in C: where two calls' agree, so do their keys' shapes and dtypes
+            inputs_read = tuple(map(_type_shape_dtype, inputs))
+        except AttributeError:  # an input without them: only the key compares it
+            inputs_read = None
+        if last is not None and inputs_read == last.inputs and inputs_read is not None \
+                and last.state.unchanged(table) and last.settings_unchanged():
             return last.entry  # the most recently used already
+        shapes = tuple(map(_shape_and_dtype, inputs))
         state, settings = StateWatch(table), self.watch_settings()
         key = (shapes, state_key(table), self.key_extra())
         entry = self._cache.get(key)
@@ -185,7 +189,7 @@ class Compiled:
             while len(self._cache) > max(1, self.cache_size):
                 self._cache.popitem(last=False)
         self._last = entry
-        self._last_key = _LastKey(entry, shapes, state, settings)
+        self._last_key = _LastKey(entry, inputs_read, state, settings)
         return entry
 
     def check_new_inputs(self, inputs: tuple) -> None:
@@ -393,6 +397,9 @@ def write_stages(stages: Stages, directory: str, prefix: str) -> list[str]:
     return paths
 
 
+_type_shape_dtype = attrgetter("__class__", "shape", "dtype")  # what entry() reads per call
+
+
 def _shape_and_dtype(x) -> tuple:
     """What of an input keys a compiled graph (cheaper than a TensorSpec on every call)."""
     if type(x) is np.ndarray:
@@ -542,8 +549,7 @@ class TrainStep(_Training):
     def watch_settings(self) -> Callable[[], bool]:
         """Whether `self.optimizer` is the same object with the same settings, read in one
         call rather than through options()' dicts."""
-        watch = SettingsWatch(self.optimizer)
-        return lambda: watch.unchanged(self.optimizer)
+        return SettingsWatch(self).unchanged
 
     def settings(self) -> list[str]:
         return [repr(self.optimizer), *super().settings()]

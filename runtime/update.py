@@ -28,20 +28,26 @@ def hyper_inputs(opt, dtype: str | None = None) -> list:
 
 
 class SettingsWatch:
-    """Says cheaply whether an optimizer's settings (what `options()`, hence a compiled
+    """Says cheaply whether `owner.optimizer`'s settings (what `options()`, hence a compiled
     update, is made of) may have changed since the watch was made: the same optimizer with
-    the same attributes, but for the two a step changes (`state`, `step_count`); read in
-    one call and compared, identity first, on every step."""
+    the same attributes, but for the two a step changes (`state`, `step_count`). It runs
+    on every step (one call, `unchanged`), so the attributes are read in one C-level call
+    and compared, identity first, as one tuple."""
 
-    def __init__(self, opt):
-        self.opt = opt
-        names = [k for k in vars(opt) if k not in ("state", "step_count")]
+    def __init__(self, owner, attribute: str = "optimizer"):
+        self.owner, self.source = owner, attrgetter(attribute)
+        self.opt = opt = self.source(owner)
         self.count = len(vars(opt))
-        self.read = attrgetter(*names)
+        self.read = attrgetter(*(k for k in vars(opt) if k not in ("state", "step_count")))
         self.values = self.read(opt)
 
-    def unchanged(self, opt) -> bool:
-        return opt is self.opt and len(vars(opt)) == self.count and self.read(opt) == self.values
+    def unchanged(self) -> bool:
+        opt = self.source(self.owner)
+        try:
+            return opt is self.opt and len(opt.__dict__) == self.count \
+                and self.read(opt) == self.values
+        except AttributeError:  # a setting deleted (and another added)
+            return False
 
 
 @dataclass(frozen=True)
