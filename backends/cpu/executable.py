@@ -116,9 +116,10 @@ class Executable:
         # binds them as its next params, and their address is known already (the entry is
         # shared with the pool, so the refcounts _run reads to recycle them stay as they were)
         self._pooled: dict[int, tuple] = {}
-        # (array, address) of each param the last call bound as it was: the same array
-        # (held here, so its memory cannot move) is bound again without a look at it
-        self._held: list[tuple | None] = [None] * len(self.param_keys)
+        # slot -> (array, address) of the caller's array the last call bound there as it
+        # was: the same array (held here, so its memory cannot move) is bound again without
+        # a look at it
+        self._held: dict[int, tuple] = {}
         self._pools = [(i, []) for i in self._fresh]  # (slot, its returned results' entries)
         self._status = None
         if self.plan.checked:
@@ -335,18 +336,10 @@ class Executable:
             self._bind_scalars(inputs)
             for row in self._args:
                 arrays[row[0]], table[row[0]] = self._bind(inputs[row[1]], row)
-            held = self._held
-            for k, (row, x) in enumerate(zip(self._params, values)):
-                last = held[k]
-                if last is not None and last[0] is x and x.shape == row[3] and x.dtype is row[2]:
-                    arrays[row[0]], table[row[0]] = x, last[1]
-                    continue
+            for row, x in zip(self._params, values):
                 if x is None:
                     raise KeyError(f"no value for {row[5]}")
-                y, table[row[0]] = arrays[row[0]], addr = self._bind(x, row)
-                # never a converted copy, nor a pooled result (a reference here would keep
-                # the pool from recycling it)
-                held[k] = (x, addr) if y is x and id(x) not in self._pooled else None
+                arrays[row[0]], table[row[0]] = self._bind(x, row)
             for i, pool in self._pools:
                 if into and i in into:
                     arrays[i] = into[i]
@@ -366,15 +359,25 @@ class Executable:
     def _bind(self, x, row: tuple) -> tuple[np.ndarray, int]:
         """A tensor input or param as the native code reads it, and its address: an array
         this executable returned (the pool keeps it alive, so its id is its own) is
-        C-contiguous and aligned, its address known."""
-        _, _, dtype, shape, t, what = row
+        C-contiguous and aligned, its address known; so is the caller's array this slot
+        bound last (`_held`). Neither a converted copy (made again from what the caller
+        has now) nor a pooled result (a reference would keep the pool from recycling it)
+        is held."""
+        i, _, dtype, shape, t, what = row
         known = self._pooled.get(id(x))
         if known is not None and x.dtype is dtype and x.shape == shape:
+            self._held.pop(i, None)
             return x, known[2]
+        last = self._held.get(i)
+        if last is not None and last[0] is x and x.shape == shape and x.dtype is dtype:
+            return x, last[1]
         if not (type(x) is np.ndarray and x.dtype is dtype and x.shape == shape
                 and x.flags.c_contiguous):
-            x = as_input(x, t, dtype, what)
-        return x, _address(x)
+            self._held.pop(i, None)
+            y = as_input(x, t, dtype, what)
+            return y, _address(y)
+        bound = self._held[i] = (x, _address(x))
+        return bound
 
     def _take(self, i: int, pool: list) -> tuple:
         """A pool entry of result slot `i` nobody holds, else a new one."""
