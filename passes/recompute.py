@@ -25,7 +25,8 @@ available and never recomputed.
   more: less memory, one more partial forward. Unless `segments` is given, it takes the
   count with the lowest planned peak whose modelled step work (forward, backward and
   recompute) stays within STEP_CAP (1.4) times `none`'s: the step time is what the
-  memory is traded for (a 4-block GPT: 1 segment, 1.1 forwards recomputed).
+  memory is traded for (a 4-block GPT: 1 segment, 1.1 forwards recomputed) — unless that
+  plans more than MIN_SAVING (0.8) of keeping everything: then more segments, as needed.
 - `balanced`: save results of compute-bound ops (matmul, conv, linear, attention: the
   rule table's "compute" class) and recompute memory-bound chains from them, except the
   q, k and v of a fusible attention (`Joint.attention`), which are saved too: the
@@ -281,6 +282,11 @@ class Joint:
         _, (reach, _) = nx.minimum_cut(g, "source", "sink")
         return {op for op in relevant if ("in", op) in reach}
 
+    def expensive(self, op: Operation) -> bool:
+        """What `balanced` saves and `all` copies once per segment: a compute-bound op, or
+        one whose result is an attention's q, k or v (see `Attention`)."""
+        return compute_bound(op) or op in self.attention.inputs
+
     def total_work(self, ops: list[Operation] | None = None) -> int:
         """The `work` of `ops` (default: the forward), at least 1."""
         return sum(work(op) for op in (self.forward if ops is None else ops)) + 1
@@ -359,7 +365,7 @@ class _Scheduler:
                                         clone=True))
             self.s.cost += work(op)
             self.s.clones += 1
-            if compute_bound(op) or op in self.joint.attention.inputs:
+            if self.joint.expensive(op):
                 self.memo.update(zip(op.results, clones))
             else:
                 self.scratch.update((r, (c, self.now)) for r, c in zip(op.results, clones))
@@ -447,8 +453,7 @@ class Checkpoint(Pass):
                 s = self._all(joint)
             else:
                 keep = {"none": lambda op: True, "all": lambda op: False,
-                        "balanced": lambda op: compute_bound(op) or op in joint.attention.inputs
-                        }[self.strategy]
+                        "balanced": joint.expensive}[self.strategy]
                 s = joint.schedule(keep, self.segments or 1)
             if self.budget:
                 peak = joint.peak(s)

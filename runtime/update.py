@@ -34,15 +34,15 @@ class SettingsWatch:
     on every step (one call, `unchanged`), so the attributes are read in one C-level call
     and compared, identity first, as one tuple."""
 
-    def __init__(self, owner, attribute: str = "optimizer"):
-        self.owner, self.source = owner, attrgetter(attribute)
-        self.opt = opt = self.source(owner)
+    def __init__(self, owner):
+        self.owner = owner
+        self.opt = opt = owner.optimizer
         self.count = len(vars(opt))
         self.read = attrgetter(*(k for k in vars(opt) if k not in ("state", "step_count")))
         self.values = self.read(opt)
 
     def unchanged(self) -> bool:
-        opt = self.source(self.owner)
+        opt = self.owner.optimizer
         try:
             return opt is self.opt and len(opt.__dict__) == self.count \
                 and self.read(opt) == self.values
