@@ -15,7 +15,7 @@ from ...ir.opdef import OPS
 from ..strides import contiguous_strides
 from . import scalar as S
 from .host import Isa
-from .loops import for_range, loop
+from .loops import carried, for_range, loop
 from .scalar import I32, I64, PTR, i64
 
 MR = 6  # broadcast rows per register tile (keys, or value/head dims)
@@ -129,31 +129,22 @@ class Emitter:
         """acc[r][v] = init[r][v] + sum_{start <= k < end} rows[r][k*a_cs] *
         bptr[k*b_rs + v*lanes] for the vectors v in `vecs` (the others pass through); a
         row None sums the B vectors. The register tile of every product here."""
-        b, fn, lanes = self.b, self.b.function, self.g.lanes
-        pre = b.block
-        head, body, done = (fn.append_basic_block(f"tile.{n}") for n in ("head", "body",
-                                                                            "done"))
-        b.branch(head)
-        b.position_at_end(head)
-        k = b.phi(I64)
-        k.add_incoming(start, pre)
-        phis = [{v: b.phi(self.vt) for v in vecs} for _ in rows]
-        for r in range(len(rows)):
-            for v in vecs:
-                phis[r][v].add_incoming(init[r][v], pre)
-        b.cbranch(b.icmp_signed("<", k, end), body, done)
-        b.position_at_end(body)
-        bv = {v: self.vld(bptr, (k, b_rs), v * lanes) for v in vecs}
-        for r, row in enumerate(rows):
-            x = self.splat(self.ld(row, (k, a_cs))) if row is not None else None
-            for v in vecs:
-                new = (b.call(self.fma, [x, bv[v], phis[r][v]]) if x is not None
-                       else b.fadd(phis[r][v], bv[v]))
-                phis[r][v].add_incoming(new, body)
-        k.add_incoming(b.add(k, i64(1)), body)
-        b.branch(head)
-        b.position_at_end(done)
-        return [[phis[r][v] if v in vecs else init[r][v] for v in range(len(init[r]))]
+        b, lanes = self.b, self.g.lanes
+        keys = [(r, v) for r in range(len(rows)) for v in vecs]
+
+        def step(k, flat):
+            acc = dict(zip(keys, flat))
+            bv = {v: self.vld(bptr, (k, b_rs), v * lanes) for v in vecs}
+            out = []
+            for r, row in enumerate(rows):
+                x = self.splat(self.ld(row, (k, a_cs))) if row is not None else None
+                out += [b.call(self.fma, [x, bv[v], acc[r, v]]) if x is not None
+                        else b.fadd(acc[r, v], bv[v]) for v in vecs]
+            return out
+
+        _, flat = carried(b, start, end, [init[r][v] for r, v in keys], step, name="tile")
+        acc = dict(zip(keys, flat))
+        return [[acc.get((r, v), init[r][v]) for v in range(len(init[r]))]
                 for r in range(len(rows))]
 
     def zero(self, ptr: ir.Value, n: int) -> None:

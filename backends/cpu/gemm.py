@@ -30,7 +30,7 @@ from llvmlite import ir
 
 from . import scalar as S
 from .host import Caches, Isa, host_caches
-from .loops import for_range, loop
+from .loops import carried, for_range, loop
 from .scalar import I32, I64, PTR, i64
 from .threads import elem, parallel_for, stack_array
 
@@ -139,29 +139,15 @@ def microkernel(mod: ir.Module, dtype: str, lanes: int, mr: int, nv: int, masked
 
     def counted(start, end, stride, accs, label):
         """for k in [start, end) step stride, the accumulators as phis."""
-        pre = b.block
-        head, body, exit_ = (fn.append_basic_block(f"{label}.{s}") for s in ("head", "body",
-                                                                                 "exit"))
-        b.branch(head)
-        b.position_at_end(head)
-        k = b.phi(I64)
-        k.add_incoming(start, pre)
-        phis = [[b.phi(vt) for _ in range(nv)] for _ in range(mr)]
-        for i in range(mr):
-            for v in range(nv):
-                phis[i][v].add_incoming(accs[i][v], pre)
-        b.cbranch(b.icmp_signed("<", b.add(k, i64(stride - 1)), end), body, exit_)
-        b.position_at_end(body)
-        cur = phis
-        for u in range(stride):
-            cur = step(b.add(k, i64(u)), cur)
-        k.add_incoming(b.add(k, i64(stride)), b.block)
-        for i in range(mr):
-            for v in range(nv):
-                phis[i][v].add_incoming(cur[i][v], b.block)
-        b.branch(head)
-        b.position_at_end(exit_)
-        return k, phis
+        def unrolled(k, flat):
+            cur = [flat[i * nv:(i + 1) * nv] for i in range(mr)]
+            for u in range(stride):
+                cur = step(b.add(k, i64(u)), cur)
+            return [x for row in cur for x in row]
+
+        k, flat = carried(b, start, end, [x for row in accs for x in row], unrolled, stride,
+                          label)
+        return k, [flat[i * nv:(i + 1) * nv] for i in range(mr)]
 
     accs = [[zero] * nv for _ in range(mr)]
     k, accs = counted(i64(0), kc, unroll, accs, "main")

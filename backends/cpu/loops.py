@@ -60,6 +60,34 @@ def for_range(b: ir.IRBuilder, lo: ir.Value, hi: ir.Value, body: Callable[[ir.Va
     b.position_at_end(done)
 
 
+def carried(b: ir.IRBuilder, lo: ir.Value, hi: ir.Value, values: list[ir.Value],
+            body: Callable[[ir.Value, list[ir.Value]], list[ir.Value]], step: int = 1,
+            name: str = "k") -> tuple[ir.Value, list[ir.Value]]:
+    """`for k in range(lo, hi - step + 1, step): values = body(k, values)` with run-time
+    bounds (top-tested), the values carried in phis so accumulators stay in registers (a
+    micro-kernel's tile); returns the k it stopped at and the final values."""
+    pre = b.block
+    head, body_bb, done = (b.append_basic_block(f"{name}.{s}")
+                           for s in ("head", "body", "exit"))
+    b.branch(head)
+    b.position_at_end(head)
+    k = b.phi(I64)
+    k.add_incoming(lo, pre)
+    phis = [b.phi(v.type) for v in values]
+    for phi, v in zip(phis, values):
+        phi.add_incoming(v, pre)
+    last = b.add(k, i64(step - 1)) if step > 1 else k
+    b.cbranch(b.icmp_signed("<", last, hi), body_bb, done)
+    b.position_at_end(body_bb)
+    new = body(k, phis)
+    k.add_incoming(b.add(k, i64(step)), b.block)
+    for phi, v in zip(phis, new):
+        phi.add_incoming(v, b.block)
+    b.branch(head)
+    b.position_at_end(done)
+    return k, phis
+
+
 def offset(b: ir.IRBuilder, base: ir.Value, i: ir.Value, stride: int) -> ir.Value:
     """base + i*stride, skipping the arithmetic that is zero."""
     if stride == 0:
