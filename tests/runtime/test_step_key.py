@@ -4,8 +4,8 @@ and whatever it leaves out (the lr) is fed anew, whichever way it changes betwee
 
 import numpy as np
 import pytest
+from step_changes import train_with_change
 
-import ember as em
 from ember import nn, optim
 from ember.runtime.data import digits
 
@@ -28,20 +28,8 @@ def data():
 
 
 def run(data, change=None, rebuild=False, p=0.0):
-    """Two steps, `change(model, step)`, two more; with `rebuild`, the last two on a new
-    step object (compiled afresh for the changed settings: the reference)."""
-    em.seed(0)
-    model = Net(p)
-    step = em.compile_train_step(model, nn.functional.cross_entropy, optim.SGD(lr=0.1),
-                                 backend="cpu")
-    losses = [step(*b) for b in data[:2]]
-    if change is not None:
-        change(model, step)
-    if rebuild:
-        step = em.compile_train_step(model, nn.functional.cross_entropy, step.optimizer,
-                                     backend="cpu")
-    losses += [step(*b) for b in data[2:]]
-    return losses, {k: v.copy() for k, v in model.state_dict().items()}, step
+    """Two SGD steps, `change(model, step)`, two more (with `rebuild`: the reference)."""
+    return train_with_change(lambda: Net(p), optim.SGD(lr=0.1), data, change, rebuild)
 
 
 def same(a, b) -> bool:

@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from step_changes import train_with_change
 
 import ember as em
 from ember import nn, optim
@@ -110,18 +111,7 @@ def batches():
 
 def _adamw_run(batches, change=None, rebuild=False):
     """Two AdamW steps, `change(model, step)`, two more (with `rebuild`, on a new step)."""
-    em.seed(0)
-    model = Mlp()
-    step = em.compile_train_step(model, nn.functional.cross_entropy, optim.AdamW(lr=1e-2),
-                                 backend="cpu")
-    losses = [step(*b) for b in batches[:2]]
-    if change is not None:
-        change(model, step)
-    if rebuild:
-        step = em.compile_train_step(model, nn.functional.cross_entropy, step.optimizer,
-                                     backend="cpu")
-    losses += [step(*b) for b in batches[2:]]
-    return losses, {k: v.copy() for k, v in model.state_dict().items()}
+    return train_with_change(Mlp, optim.AdamW(lr=1e-2), batches, change, rebuild)[:2]
 
 
 def _betas(model, step):
