@@ -28,6 +28,7 @@ from operator import attrgetter
 
 import numpy as np
 
+from ..backends.errors import UnsupportedFusionError
 from ..backends.input_checks import InputCheckError
 from ..cache_store import vouching
 from ..frontend.module import Module
@@ -40,7 +41,7 @@ from .debug import AnomalyError, ExecutionError, describe, find_anomaly, locate_
 from .fast_path import BoundStep
 from .inputs import batch_sizes_agree, check_labels, finite_inputs, label_inputs
 from .params import GradientsParams, ParamTable, StateWatch, param_values, state_key
-from .pipeline import Stages, grad_pipeline, inference_pipeline, training_pipeline
+from .pipeline import Stages, grad_pipeline, inference_pipeline, training_pipeline, without_fusion
 from .profile_trace import write_trace
 from .update import SettingsWatch, UpdateLayout, hyper_inputs, state_inputs, write_back
 
@@ -212,15 +213,28 @@ class Compiled:
         labels = label_inputs(graph)
         if labels:  # checked natively where the backend can (cpu), else by check_inputs
             graph.attributes["ember.label_args"] = [list(label) for label in labels]
-        with stage_cache.collector_paused():  # ~0.1 s of a 16-layer step's cached load
-            stages = stage_cache.stages(graph, self.pipeline(), self.backend_name)
-            with vouching(stages.graph, stages.digest):  # the backend need not verify it again
-                run = self.backend.compile(stages.graph)
+        stages, run = self._lower(graph, self.pipeline())
         entry = Entry(stages.graph, run, stages, time.perf_counter() - start, specs, labels)
         dump = os.environ.get("EMBER_DUMP_IR")
         if dump:
             write_stages(stages, dump, prefix=self.kind)
         return entry
+
+    def _lower(self, graph: Graph, pipeline: list[str]) -> tuple[Stages, object]:
+        """The IR passes and the backend; a fused form the backend has no kernel for is
+        compiled again unfused (one notice), never refused."""
+        with stage_cache.collector_paused():  # ~0.1 s of a 16-layer step's cached load
+            stages = stage_cache.stages(graph, pipeline, self.backend_name)
+            try:
+                with vouching(stages.graph, stages.digest):  # the backend need not verify it
+                    return stages, self.backend.compile(stages.graph)
+            except UnsupportedFusionError as e:
+                unfused = without_fusion(pipeline, e.fuse_option)
+                if unfused == pipeline:
+                    raise
+                print(f"ember: {self.kind}: {e}; compiling with fuse{{{e.fuse_option}=false}}",
+                      file=sys.stderr)
+        return self._lower(graph, unfused)
 
     # -- running ------------------------------------------------------------------------
 

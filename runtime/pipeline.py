@@ -50,6 +50,20 @@ def training_pipeline(optimizer_spec: str, linear: str = "split", checkpoint: st
             *SIMPLIFY, "fuse"]
 
 
+def without_fusion(pipeline: list[str], option: str) -> list[str]:
+    """`pipeline` with the `fuse` pass's boolean `option` off (a backend without a kernel
+    for that fused form runs the unfused ops instead)."""
+    out = []
+    for spec in pipeline:
+        name, _, rest = spec.partition("{")
+        if name == "fuse":
+            options = dict(kv.split("=", 1) for kv in rest.rstrip("}").split())
+            options[option] = "false"
+            spec = "fuse{" + " ".join(f"{k}={v}" for k, v in options.items()) + "}"
+        out.append(spec)
+    return out
+
+
 def stage_names(pipeline: list[str]) -> list[str]:
     """The stage names a dump uses: "traced", then each pass, a repeated one as `name.2`."""
     names = ["traced"]

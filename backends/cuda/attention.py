@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 from ...ir import Operation
 from ...ir.dialects.kernel_attention import Attention, AttentionGrad, logical_shapes, result_maps
-from ..errors import UnsupportedOpError
+from ..errors import UnsupportedFusionError
 from ..strides import collapse, contiguous_strides
 from . import launch as L
 from .scalar import ITEMSIZE, ctype, literal, math_fn
@@ -124,8 +124,8 @@ def choose_tiles(outer_len: int, inner_len: int, smem: Callable[[int, int], int]
         o, i = min(o, max(8, L.next_pow2(outer_len))), min(i, max(8, L.next_pow2(inner_len)))
         if smem(o, i) <= SMEM_BYTES and acc(o) <= ACC_BYTES:
             return o, i
-    raise UnsupportedOpError(f"the cuda backend's {what} kernel has no tiling of these head "
-                             f"dims within {SMEM_BYTES} bytes of shared memory")
+    raise UnsupportedFusionError(f"the cuda backend's {what} kernel has no tiling of these head "
+                                 f"dims within {SMEM_BYTES} bytes of shared memory", "attention")
 
 
 def _smem(t: str, arrays: list[tuple[str, int]]) -> tuple[list[str], int]:

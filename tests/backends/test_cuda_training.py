@@ -124,3 +124,23 @@ def test_gpu_memory_is_the_planned_arena():
     planned = report["arena_bytes"] + report["constants"]
     assert abs(pool.used_bytes() - before - planned) <= 0.1 * planned + 512 * (
         1 + sum(s.kind == "const" for s in exe.program.slots))
+
+
+class _WideHeadAttention(nn.Module):
+    """softmax(q k^T / sqrt(d)) v with a head dim no cuda attention tiling takes in f64."""
+
+    def forward(self, q, k, v):
+        scores = (q @ k.transpose((0, 1, 3, 2))) * (1.0 / np.sqrt(q.shape[-1]))
+        return nn.functional.softmax(scores, axis=-1) @ v
+
+
+@needs_emulator
+def test_attention_the_cuda_backend_cannot_tile_runs_unfused(emulated_cuda, capsys):
+    q, k, v = (np.random.default_rng(i).standard_normal((1, 1, 8, 1024)) for i in range(3))
+    model = _WideHeadAttention()
+    fwd = em.compile(model, q, k, v, backend="cuda")
+    want = em.compile(model, q, k, v, backend="interpreter")(q, k, v)
+    np.testing.assert_allclose(np.asarray(fwd(q, k, v)), want, rtol=1e-12, atol=1e-12)
+    assert "compiling with fuse{attention=false}" in capsys.readouterr().err
+    assert "kernel.attention" not in fwd.ir()
+    assert "kernel.attention" in em.compile(model, q, k, v, backend="interpreter").ir()
