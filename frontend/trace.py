@@ -38,13 +38,19 @@ class ShapeError(ValueError):
 
 @dataclass(frozen=True)
 class TensorSpec:
-    """The shape and dtype of a traced input: `TensorSpec((32, 64), "f32")`."""
+    """The shape and dtype of a traced input: `TensorSpec((32, 64), "f32")`.
 
-    shape: tuple[int, ...]
+    A dimension may be a name instead of a size, `TensorSpec((16, "T"), "i64")`: a symbolic
+    dimension, which `em.compile` pads to a bucket at each call (runtime/dynamic.py); inputs
+    that share a name must agree on its size. Tracing needs every size (`type` refuses).
+    """
+
+    shape: tuple[int | str, ...]
     dtype: str = "f32"
 
     def __post_init__(self):
-        object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
+        object.__setattr__(self, "shape", tuple(d if isinstance(d, str) else int(d)
+                                                for d in self.shape))
         if self.dtype not in ir.DTYPES:
             object.__setattr__(self, "dtype", ir.dtype_of(self.dtype))
 
@@ -59,7 +65,16 @@ class TensorSpec:
         return cls(x.shape, ir.dtype_of(x.dtype))
 
     @property
+    def symbols(self) -> dict[int, str]:
+        """{axis: name} of the symbolic dimensions."""
+        return {a: d for a, d in enumerate(self.shape) if isinstance(d, str)}
+
+    @property
     def type(self) -> ir.TensorType:
+        if self.symbols:
+            raise ValueError(f"TensorSpec{self.shape}: symbolic dimensions "
+                             f"{', '.join(self.symbols.values())} have no size to trace with; "
+                             "em.compile pads them per call, em.trace needs sizes")
         return ir.TensorType(self.shape, self.dtype)
 
 

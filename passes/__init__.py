@@ -9,6 +9,7 @@ from . import (  # noqa: F401
     fuse,
     memory,
     optimizer,
+    pad_mask,
     recompute,
 )
 from .manager import PASSES, Pass, PassManager, PipelineError, parse_pipeline, register_pass

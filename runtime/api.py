@@ -9,6 +9,7 @@ from ..passes.manager import PASSES
 from . import distributed
 from .compiled import CompiledFunction, GradFunction, TrainStep
 from .distributed import Communicator
+from .dynamic import DynamicDims, DynamicFunction, DynamicGradFunction, DynamicTrainStep
 from .optim import Optimizer
 
 # what a `checkpoint{strategy=...}` pass may offer, in order; only those it has are listed
@@ -27,31 +28,50 @@ def checkpoint_strategies() -> tuple[str, ...]:
 
 
 def compile(model: Module, *specs, backend: str = "cpu",  # noqa: A001  (em.compile)
-            linear: str = "split") -> CompiledFunction:
+            linear: str = "split", dynamic_dims: dict | None = None,
+            buckets: tuple[int, ...] | None = None) -> CompiledFunction:
     """The model's forward for inputs like `specs` (TensorSpecs or example arrays).
 
     Traced for inference: dropout is off and BatchNorm uses its running statistics,
     whatever the model's flags say.
+
+    Symbolic dimensions: a name in a spec's shape, `em.TensorSpec((16, "T"), "i64")`, or
+    `dynamic_dims={input index: {axis: "T"}}`. Each call pads them to a bucket (powers of
+    two from 8, or the sizes `buckets` lists) and masks the padding, so the results equal
+    an exact-shape compile's while every length in a bucket shares one graph (compiled on
+    first call; runtime/dynamic.py). Inputs that share a name must agree on its size.
     """
+    dynamic = DynamicDims.of(specs, dynamic_dims, buckets)
+    if dynamic is not None:
+        return DynamicFunction(model, dynamic, backend=backend, linear=linear)
     return CompiledFunction(model, specs, backend=backend, linear=linear)
 
 
 def compile_grad(model: Module, loss_fn: Callable, backend: str = "cpu",
                  checkpoint: str = "none", memory_budget: int | None = None,
-                 linear: str = "split", detect_anomaly: bool = False) -> GradFunction:
+                 linear: str = "split", detect_anomaly: bool = False,
+                 dynamic_dims: dict | None = None,
+                 buckets: tuple[int, ...] | None = None) -> GradFunction:
     """`fn(x, y)` returning em.GradientsParams of `loss_fn(model(x), y)`; compiles on first
     call. `checkpoint` and `memory_budget` as for `compile_train_step` (the budget is the
-    planned peak of the gradient graph)."""
+    planned peak of the gradient graph); `dynamic_dims` and `buckets` as for `compile`
+    (indices count x, y, ...)."""
     checkpoint = _strategy(checkpoint, memory_budget)
-    return GradFunction(model, loss_fn, backend=backend, linear=linear, checkpoint=checkpoint,
-                        memory_budget=memory_budget, detect_anomaly=detect_anomaly)
+    options = dict(backend=backend, linear=linear, checkpoint=checkpoint,
+                   memory_budget=memory_budget, detect_anomaly=detect_anomaly)
+    dynamic = DynamicDims.of((), dynamic_dims, buckets)
+    if dynamic is not None:
+        return DynamicGradFunction(model, loss_fn, dynamic, **options)
+    return GradFunction(model, loss_fn, **options)
 
 
 def compile_train_step(model: Module, loss_fn: Callable, optimizer: Optimizer,
                        backend: str = "cpu", checkpoint: str = "none",
                        memory_budget: int | None = None, linear: str = "split",
                        detect_anomaly: bool = False,
-                       data_parallel: bool | Communicator = False) -> TrainStep:
+                       data_parallel: bool | Communicator = False,
+                       dynamic_dims: dict | None = None,
+                       buckets: tuple[int, ...] | None = None) -> TrainStep:
     """`step(x, y)`: forward, backward and update in one compiled graph; returns the loss.
 
     `checkpoint`: which activations the backward recomputes instead of keeping (see
@@ -65,10 +85,19 @@ def compile_train_step(model: Module, loss_fn: Callable, optimizer: Optimizer,
     `em.distributed.init`) or a Communicator: each rank passes its shard of the global
     batch and the gradients are averaged across ranks before the update (runtime/
     data_parallel.py), so the run equals single-process training on the global batch.
+    `dynamic_dims`, `buckets`: symbolic dimensions of x, y, ... as for `compile`
+    (`{0: {1: "T"}, 1: {1: "T"}}`: tokens and targets of any length T); the loss, the
+    gradients and so the updated params equal those of an exact-shape step.
     """
     checkpoint = _strategy(checkpoint, memory_budget)
     options = dict(backend=backend, linear=linear, checkpoint=checkpoint,
                    memory_budget=memory_budget, detect_anomaly=detect_anomaly)
+    dynamic = DynamicDims.of((), dynamic_dims, buckets)
+    if dynamic is not None:
+        if data_parallel is not False:
+            raise ValueError("dynamic_dims with data_parallel is not supported: pad the "
+                             "shards to one length")
+        return DynamicTrainStep(model, loss_fn, optimizer, dynamic, **options)
     if data_parallel is False:
         return TrainStep(model, loss_fn, optimizer, **options)
     from .data_parallel import DataParallelStep

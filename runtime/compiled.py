@@ -142,6 +142,7 @@ class Compiled:
         self._last: Entry | None = None
         self._last_key: _LastKey | None = None
         self.param_table = ParamTable(model)
+        self.compiles = 0  # graphs compiled so far (a cache miss each)
 
     # subclasses: the function to trace and the pipeline to run
     def traced_fn(self) -> Callable:
@@ -215,6 +216,7 @@ class Compiled:
             graph.attributes["ember.label_args"] = [list(label) for label in labels]
         stages, run = self._lower(graph, self.pipeline())
         entry = Entry(stages.graph, run, stages, time.perf_counter() - start, specs, labels)
+        self.compiles += 1
         dump = os.environ.get("EMBER_DUMP_IR")
         if dump:
             write_stages(stages, dump, prefix=self.kind)
