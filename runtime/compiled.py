@@ -181,8 +181,7 @@ class Compiled:
             self.check_new_inputs(inputs)
             specs = tuple(TensorSpec.of(x) for x in inputs)
             if self._last is not None:
-                was = ", ".join(str(list(s.shape)) for s in self._last.specs)
-                now = ", ".join(str(list(s.shape)) for s in specs)
+                was, now = self.shapes_text(self._last.specs), self.shapes_text(specs)
                 why = ("inputs " + now + "; was " + was if was != now
                        else "model flags, requires_grad or optimizer settings changed")
                 print(f"ember: recompiling {self.kind} ({why})", file=sys.stderr)
@@ -196,6 +195,10 @@ class Compiled:
 
     def check_new_inputs(self, inputs: tuple) -> None:
         """Checks of input shapes before they are traced (a compiled key passed them)."""
+
+    def shapes_text(self, specs: tuple) -> str:
+        """The input shapes a recompile notice names."""
+        return ", ".join(str(list(s.shape)) for s in specs)
 
     def _trace(self, specs: tuple) -> Graph:
         try:

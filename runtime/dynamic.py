@@ -191,8 +191,10 @@ class Dynamic:
 
     dynamic: DynamicDims
     _plan: Plan | None = None
+    _arity: int | None = None  # how many inputs the caller passes
 
     def __call__(self, *inputs):
+        self._arity = len(inputs)
         self._plan = plan = self.dynamic.plan(inputs)
         if not plan.padded:
             return super().__call__(*inputs)
@@ -217,6 +219,10 @@ class Dynamic:
             if i < len(outs) and isinstance(outs[i], np.ndarray):
                 outs[i] = cut(outs[i], axis, inner, bucket, plan.sizes[name])
         return outs[0] if single else tuple(outs)
+
+    def shapes_text(self, specs: tuple) -> str:
+        """The (padded) shapes of the caller's inputs, without the hidden lengths."""
+        return super().shapes_text(specs[:self._arity])
 
     def profile(self, *inputs, **options):
         """`Compiled.profile` of the graph a call on `inputs` runs."""
