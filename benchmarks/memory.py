@@ -10,14 +10,18 @@ batch 16, over float inputs). Inputs are random: memory and time do not depend o
 values. Every row runs in a fresh process (with an empty compile cache), so its peak RSS
 (VmHWM) is that step's alone: Python, numpy, ember, LLVM compiling the step, and the
 step's buffers. Columns:
+- ran: the strategy whose graph the step runs (`ember.checkpoint`): the compile pipeline
+  keeps a strategy only where its fused graph plans less than its fallback's (all ->
+  balanced -> none, runtime/pipeline.py);
 - planned: the memory plan's peak (`memory_report()["peak_bytes"]`: params, optimizer
-  state, inputs and the arena), real: what the executable holds (`real_bytes`), and
-  their ratio;
+  state, inputs and the arena, kernel scratch included), real: what the executable holds
+  (`real_bytes`), and their ratio;
 - rss: peak RSS of the process, and how much of it came after the imports and the
   batch (compile and run);
 - step: median ms per training step (SGD with momentum); compile: seconds to compile;
   each also as a ratio to the model's `none` row (xnone; rows are separate processes, so
   on a loaded machine the ratio is only as steady as the load);
+- kernels: distinct kernel functions LLVM compiles (what compile time grows with);
 - matmuls: `kernel.matmul` ops in the compiled graph (recomputation adds some);
 - attn bwd: fused attention backward kernels (`kernel.attention_grad`, one per block when
   the checkpointed graph lets `fuse` form them; otherwise 5 matmuls each and the scores).
@@ -118,6 +122,7 @@ def describe(name: str, quick: bool) -> str:
 def row(name: str, strategy: str, quick: bool, steps: int) -> dict:
     import ember as em
     from ember import optim
+    from ember.backends.cpu import codegen
 
     em.seed(0)
     model, (x, y) = build(name, quick)
@@ -132,7 +137,10 @@ def row(name: str, strategy: str, quick: bool, steps: int) -> dict:
         step(x, y)
         times.append(time.perf_counter() - t)
     report = step.memory_report()
-    return {"model": name, "strategy": strategy, "planned": report["peak_bytes"],
+    return {"model": name, "strategy": strategy,
+            "ran": step.graph.attributes.get("ember.checkpoint", "none"),
+            "kernels": codegen.kernel_count(codegen.plan(step.graph)),
+            "planned": report["peak_bytes"],
             "real": report["real_bytes"], "rss": vm_hwm(), "rss_base": base,
             "step_ms": statistics.median(times) * 1e3, "compile_s": step.compile_seconds,
             "matmuls": sum(op.name in ("kernel.matmul", "ember.matmul")
@@ -160,17 +168,17 @@ def table(rows: list[dict], quick: bool) -> str:
         base = none.get(r["model"])
         return f"{r[key] / base[key]:>7.2f}" if base else f"{'-':>7}"
 
-    head = (f"{'model':<20}{'strategy':<10}{'planned MiB':>12}{'real MiB':>10}{'real/plan':>10}"
-            f"{'rss MiB':>9}{'(+run)':>8}{'step ms':>9}{'xnone':>7}{'compile s':>10}"
-            f"{'xnone':>7}{'matmuls':>8}{'attn bwd':>9}")
+    head = (f"{'model':<20}{'strategy':<10}{'ran':<10}{'planned MiB':>12}{'real MiB':>10}"
+            f"{'real/plan':>10}{'rss MiB':>9}{'(+run)':>8}{'step ms':>9}{'xnone':>7}"
+            f"{'compile s':>10}{'xnone':>7}{'kernels':>8}{'matmuls':>8}{'attn bwd':>9}")
     lines = [head]
     for r in rows:
-        lines.append(f"{describe(r['model'], quick):<20}{r['strategy']:<10}"
+        lines.append(f"{describe(r['model'], quick):<20}{r['strategy']:<10}{r['ran']:<10}"
                      f"{r['planned'] / MIB:>12.1f}{r['real'] / MIB:>10.1f}"
                      f"{r['real'] / r['planned']:>10.2f}{r['rss'] / MIB:>9.0f}"
                      f"{(r['rss'] - r['rss_base']) / MIB:>8.0f}{r['step_ms']:>9.1f}"
                      f"{over(r, 'step_ms')}{r['compile_s']:>10.2f}{over(r, 'compile_s')}"
-                     f"{r['matmuls']:>8}{r['attn_bwd']:>9}")
+                     f"{r['kernels']:>8}{r['matmuls']:>8}{r['attn_bwd']:>9}")
     return "\n".join(lines)
 
 

@@ -15,10 +15,15 @@ time overlaps), 64-byte aligned (a backend may ask for more: the cuda one aligns
 The plan's report breaks the peak down by class: `params`, `optimizer_state` (the state
 arguments the optimizer pass adds, `ember.state`), `inputs` (every other argument),
 `constants`, `saved` (forward values that live into the backward part: what
-checkpointing keeps) and `temporaries` (the rest of the arena at the peak), so that
-params + optimizer_state + inputs + constants + saved + temporaries == peak_bytes (the
-whole saved set is alive where the backward starts, so whenever the forward ops come
-first, as `checkpoint` orders them, the peak holds it).
+checkpointing keeps), `scratch` (kernels' working memory alive at the peak) and
+`temporaries` (the rest of the arena at the peak), so that params + optimizer_state +
+inputs + constants + saved + scratch + temporaries == peak_bytes (the whole saved set is
+alive where the backward starts, so whenever the forward ops come first, as `checkpoint`
+orders them, the peak holds it).
+
+Kernel scratch (packed GEMM panels, conv and attention tiles) is the backend's to size:
+`plan_memory(graph, scratch)` takes its `scratch(op) -> bytes` and plans each op's scratch
+as one more buffer of the op's step, alive only there, as the backend places it.
 
 It lives in the IR layer, not among the passes, because backends place their buffers
 with it too (`plan` over steps of their own, with `Step.reuse` saying where a kernel
@@ -30,7 +35,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections import defaultdict
-from collections.abc import Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 
 from .core import Graph, Operation, Value
@@ -40,7 +45,8 @@ from .types import TensorType
 ALIGN = 64
 RESIDENT_OPS = {"ember.param": "params", "ember.constant": "constants"}
 VIEW_OPS = frozenset({"ember.reshape"})  # the result is its operand's bytes, reinterpreted
-CLASSES = ("params", "optimizer_state", "inputs", "constants", "saved", "temporaries")
+CLASSES = ("params", "optimizer_state", "inputs", "constants", "saved", "scratch",
+           "temporaries")
 
 
 def nbytes(key) -> int:
@@ -204,7 +210,9 @@ def plan(steps: list[Step], resident: dict[Hashable, str], outputs: Iterable,
     for v, c in resident.items():
         res[c] += nbytes(v)
     res["saved"] = saved_bytes
-    res["temporaries"] = max(0, peak - saved_bytes)
+    res["scratch"] = sum(b.size for b in buffers if b.start <= peak_step <= b.end
+                         and isinstance(b.values[0], Scratch))
+    res["temporaries"] = max(0, peak - saved_bytes - res["scratch"])
     arena = _assign_offsets(buffers) if place else 0
     offsets = {v: b.offset for b in buffers for v in b.values} if place else {}
     total = sum(res[c] for c in ("params", "optimizer_state", "inputs", "constants"))
@@ -375,8 +383,21 @@ class _Timeline:
         return offset
 
 
-def graph_steps(graph: Graph) -> tuple[list[Step], dict[Hashable, str]]:
-    """The graph's ops as steps, and its resident values by class."""
+@dataclass(eq=False)
+class Scratch:
+    """The planner's key of a kernel's scratch buffer (a value of its own)."""
+
+    type: TensorType
+
+    @staticmethod
+    def of(size: int) -> Scratch:
+        return Scratch(TensorType((size,), "i1"))
+
+
+def graph_steps(graph: Graph, scratch: Callable[[Operation], int] | None = None
+                ) -> tuple[list[Step], dict[Hashable, str]]:
+    """The graph's ops as steps (with `scratch(op)` bytes of scratch each), and its
+    resident values by class."""
     fwd = forward_ops(graph)
     resident: dict[Hashable, str] = dict(argument_classes(graph))
     steps = []
@@ -385,7 +406,9 @@ def graph_steps(graph: Graph) -> tuple[list[Step], dict[Hashable, str]]:
             continue
         if op.name in RESIDENT_OPS:
             resident.update({r: RESIDENT_OPS[op.name] for r in op.results})
-        steps.append(op_step(op, list(op.operands), list(op.results), op in fwd))
+        size = scratch(op) if scratch is not None else 0
+        steps.append(op_step(op, list(op.operands),
+                             list(op.results) + ([Scratch.of(size)] if size else []), op in fwd))
     return steps, resident
 
 
@@ -398,7 +421,9 @@ def op_step(op: Operation, operands: list, results: list, forward: bool) -> Step
                 [operands[k] for k in in_place_operands(op, operands)])
 
 
-def plan_memory(graph: Graph) -> MemoryPlan:
-    """Plan the arena of `graph` in its current op order."""
-    steps, resident = graph_steps(graph)
-    return plan(steps, resident, graph.outputs)
+def plan_memory(graph: Graph, scratch: Callable[[Operation], int] | None = None,
+                place: bool = True) -> MemoryPlan:
+    """Plan the arena of `graph` in its current op order, with the backend's `scratch`
+    bytes per op where given (`place`: see `plan`)."""
+    steps, resident = graph_steps(graph, scratch)
+    return plan(steps, resident, graph.outputs, place=place)

@@ -25,8 +25,7 @@ available and never recomputed.
   more: less memory, one more partial forward. Unless `segments` is given, it takes the
   count with the lowest planned peak whose modelled step work (forward, backward and
   recompute) stays within STEP_CAP (1.4) times `none`'s: the step time is what the
-  memory is traded for (a 4-block GPT: 1 segment, 1.1 forwards recomputed) — unless that
-  plans more than MIN_SAVING (0.8) of keeping everything: then more segments, as needed.
+  memory is traded for (a 4-block GPT: 1 segment, 1.1 forwards recomputed).
 - `balanced`: save results of compute-bound ops (matmul, conv, linear, attention: the
   rule table's "compute" class) and recompute memory-bound chains from them, except the
   q, k and v of a fusible attention (`Joint.attention`), which are saved too: the
@@ -42,7 +41,12 @@ available and never recomputed.
 So no strategy's peak, as planned here (before `fuse`), exceeds `none`'s: a shared copy
 lives from its recomputation (in the backward) to its last use in its segment, inside the
 lifetime the original has under `none` (from the forward to its last backward use); a
-cheap copy made only to recompute another lives a few ops.
+cheap copy made only to recompute another lives a few ops. Fusion and the optimizer's
+update can still turn that around (fusion shrinks a graph that keeps every activation
+more than one that recomputes; the grads and optimizer state alive at the end of the
+backward meet copies there), so the compile pipeline plans the finished graph of the
+strategy and of its `fallback` and keeps the strategy only where it plans less
+(runtime/pipeline.py, `Stages`).
 
 The graph gets `ember.checkpoint = "<strategy>"`, `ember.saved = ["%N", ...]` (the saved
 values as numbered in the dump right after this pass) and `ember.saved_bytes`.
@@ -78,10 +82,6 @@ RECOMPUTE = "ember.recompute"
 WINDOW = 2  # backward ops within which a cheap copy made to recompute another is shared
 MAX_SEGMENTS = 8
 STEP_CAP = 1.4  # modelled step work `all` may spend, relative to `none`'s, to plan less memory
-# ... but it must plan at most this fraction of keeping everything: fusion later shrinks a
-# schedule that keeps every activation more than one that recomputes (a 4-layer tanh MLP:
-# kept 1.08 -> 0.95 MB fused, 2 segments 0.93 -> 1.06), so a smaller saving can vanish
-MIN_SAVING = 0.8
 
 
 class Clone:
@@ -471,20 +471,26 @@ class Checkpoint(Pass):
     def _all(self, joint: Joint) -> Schedule:
         """The lowest planned peak over 1, 2, ... segments while the modelled step work
         (forward, backward and recompute, see `work`) stays within STEP_CAP times `none`'s
-        (fewer segments on a tie) — and past the cap while the best plans more than
-        MIN_SAVING times keeping everything (checkpointing that saves no memory is no
-        use)."""
+        (fewer segments on a tie)."""
         step = joint.total_work(joint.forward + joint.backward)
-        enough = MIN_SAVING * joint.peak(joint.schedule(lambda op: True))
         best: tuple | None = None  # (peak, schedule)
         for n in range(1, MAX_SEGMENTS + 1):
             s = joint.schedule(lambda op: False, n)
-            if best is not None and best[0] <= enough and step + s.cost > STEP_CAP * step:
+            if best is not None and step + s.cost > STEP_CAP * step:
                 break
             peak = joint.peak(s)
             if best is None or peak < best[0]:
                 best = (peak, s)
         return best[1]
+
+    def fallback(self) -> Checkpoint | None:
+        """What the compile pipeline runs instead where this strategy's finished graph
+        (fused, with the optimizer's update) plans no less memory than this one's: `none`
+        for balanced and min-cut, `balanced` for all (itself checked against `none`). None
+        for `none`, and under a budget (the budget's schedule is what was asked for)."""
+        if self.strategy == "none" or self.budget:
+            return None
+        return Checkpoint("balanced" if self.strategy == "all" else "none")
 
     def _min_cut(self, joint: Joint) -> Schedule:
         top = joint.total_work()  # one byte outweighs all recomputation

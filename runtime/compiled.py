@@ -34,6 +34,7 @@ from ..cache_store import vouching
 from ..frontend.module import Module
 from ..frontend.trace import ShapeError, TensorSpec, trace_function
 from ..ir import Graph, numpy_dtype
+from ..ir.parser import parse
 from ..ir.printer import print_graph, strip_locations
 from . import stage_cache
 from .backend import DEVICE_BACKENDS, get_backend, to_host
@@ -239,7 +240,7 @@ class Compiled:
                     raise
                 print(f"ember: {self.kind}: {e}; compiling with fuse{{{e.fuse_option}=false}}",
                       file=sys.stderr)
-        return self._lower(graph, unfused)
+        return self._lower(parse(stages.traced_text), unfused)  # the passes ran on `graph`
 
     # -- running ------------------------------------------------------------------------
 
@@ -503,14 +504,17 @@ class _Training(Compiled):
                              for m in (to_host(m) for m in main[1:])) if len(main) > 1 else ()
 
     def memory_report(self) -> dict:
-        """Bytes by role (params, optimizer state, saved activations, ...) of the compiled
-        graph, from the memory planner; where the backend says what it allocates (cpu:
-        `Executable.memory()`), also `real_bytes`: that plus the params, optimizer state
-        and inputs as the plan counts them, and the backend's own bytes as `real_<role>`."""
+        """Bytes by role (params, optimizer state, saved activations, kernel scratch, ...)
+        of the compiled graph, from the memory planner, with the scratch each kernel needs
+        where the backend sizes it (cpu: `Plan.scratch_bytes`); where the backend says what
+        it allocates (cpu: `Executable.memory()`), also `real_bytes`: that plus the params,
+        optimizer state and inputs as the plan counts them, and the backend's own bytes as
+        `real_<role>` (`real_arena` next to the plan's `arena_bytes`)."""
         from ..passes.memory import plan_memory
 
         entry = self._require()
-        report = plan_memory(entry.graph).report()
+        scratch = getattr(getattr(entry.run, "plan", None), "scratch_bytes", None)
+        report = plan_memory(entry.graph, scratch).report()
         memory = getattr(entry.run, "memory", None)
         if memory is not None:
             held = memory()

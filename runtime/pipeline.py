@@ -8,10 +8,12 @@ from __future__ import annotations
 import os
 import sys
 
-from ..ir import Graph
+from ..ir import Graph, VerifyError, verify
+from ..ir.memory_plan import plan_memory
 from ..ir.parser import parse
 from ..ir.printer import print_graph
-from ..passes.manager import PassManager, parse_pipeline
+from ..passes.manager import Pass, PassManager, parse_pipeline
+from ..passes.recompute import Checkpoint
 
 SIMPLIFY = ["canonicalize", "cse", "dce"]
 
@@ -43,8 +45,9 @@ def training_pipeline(optimizer_spec: str, linear: str = "split", checkpoint: st
     (`ember.recompute`) or another backward op in one kernel with a forward op, and in a
     checkpointed graph never merges backward ops into a kernel that would read a value
     later than the unfused ops did, so a fused checkpointed step keeps the memory the
-    strategy saved (its planned peak is no larger than the unfused one's). autodiff runs
-    first, as in `grad_pipeline`."""
+    strategy saved (its planned peak is no larger than the unfused one's); where the
+    finished graph still plans no less than its fallback's, `Stages` runs the fallback.
+    autodiff runs first, as in `grad_pipeline`."""
     checkpointing = checkpoint_spec(checkpoint, memory_budget)
     return ["autodiff", f"decompose{{linear={linear}}}", *checkpointing, optimizer_spec,
             *SIMPLIFY, "fuse"]
@@ -75,9 +78,27 @@ def stage_names(pipeline: list[str]) -> list[str]:
     return names
 
 
+def candidates(passes: list[Pass]) -> list[list[Pass]]:
+    """The pipeline, then, while its `checkpoint` has a fallback (`Checkpoint.fallback`),
+    the pipeline with that instead: the strategy that recomputes most first."""
+    out = [passes]
+    at = next((k for k, p in enumerate(passes) if isinstance(p, Checkpoint)), None)
+    while at is not None and (alt := out[-1][at].fallback()) is not None:
+        out.append([*passes[:at], alt, *passes[at + 1:]])
+    return out
+
+
 class Stages:
     """Runs a pipeline on a traced graph and keeps the IR text of every stage, with each
     op's source location (`loc(...)`; `strip_locations` gives the plain text).
+
+    A checkpointed pipeline runs its `candidates` and keeps the final graph that plans the
+    least memory (ir/memory_plan.py), the one that recomputes less on a tie: checkpointing
+    that saves nothing once fused and updated is only slower (a 16-layer MLP under "all":
+    its recomputed copies meet the grads and optimizer state at the end of the backward,
+    1.3% over `none`). Its `ember.checkpoint` names the strategy that ran; the stage names
+    stay those of `pipeline`. IR passes only, each a fraction of the backend's compile; the
+    stage texts wait, as on a stage-cache hit, until someone asks for one.
 
     It also keeps the graph as it was before `fuse`, with source locations, as text
     (`unfused_text`): replaying that one op by op names the scalar op behind an error or
@@ -92,15 +113,19 @@ class Stages:
     def __init__(self, graph: Graph, pipeline: list[str], verify_each: bool = True,
                  final: Graph | None = None):
         self.names = stage_names(pipeline)
-        self._pipeline, self._verify_each = pipeline, verify_each
-        self._pending = graph if final is not None else None
+        self._verify_each = verify_each
+        self._candidates = candidates(parse_pipeline(",".join(pipeline)))
+        # the passes wait (a hit, or the candidates ran): on the traced graph, untouched on a
+        # hit, else (None) on its text parsed
+        self._deferred, self._pending = final is not None, graph if final is not None else None
         # dumps keep loc(...); on a hit printed only when asked for (the passes wait)
         self._traced_text = None if final is not None else print_graph(graph, debuginfo=True)
         self.cached = final is not None  # the final graph came from the stage cache
         self.digest: str | None = None  # set by the stage cache: names the final graph
         self.timings: list[tuple[str, float]] = []
         timing = bool(os.environ.get("EMBER_PASS_TIMING"))  # the backend prints its own
-        self.graph = final if final is not None else self._run(graph, timing)
+        self.graph = final if final is not None else (
+            self._run(graph, timing) if len(self._candidates) == 1 else self._choose(graph, timing))
 
     @property
     def traced_text(self) -> str:
@@ -109,10 +134,44 @@ class Stages:
             self._traced_text = print_graph(self._pending, debuginfo=True)
         return self._traced_text
 
+    def _choose(self, graph: Graph, timing: bool) -> Graph:
+        """The final graph of the candidate that plans the least memory (see the class),
+        the passes run without keeping stage texts, each final graph verified (half the
+        passes' time went to verifying every stage of every candidate; a failure runs that
+        candidate again, verifying each stage, to name the pass)."""
+        best: tuple[int, Graph] | None = None
+        for k, passes in enumerate(reversed(self._candidates)):
+            start = graph if k == len(self._candidates) - 1 else parse(self.traced_text)
+            manager = PassManager(passes)
+            final = manager.run(start)
+            if self._verify_each:
+                try:
+                    verify(final)
+                except VerifyError:
+                    PassManager(passes, verify_each=True).run(parse(self.traced_text))
+                    raise
+            self.timings += manager.timings
+            if timing:
+                print(f"@{graph.name} IR passes ({', '.join(map(str, passes))}):\n"
+                      f"{manager.timing_report()}", file=sys.stderr)
+            peak = plan_memory(final, place=False).peak_bytes
+            if best is None or peak < best[0]:
+                best = (peak, final)
+        self._deferred = True
+        return best[1]
+
+    def _chosen(self) -> list[Pass]:
+        """The candidate the final graph came from: its checkpoint's strategy."""
+        if len(self._candidates) == 1:
+            return self._candidates[0]
+        strategy = self.graph.attributes.get("ember.checkpoint")
+        return next(c for c in self._candidates
+                    if any(isinstance(p, Checkpoint) and p.strategy == strategy for p in c))
+
     def _run(self, graph: Graph, timing: bool = False) -> Graph:
         """Run every pass on `graph`, keeping each stage's text; the final graph."""
         self._texts: dict[str, str] = {"traced": self.traced_text}
-        passes = parse_pipeline(",".join(self._pipeline))
+        passes = self._chosen()
         names = [p.name for p in passes]
         before_fuse = names.index("fuse") - 1 if "fuse" in names else None
         self._unfused_text: str | None = None
@@ -133,10 +192,12 @@ class Stages:
         return final
 
     def _ran(self) -> Stages:
-        """Itself, after running the passes it deferred (a cache hit), if any."""
-        if self._pending is not None:
+        """Itself, after running the passes it deferred (a cache hit, or the candidates
+        ran without texts), if any."""
+        if self._deferred:
             self.traced_text  # noqa: B018  (printed before the passes change the graph)
-            graph, self._pending = self._pending, None
+            graph = self._pending if self._pending is not None else parse(self.traced_text)
+            self._deferred, self._pending = False, None
             self._run(graph)
         return self
 
@@ -146,7 +207,7 @@ class Stages:
             raise KeyError(f"no stage {stage!r}; stages are {', '.join(self.names)}")
         if stage == "traced":
             return self.traced_text
-        if self._pending is not None and stage == self.names[-1]:
+        if self._deferred and stage == self.names[-1]:
             return print_graph(self.graph, debuginfo=True)
         return self.texts[stage]
 

@@ -78,6 +78,17 @@ class Plan:
     threads: int = 1
     isa: Isa | None = None
 
+    def scratch_bytes(self, op: Operation) -> int:
+        """The working memory `op`'s kernel holds while it runs (packed GEMM panels, conv
+        and attention tiles; 0: none), as this plan gives it: the memory planner's
+        `scratch` (ir/memory_plan.py), so the plan of the graph counts it too."""
+        if op.name == "ember.matmul" and op.result.type.dtype in ("f32", "f64"):
+            op = as_kernel(op)
+        return (scratch_bytes(op, self.isa, self.threads) if op.name == "kernel.matmul" else
+                conv_scratch(op, self.isa, self.threads) if op.name in CONV_OPS else
+                attention_scratch(op, self.isa, self.threads) if op.name in ATTENTION_OPS
+                else 0)
+
 
 @dataclass
 class Lowered:
@@ -147,13 +158,11 @@ def plan(graph: Graph, threads: int | None = None) -> Plan:
                 where[old] = where[new]
             short = op.name.split(".", 1)[1]
             st = Step(op, outs, [where[v] for v in orig.operands], f"k{k}_{short}")
-            n = (scratch_bytes(op, out.isa, out.threads) if op.name == "kernel.matmul" else
-                 conv_scratch(op, out.isa, out.threads) if op.name in CONV_OPS else
-                 attention_scratch(op, out.isa, out.threads) if op.name in ATTENTION_OPS else 0)
+            n = out.scratch_bytes(op)
             if n:
                 st.scratch = len(out.slots)
-                out.slots.append(Slot("scratch", TensorType((n,), "i1"), key=n))
-                owner.append(_Scratch(out.slots[-1].type))
+                owner.append(mp.Scratch.of(n))
+                out.slots.append(Slot("scratch", owner[-1].type, key=n))
             out.steps.append(st)
         else:
             raise UnsupportedOpError(
@@ -169,13 +178,6 @@ def plan(graph: Graph, threads: int | None = None) -> Plan:
     out.checked = bool(out.checks) or any(st.op.name in INDEXED_OPS for st in out.steps)
     _place_temps(out, owner)
     return out
-
-
-@dataclass(eq=False)
-class _Scratch:
-    """The planner's key of a kernel's scratch buffer (a value of its own)."""
-
-    type: TensorType
 
 
 def _place_temps(p: Plan, owner: list[Value]) -> None:
@@ -225,6 +227,12 @@ def _op_text(op: Operation) -> str:
         return print_graph(g).split("\n", 2)[2].rsplit("\n", 3)[0].strip()
     except Exception:  # noqa: BLE001  (printing is best effort here)
         return op.name
+
+
+def kernel_count(p: Plan) -> int:
+    """How many kernel functions `emit` makes of a plan (steps that print the same share
+    one): what LLVM's compile time grows with."""
+    return len({_kernel_key(st, k) for k, st in enumerate(p.steps)})
 
 
 def emit(p: Plan, name: str = "graph") -> ir.Module:
@@ -316,4 +324,5 @@ def lower(graph: Graph, threads: int | None = None) -> Lowered:
     return Lowered(emit(p, graph.name), p)
 
 
-__all__ = ["ENTRY", "PROFILED", "Lowered", "Plan", "Slot", "Step", "emit", "lower", "plan", "S"]
+__all__ = ["ENTRY", "PROFILED", "Lowered", "Plan", "Slot", "Step", "emit", "kernel_count", "lower",
+           "plan", "S"]

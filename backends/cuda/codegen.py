@@ -18,6 +18,7 @@ import re
 import numpy as np
 
 from ...ir import Graph, Operation, TensorType, Value, numpy_dtype, verify
+from ...ir.memory_plan import in_place_operands
 from ...ir.printer import GraphPrinter
 from ..errors import CodegenError, UnsupportedOpError
 from ..strides import broadcast_strides, contiguous_strides
@@ -147,8 +148,12 @@ class Lowering:
         elif n in LOWERINGS:
             LOWERINGS[n](self, op)
         elif n == "kernel.fused":
-            outs = [self.result(r) for r in op.results]
-            k = fused_kernel(self.name(op), op, sm_count=self.sm)
+            donor = self.fused_donor(op)
+            if donor is None:
+                outs = [self.result(r) for r in op.results]
+            else:  # written in place over an operand that dies here
+                outs = [self.where.setdefault(op.result, self.where[op.operands[donor]])]
+            k = fused_kernel(self.name(op), op, restrict=donor is None, sm_count=self.sm)
             self.launch(k, outs + [self.where[v] for v in op.operands])
         elif n == "kernel.matmul":
             self.kernel_matmul(op)
@@ -184,6 +189,19 @@ class Lowering:
             if (src is not None and src.name in ("ember.matmul", "ember.conv2d")
                     and len(v.uses) == 1 and v.type == op.result.type
                     and self.p.slots[self.where[v]].kind == "temp"):
+                return k
+        return None
+
+    def fused_donor(self, op: Operation) -> int | None:
+        """An operand a `kernel.fused` may write its result over, as the cpu's arena does:
+        one `in_place_operands` allows (ir/memory_plan.py: read at the index written, and
+        only there), an op result in a slot of its own (not a reshape's, which another
+        value shares) that no other op reads (so not a returned one either)."""
+        for k in in_place_operands(op, [self.where[v] for v in op.operands]):
+            v = op.operands[k]
+            if (v.op is not None and v.op.name != "ember.reshape"
+                    and self.p.slots[self.where[v]].kind == "temp"
+                    and all(u is op for u, _ in v.uses)):
                 return k
         return None
 

@@ -151,8 +151,9 @@ def plan_arena(p: Program) -> None:
     backend's arena, for every temp and scratch slot but the returned ones. A slot lives
     from the first step that touches it to the last (scratch is written by one step and
     read by the next, so "touches" is all the planner needs); where a kernel writes over
-    its operand the lowering already gave both one slot, so the planner reuses nothing
-    more (`reuse=[]`). Buffers are 256-byte aligned, as cuBLAS and vector loads want."""
+    its operand (an epilogue, a `kernel.fused` by the planner's `in_place_operands`) the
+    lowering already gave both one slot, so the planner reuses nothing more (`reuse=[]`).
+    Buffers are 256-byte aligned, as cuBLAS and vector loads want."""
     returned = {i for i, _ in p.outputs}
     arena = [s for i, s in enumerate(p.slots)
              if s.kind in ("temp", "scratch") and i not in returned]
