@@ -4,8 +4,10 @@
 whose results it feeds back (the cpu backend's `Executable.feedback`): what the general path
 looks up on every call (each param by id, into a dict of values and again to write it
 back, each optimizer slot twice) is looked up once per compiled graph and param table,
-and the executable binds the params and optimizer state it returned last step once,
-checking only that they are still those arrays (backends/cpu/feedback.py). What a user may
+and the executable binds the params and optimizer state it returned last step once: a
+step checks that each fed Param and slot still holds the array of the feedback run's turn
+(`turn.fed`) and calls it bound, else runs its general call (backends/cpu/feedback.py);
+the loss is a scratch result, read into a float at once. What a user may
 change between steps is still read on every call: `entry()` checks the inputs' shapes,
 flags, requires_grad and the optimizer's settings first, and each Param's value, the lr
 and the optimizer's state are read afresh.
@@ -13,6 +15,7 @@ and the optimizer's state are read afresh.
 
 from __future__ import annotations
 
+from itertools import chain
 from operator import attrgetter, is_, is_not
 
 from .update import hyper_inputs, state_inputs
@@ -43,16 +46,19 @@ class BoundStep:
         self.state_ids = list(index)
         self.slots = [(index[table[pid].id], name) for pid, name in layout.state]
         self.groups, self.names = [g for g, _ in self.slots], [n for _, n in self.slots]
-        self.dicts: list = []
+        self.dicts: list = [None] * len(self.state_ids)  # the dicts the last step found
+        self.slot_dicts: list = [None] * len(self.slots)  # each slot's dict among them
         self.rng = entry.rng_index is not None
         self.layout = layout
-        # the state is the graph's last arguments (passes/optimizer.py)
+        # the state is the graph's last arguments (passes/optimizer.py); fed in this order:
+        # the rebound Params the graph reads, then the slots
         first = len(entry.graph.args) - len(layout.state)
         keys = set(exe.param_keys)
         feeds: dict[int, int | str] = {user + k: pid for k, pid in enumerate(rebound)
                                        if pid in keys}
+        self.fed = [table[pid] for pid in feeds.values()]
         feeds.update({self.cuts[1] + k: first + k for k in range(len(layout.state))})
-        self.run = exe.feedback(feeds)
+        self.run = exe.feedback(feeds, scratch=(0,))  # the loss, read as a float at once
 
     @classmethod
     def of(cls, step, entry, table: dict) -> BoundStep | None:
@@ -69,41 +75,41 @@ class BoundStep:
             return None
         return cls(entry, table)
 
-    def state(self, opt) -> tuple[list, list]:
-        """(each param's dict of slots, each slot's value) of the optimizer's state, made
-        (zeros) by `opt.slot` where missing. A slot of another shape fails the run, and
-        `opt.slot` then says what is wrong (`__call__`)."""
-        state, dicts = opt.state, self.dicts
-        # the dicts the last step found, when the state holds exactly those, by identity
-        # (ParamId hashes in Python, so looking each up again costs more)
-        if not (len(state) == len(dicts) == len(self.state_ids)
-                and all(map(is_, state, self.state_ids))
-                and all(map(is_, state.values(), dicts))):
-            dicts = self.dicts = list(map(state.get, self.state_ids))
+    def state(self, opt) -> list:
+        """Each slot's value in the optimizer's state, made (zeros) by `opt.slot` where
+        missing; the dicts holding them kept for the next step. A slot of another shape
+        fails the run, and `opt.slot` then says what is wrong (`__call__`)."""
+        if not self.found(opt.state):
+            self.dicts = list(map(opt.state.get, self.state_ids))
         try:
-            return dicts, list(map(dict.__getitem__, map(dicts.__getitem__, self.groups),
-                                   self.names))
+            values = list(map(dict.__getitem__, map(self.dicts.__getitem__, self.groups),
+                              self.names))
         except (KeyError, TypeError):  # a param's slots, or one of them, not made yet
             values = state_inputs(opt, self.layout, self.table)
             self.dicts = list(map(opt.state.get, self.state_ids))
-            return self.dicts, values
+        self.slot_dicts = list(map(self.dicts.__getitem__, self.groups))
+        return values
+
+    def found(self, state: dict) -> bool:
+        """Whether the optimizer's state holds exactly the dicts the last step found, by
+        identity (ParamId hashes in Python, so looking each up again costs more)."""
+        return len(state) == len(self.dicts) and all(map(is_, state, self.state_ids)) \
+            and all(map(is_, state.values(), self.dicts))
 
     def __call__(self, step, entry, inputs: tuple):
         """One training step on `entry` (which holds this), as the general path (`execute`,
         `finish`, `write_back`) runs it."""
         if not entry.native_checks:
             step.check_inputs(entry, inputs)
-        opt = step.optimizer
-        dicts, state = self.state(opt) if self.slots else ((), ())
-        args = [*(step.arguments(entry, inputs) if self.rng else inputs), *hyper_inputs(opt),
-                *state]
-        values = list(map(_value, self.params))  # val() but in C, once all are read
-        if not all(map(is_not, values, self.nones)):
-            values = [p.val() for p in self.params]
+        opt, run = step.optimizer, self.run
+        head = [*(step.arguments(entry, inputs) if self.rng else inputs), *hyper_inputs(opt)]
         try:
-            outs = self.run(args, values)
+            outs = self._bound(opt, head)
+            if outs is None:
+                outs = run([*head, *self.state(opt)] if self.slots else head, self.values())
         except Exception as e:
-            state_inputs(opt, self.layout, self.table)  # a slot of another shape: says so
+            # a slot of another shape: state_inputs says so; else what explain finds
+            args = [*head, *state_inputs(opt, self.layout, self.table)]
             step.explain(entry, args, step.params(self.table), e)
             raise
         user, end = self.cuts
@@ -111,10 +117,26 @@ class BoundStep:
         for p, value in zip(self.rebound, outs[user:end]):
             p._value = value  # set_value's own case: a C-contiguous array of the Param's type
         step.rng_step += 1
-        for (g, name), value in zip(self.slots, outs[end:]):
-            dicts[g][name] = value
+        for d, name, value in zip(self.slot_dicts, self.names, outs[end:]):
+            d[name] = value
         opt.step_count += 1
         return step.loss if not step.metrics else (step.loss, *step.metrics)
+
+    def _bound(self, opt, head: list) -> list | None:
+        """The feedback run's bound call, where every fed Param and slot holds what the
+        last step left there; else None (its general call then runs, with no turn held)."""
+        turn, run = self.run.turn, self.run
+        if turn is None or self.slots and not self.found(opt.state) \
+                or not all(map(is_, chain(map(_value, self.fed),
+                                          map(dict.get, self.slot_dicts, self.names)),
+                               turn.fed)):
+            return None
+        return run.call(turn, head, self.values() if run.binds_params else ())
+
+    def values(self) -> list:
+        """Every Param's value, in the order the executable binds them."""
+        values = list(map(_value, self.params))  # val() but in C, once all are read
+        return values if all(map(is_not, values, self.nones)) else [p.val() for p in self.params]
 
 
 __all__ = ["BoundStep"]

@@ -10,7 +10,6 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from operator import itemgetter
 
 import numpy as np
 
@@ -235,20 +234,22 @@ class Executable:
 
     def profile(self, inputs, params=None, repeat: int = 20) -> list[tuple[str, float]]:
         """Seconds per kernel (median of `repeat` runs), read from the CPU's cycle counter
-        around each kernel inside one native call: where a step's time goes."""
+        around each kernel inside one native call: where a step's time goes. The counter's
+        rate is its ticks over the seconds from the first run's first kernel to the last
+        run's last, so a kernel's time leaves out the call around the kernels (which
+        `bound()` times)."""
         table, _keep = self._timing_table(inputs, params)
         n = len(self.plan.steps)
         ticks = (ctypes.c_int64 * (n + 1))()
         fn = self._jit.function(PROFILED, None, ctypes.c_void_p, ctypes.c_void_p)
         runs = []
+        t0 = time.perf_counter()
         for _ in range(repeat):
-            t0 = time.perf_counter()
             fn(table, ticks)
-            wall = time.perf_counter() - t0
-            c = list(ticks)
-            scale = wall / max(c[-1] - c[0], 1)  # seconds per tick, call overhead included
-            runs.append([(c[k + 1] - c[k]) * scale for k in range(n)])
-        return [(st.name, sorted(r[k] for r in runs)[len(runs) // 2])
+            runs.append(list(ticks))
+        seconds = time.perf_counter() - t0
+        rate = max(runs[-1][-1] - runs[0][0], 1) / seconds  # ticks per second
+        return [(st.name, sorted(r[k + 1] - r[k] for r in runs)[len(runs) // 2] / rate)
                 for k, st in enumerate(self.plan.steps)]
 
     def timing_report(self) -> str:
@@ -285,11 +286,11 @@ class Executable:
         runtime that binds the same params on every step calls (no mapping read per call)."""
         return self._collect(self._run(inputs, values))
 
-    def feedback(self, feeds: Mapping[int, int | str]) -> Feedback:
+    def feedback(self, feeds: Mapping[int, int | str], scratch: Sequence[int] = ()) -> Feedback:
         """`run_values` for a caller that feeds result `r` back as the next call's input
-        `feeds[r]` (an argument's position or a param's key): bound once, not per call
-        (feedback.py)."""
-        return Feedback(self, feeds)
+        `feeds[r]` (an argument's position or a param's key): bound once, not per call;
+        `scratch`: results it reads at once and never keeps (feedback.py)."""
+        return Feedback(self, feeds, scratch)
 
     def _values(self, params: Mapping | None) -> list:
         """The values of `param_keys` in `params` (None where it has none)."""
@@ -389,13 +390,6 @@ class Executable:
                 return entry
         return self._new_result(i, pool)
 
-    @staticmethod
-    def _free(entries: list) -> bool:
-        """Whether nobody but the pool holds any of these (non-empty) pool entries."""
-        getrefcount = sys.getrefcount
-        return max(map(getrefcount, map(_first, entries))) <= _FREE_ARRAY \
-            and max(map(getrefcount, map(_second, entries))) <= _FREE_OWNER
-
     def _call(self, table: ctypes.c_void_p) -> None:
         """The native call on a bound table (its address; the lock held); raises what its
         status says."""
@@ -429,7 +423,7 @@ if hasattr(os, "register_at_fork"):
 
 # references to a pooled (array, owner, address) entry's array and owner while only the
 # pool holds them: the entry tuple, (the array's .base,) getrefcount's argument (called
-# as `_take` and `_free` call it)
+# as `_take` calls it)
 _FREE_ARRAY, _FREE_OWNER = 2, 3
 
 _SCALARS = {"f": (float, int, np.float32, np.float64, np.int64), "i": (int, np.int64, np.int32),
@@ -446,4 +440,3 @@ def _address(x: np.ndarray) -> int:
 
 
 _addressof, _from_buffer = ctypes.addressof, ctypes.c_char.from_buffer
-_first, _second = itemgetter(0), itemgetter(1)

@@ -6,126 +6,169 @@ executable's pooled result buffers: one call reads set A and writes set B, the n
 B and writes A. Each turn has a buffer table of its own, bound once, so a call binds only
 what is new (the batch when it is another array, the lr, the results nobody feeds back),
 after two checks that keep `run_values`' contract: every fed input is the very array the
-previous call returned for it, and no one else holds the arrays it would write (the
-pool's refcount rule). Any other call runs `run_values`' general path and binds the two
-tables again from what that call bound (after a user replaced a param, on the first
-calls, while a caller holds a returned array). The other tensor inputs and params are
-kept by identity (a reference held, so an id is never reused) and bound again when
-another object comes.
+previous call returned for it (`turn.fed`, which a caller that knows where its inputs come
+from compares itself and then calls `call`), and no one else holds the arrays it would
+write (the pool's refcount rule); a fed array's shape and dtype are checked again too
+(either may be set in place, and `run_values` would refuse or convert it). Any other call
+runs `run_values`' general path and binds the two tables again from what that call bound
+(after a user replaced a param, on the first calls, while a caller holds a returned
+array). The other tensor inputs and params are kept by identity (a reference held, so an
+id is never reused) and bound again when another object comes. A result the caller reads
+at once and never hands on (a loss it turns into a float) may be `scratch`: the bound
+calls write it into one buffer of their own, which needs no pool entry.
 """
 
 from __future__ import annotations
 
 import ctypes
+import sys
 from collections.abc import Mapping, Sequence
-from operator import attrgetter, is_, itemgetter
+from operator import attrgetter, is_
 
 import numpy as np
 
-_first = itemgetter(0)
+from .buffers import aligned_empty
+
 _layout = attrgetter("shape", "dtype")
+_getrefcount = sys.getrefcount
+
+# references to an array a turn writes, and to its owner (`.base`), while only the pool and
+# the turns hold them: the pool entry, the turn's `arrays` and `results`, the other turn's
+# `fed`, getrefcount's argument; the owner: the entry, the array, the turn's `owners`, the
+# argument
+_FREE_ARRAY, _FREE_OWNER = 5, 4
 
 
 class _Turn:
-    """One of the two turns: its table, the pool entries it reads and writes, and the
-    entries of its results where they are fed back (`(None,)` where each call picks one)."""
+    """One of the two turns: its table; `fed`, the arrays a call on it must be fed (what the
+    last call returned, in the feeds' order) and their layouts; the arrays it writes and
+    their owners; `results`, what it returns (None where each call picks a pool entry)."""
 
-    def __init__(self, table, reads: list, writes: list, results: list):
-        self.table, self.reads, self.writes, self.results = table, reads, writes, results
+    def __init__(self, table, fed: tuple, layouts: list, writes: list, results: list):
+        self.table, self.fed, self.layouts, self.results = table, fed, layouts, results
         self.pointer = ctypes.c_void_p(ctypes.addressof(table))  # cheaper to pass than table
+        self.arrays = tuple(e[0] for e in writes)
+        self.owners = tuple(e[1] for e in writes)
+
+    def ready(self) -> bool:
+        """Whether nobody but the pool and the turns holds an array it writes, or a view of
+        one, and its fed arrays keep their layouts."""
+        return max(map(_getrefcount, self.arrays)) <= _FREE_ARRAY \
+            and max(map(_getrefcount, self.owners)) <= _FREE_OWNER \
+            and list(map(_layout, self.fed)) == self.layouts
 
 
 class Feedback:
     """`run(inputs, values)`: `exe.run_values(inputs, values)`, result for result, for
     a caller that feeds result `r` back as the input `feeds[r]` names (an argument's
-    position, or a param's key) on the next call."""
+    position, or a param's key) on the next call. `turn` is the next call's turn (None
+    until a general call bound both), and `call(turn, inputs, values)` that call for a
+    caller that found its fed inputs to be `turn.fed`. The turns hold the arrays they
+    read and write: a general call drops them first, so that the pool sees who else
+    does (a caller must not keep a turn either)."""
 
-    def __init__(self, exe, feeds: Mapping[int, int | str]):
+    def __init__(self, exe, feeds: Mapping[int, int | str], scratch: Sequence[int] = ()):
         self.exe = exe
         args = {row[1]: row for row in exe._args}
         params = {row[1]: (j, row) for j, row in enumerate(exe._params)}
-        fed_args = {r: k for r, k in feeds.items() if k in args}
-        fed_params = {r: k for r, k in feeds.items() if k in params}
         self.carries = bool(feeds) and exe._handed is not None \
-            and len(fed_args) + len(fed_params) == len(feeds) \
-            and len(set(feeds.values())) == len(feeds) \
-            and all(exe.slots[exe._results[r][0]].type == (args[k] if r in fed_args
+            and all(k in args or k in params for k in feeds.values()) \
+            and len(set(feeds.values())) == len(feeds) and not set(scratch) & set(feeds) \
+            and all(exe.slots[exe._results[r][0]].type == (args[k] if k in args
                                                            else params[k][1])[4]
                     for r, k in feeds.items())
-        # fed inputs: arguments first, then params (as `_fed` gathers them)
-        self._fed_args = list(fed_args.values())
-        self._fed_values = [params[k][0] for k in fed_params.values()]
-        self._fed = [*fed_args, *fed_params]  # their results' positions
-        fed_rows = [args[k] for k in fed_args.values()] \
-            + [params[k][1] for k in fed_params.values()]
+        # fed inputs in the feeds' order: (whether an argument, its position among the
+        # arguments or the params) and their results' positions
+        self._sources = [(True, k) if k in args else (False, params[k][0])
+                         for k in feeds.values()]
+        self._fed = list(feeds)
+        fed_rows = [args[k] if k in args else params[k][1] for k in feeds.values()]
         self._in_slots = [row[0] for row in fed_rows]
         self._fed_layouts = [(row[3], row[2]) for row in fed_rows]  # (shape, dtype)
         self._out_slots = [exe._results[r][0] for r in self._fed]
         # what each call binds unless it is the object the last call bound
-        fed_positions = set(fed_args.values())
-        self._args = [row for row in exe._args if row[1] not in fed_positions]
+        self._args = [row for row in exe._args if row[1] not in feeds.values()]
         self._arg_pos = [row[1] for row in self._args]
-        fed_keys = set(fed_params.values())
-        self._params = [row for row in exe._params if row[1] not in fed_keys]
+        self._params = [row for row in exe._params if row[1] not in feeds.values()]
         self._value_pos = [params[row[1]][0] for row in self._params]
         self._layouts = [(row[3], row[2]) for row in self._params]
+        self.binds_params = bool(self._params)  # else `call` reads no value
         self._held_args: list = [None] * len(self._args)
         self._held_values: list = [None] * len(self._params)
         self._kept: dict[int, np.ndarray] = {}  # slot -> the array bound there (converted)
         self._pool_of = dict(exe._pools)
+        # scratch results: (position, slot, its buffer and address), shared by both turns
+        self._scratch = [(r, exe._results[r][0], *aligned_empty(exe.slots[exe._results[r][0]]
+                                                                .type)) for r in scratch]
         self._pools = [(r, i, self._pool_of[i]) for r, (i, *_) in enumerate(exe._results)
-                       if r not in feeds]
-        self._turns: list[_Turn] | None = None
+                       if r not in feeds and r not in scratch]
+        self.turn: _Turn | None = None
+        self._other: _Turn | None = None  # the turn after it
         self._tables: list | None = None
-        self._turn = 0
 
     def __call__(self, inputs: Sequence, values: Sequence) -> list[np.ndarray]:
+        results = self._bound(inputs, values)
+        return self._general(inputs, values) if results is None else results
+
+    def _bound(self, inputs: Sequence, values: Sequence) -> list[np.ndarray] | None:
+        """The bound call, where every fed input is its turn's; else None."""
+        turn, exe = self.turn, self.exe
+        if turn is None or len(inputs) != exe._n_args or len(values) != len(exe.param_keys) \
+                or not all(map(is_, [inputs[k] if arg else values[k]
+                                     for arg, k in self._sources], turn.fed)):
+            return None
+        results = self.call(turn, inputs, values)
+        if results is not None:
+            results = list(results)  # the caller's: a copy of the scratch ones too
+            for r, *_ in self._scratch:
+                results[r] = results[r].copy()
+        return results
+
+    def call(self, turn: _Turn, inputs: Sequence, values: Sequence) -> list | None:
+        """The call on `turn` for a caller that found every fed input to be the array of
+        `turn.fed`: the results (read only: the list and the scratch results are valid
+        until the next call), or None
+        without a call when `turn` is not the next call's turn, an array it writes is held
+        or a fed array's layout changed. `inputs` and `values` as `__call__` takes them;
+        the fed ones are not read (so may be left out at the end), nor `values` unless
+        `binds_params`."""
         exe = self.exe
         with exe._lock:
-            turn = self._ready(inputs, values)
-            if turn is not None:
-                exe._bind_scalars(inputs)
-                if not all(map(is_, map(inputs.__getitem__, self._arg_pos), self._held_args)):
-                    self._bind(inputs, self._args, self._arg_pos, self._held_args)
+            if turn is not self.turn or not turn.ready():
+                return None
+            exe._bind_scalars(inputs)
+            if self._args and not all(map(is_, map(inputs.__getitem__, self._arg_pos),
+                                          self._held_args)):
+                self._bind(inputs, self._args, self._arg_pos, self._held_args)
+            if self._params:
                 params = list(map(values.__getitem__, self._value_pos))
                 if not (all(map(is_, params, self._held_values))
                         and list(map(_layout, params)) == self._layouts):
                     self._bind(values, self._params, self._value_pos, self._held_values,
                                params=True)
-                table, results = turn.table, list(map(_first, turn.results))
+            results = turn.results
+            if self._pools:  # else the turn's own list: its caller only reads it
+                results, table = results.copy(), turn.table
                 for r, i, pool in self._pools:
                     entry = exe._take(i, pool)
                     results[r], table[i] = entry[0], entry[2]
-                exe._call(turn.pointer)
-                self._turn ^= 1
-                return results
-        return self._general(inputs, values)
-
-    def _ready(self, inputs: Sequence, values: Sequence) -> _Turn | None:
-        """This call's turn when it may run bound: every fed input the array the last call
-        returned for it, of the same shape and dtype still (either may be set in place),
-        and every array it writes free."""
-        turn = self._turns[self._turn] if self._turns is not None else None
-        if turn is None or len(inputs) != self.exe._n_args \
-                or len(values) != len(self.exe.param_keys):
-            return None
-        fed = [*map(inputs.__getitem__, self._fed_args),
-               *map(values.__getitem__, self._fed_values)]
-        if all(map(is_, fed, map(_first, turn.reads))) \
-                and list(map(_layout, fed)) == self._fed_layouts and self.exe._free(turn.writes):
-            return turn
-        return None
+            exe._call(turn.pointer)
+            self.turn, self._other = self._other, turn
+            return results
 
     def _bind(self, source: Sequence, rows: list, positions: list, held: list,
               params: bool = False) -> None:
-        """Bind `source`'s values at `positions` to their slots in both turns' tables."""
+        """Bind `source`'s values at `positions` to their slots in both turns' tables: every
+        param (one changed its layout, perhaps in place), the arguments that are new."""
+        tables = self.turn.table, self._other.table
         for k, (row, pos) in enumerate(zip(rows, positions)):
             x = source[pos]
+            if not params and x is held[k] is not None:
+                continue  # bound already (its shape is the caller's to check: a graph's key)
             if x is None and params:
                 raise KeyError(f"no value for {row[5]}")
             bound, address = self.exe._bind(x, row)
-            for turn in self._turns:
-                turn.table[row[0]] = address
+            tables[0][row[0]] = tables[1][row[0]] = address
             self._kept[row[0]] = bound
             held[k] = x if bound is x else None  # a converted copy is made again next call
 
@@ -139,6 +182,7 @@ class Feedback:
     def _general(self, inputs: Sequence, values: Sequence) -> list[np.ndarray]:
         """`run_values`, then both turns bound again from what it bound."""
         exe = self.exe
+        self.turn = self._other = None  # their references are not the caller's
         arrays = exe._run(inputs, values)
         results = exe._collect(arrays)
         if self.carries:
@@ -153,7 +197,6 @@ class Feedback:
         pooled = self.exe._pooled
         reads = [pooled.get(id(results[r])) for r in self._fed]
         if any(e is None for e in reads):
-            self._turns = None
             return
         writes: list = []
         used = set(map(id, reads))
@@ -171,12 +214,13 @@ class Feedback:
             ctypes.memmove(table, ptrs, ctypes.sizeof(table))
             for i, o, er, ew in zip(self._in_slots, self._out_slots, r, w):
                 table[i], table[o] = er[2], ew[2]
-            entries = [(None,)] * len(results)  # each call picks those left
+            returned: list = [None] * len(results)  # each call picks those left
             for pos, e in zip(self._fed, w):
-                entries[pos] = e
-            turns.append(_Turn(table, r, w, entries))
-
-        self._turns, self._turn = turns, 0
+                returned[pos] = e[0]
+            for pos, slot, buf, address in self._scratch:
+                returned[pos], table[slot] = buf, address
+            turns.append(_Turn(table, tuple(e[0] for e in r), self._fed_layouts, w, returned))
+        self.turn, self._other = turns
         self._kept = {}
         for rows, positions, source, held in (
                 (self._args, self._arg_pos, inputs, self._held_args),

@@ -3,6 +3,8 @@ it trains bit for bit as the general path (forced here by detect_anomaly) whatev
 between steps, and keeps the contract that an array a step returned is never written again
 while someone holds it."""
 
+import functools
+
 import numpy as np
 import pytest
 
@@ -63,6 +65,11 @@ def reset_a_moment(model, step):
         slots[name] = np.zeros_like(slots[name])
 
 
+def delete_a_slot(model, step):
+    slots = step.optimizer.state[model.fc2.weight.id]
+    del slots[next(iter(slots))]  # made again (zeros), as the general path does
+
+
 def replace_a_params_slots(model, step):
     state = step.optimizer.state
     state[model.fc2.bias.id] = {k: np.full_like(v, 0.1) for k, v in
@@ -85,11 +92,15 @@ def refill_the_same_contiguous_inputs(model, step):
     step.reused = np.zeros((8, 12), np.float32), np.zeros(8, np.int64)  # bound by identity
 
 
-def run(general: bool, change=None, at=(3,)):
+def refill_only_the_batch(model, step):
+    step.reused = np.zeros((8, 12), np.float32), None  # one input kept, the other new
+
+
+def run(general: bool, change=None, at=(3,), opt=lambda: optim.SGD(lr=0.1, momentum=0.9)):
     em.seed(0)
     model = Net()
-    step = em.compile_train_step(model, loss_and_metric, optim.SGD(lr=0.1, momentum=0.9),
-                                 backend="cpu", detect_anomaly=general)
+    step = em.compile_train_step(model, loss_and_metric, opt(), backend="cpu",
+                                 detect_anomaly=general)
     if not general:
         step.execute = lambda inputs: pytest.fail("the general path ran")
     out = []
@@ -97,8 +108,12 @@ def run(general: bool, change=None, at=(3,)):
         if i in at and change is not None:
             change(model, step)
         if hasattr(step, "reused"):
-            step.reused[0][:], step.reused[1][:] = x, y
-            x, y = step.reused
+            fed = []
+            for buffer, value in zip(step.reused, (x, y)):
+                if buffer is not None:
+                    buffer[:] = value
+                fed.append(value if buffer is None else buffer)
+            x, y = fed
         out.append(step(x, y))
     return out, {k: v.copy() for k, v in model.state_dict().items()}, step
 
@@ -106,9 +121,9 @@ def run(general: bool, change=None, at=(3,)):
 @pytest.mark.parametrize("change,at", [
     (None, ()), (replace_a_weight, (3,)), (schedule_the_lr, (3,)), (swap_a_layer, (3,)),
     (new_optimizer, (3,)), (drop_the_state, (3,)), (change_a_weight_in_place, (3, 4)),
-    (reset_a_moment, (3,)), (replace_a_params_slots, (3,)), (freeze_then_replace_a_weight, (1, 4)),
-    (refill_the_same_input_arrays, (2,)),
-    (refill_the_same_contiguous_inputs, (2,))])
+    (reset_a_moment, (3,)), (delete_a_slot, (3,)), (replace_a_params_slots, (3,)),
+    (freeze_then_replace_a_weight, (1, 4)), (refill_the_same_input_arrays, (2,)),
+    (refill_the_same_contiguous_inputs, (2,)), (refill_only_the_batch, (2,))])
 def test_the_bound_path_trains_exactly_as_the_general_one(change, at):
     fast, general = run(False, change, at), run(True, change, at)
     assert fast[0] == general[0] and len(fast[0][0]) == 2  # (loss, metric) each step
@@ -117,6 +132,17 @@ def test_the_bound_path_trains_exactly_as_the_general_one(change, at):
         np.testing.assert_array_equal(fast[1][k], v, err_msg=k)
     assert fast[2].rng_step == general[2].rng_step == 6
     assert fast[2].optimizer.step_count == general[2].optimizer.step_count
+
+
+@pytest.mark.parametrize("change", [None, reset_a_moment, delete_a_slot, replace_a_params_slots,
+                                    drop_the_state])
+def test_two_slots_per_param_bind_as_one(change):
+    """AdamW: each param's dict holds two slots, read in `ember.state` order."""
+    adamw = functools.partial(optim.AdamW, lr=1e-2)
+    fast, general = run(False, change, opt=adamw), run(True, change, opt=adamw)
+    assert fast[0] == general[0]
+    for k, v in general[1].items():
+        np.testing.assert_array_equal(fast[1][k], v, err_msg=k)
 
 
 def test_arrays_a_step_returned_are_not_written_while_held():
@@ -165,13 +191,14 @@ def test_a_frozen_param_reshaped_in_place_is_still_checked():
         step(*data[0])
 
 
-def test_after_the_first_step_the_executable_binds_nothing_again():
-    """Params, buffers and momentum a step returned are bound by the executable's feedback
-    run (backends/cpu/feedback.py) from the second step on: its general path never runs."""
+@pytest.mark.parametrize("opt", [optim.SGD(lr=0.1, momentum=0.9), optim.AdamW(lr=1e-2)])
+def test_after_the_first_step_the_executable_binds_nothing_again(opt):
+    """Params, buffers and optimizer state a step returned are bound by the executable's
+    feedback run (backends/cpu/feedback.py) from the second step on: its general path
+    never runs."""
     em.seed(0)
     model = Net()
-    step = em.compile_train_step(model, loss_and_metric, optim.SGD(lr=0.1, momentum=0.9),
-                                 backend="cpu")
+    step = em.compile_train_step(model, loss_and_metric, opt, backend="cpu")
     data = batches()
     step(*data[0])
     exe = step._last.run

@@ -1,0 +1,71 @@
+"""A feedback run's bound call (backends/cpu/feedback.py) for a caller that checks its fed
+inputs itself: the turn it may call, when it must not, and scratch results."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ember.backends import cpu
+from ember.ir import Builder, Graph, TensorType, verify
+
+
+def _graph():
+    """f(x, s; w) = (x.sum(), s + x, w * 2): a loss-like scalar, a state `s` (argument 1)
+    and a param `w` that a caller feeds back (results 1 and 2)."""
+    g = Graph("f", [TensorType((2, 3), "f32"), TensorType((2, 3), "f32")])
+    b = Builder(g.body)
+    w = b.create("ember.param", [], {"id": "w", "path": "layer.w"},
+                 result_types=[TensorType((2, 3), "f32")]).result
+    two = b.op("ember.constant", value=np.array(2, np.float32))
+    b.create("func.return", [b.op("ember.reduce_sum", g.args[0], axes=[0, 1], keepdims=False),
+                             b.op("ember.add", g.args[1], g.args[0]), b.op("ember.mul", w, two)])
+    return cpu.Executable(verify(g), use_cache=False)
+
+
+def _start(run, x):
+    """Two general calls: the turns are bound after the first."""
+    s, w = np.zeros((2, 3), np.float32), np.ones((2, 3), np.float32)
+    _, s, w = run([x, s], [w])
+    return s, w
+
+
+def test_a_scratch_result_is_one_buffer_the_bound_calls_share():
+    """`call` writes a scratch result into one buffer of its own on every call (no pool
+    entry); `__call__` hands out copies of it, which stay as they were."""
+    exe = _graph()
+    run = exe.feedback({1: 1, 2: "w"}, scratch=(0,))
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    s, w = _start(run, x)
+    scratch, kept = None, []
+    for i in range(6):
+        x[0, 0] = i
+        if i % 2:
+            loss, s, w = run([x, s], [w])
+            kept.append((loss, float(loss)))
+        else:
+            turn = run.turn
+            assert turn.fed == (s, w)
+            loss, s, w = run.call(turn, [x], ())  # the fed input (s) left out at the end
+            assert scratch is None or loss is scratch
+            scratch = loss
+        assert float(loss) == x.sum()
+        np.testing.assert_array_equal(w, np.full((2, 3), 2.0 ** (i + 2), np.float32))
+    assert all(float(loss) == value and loss is not scratch for loss, value in kept)
+    assert exe.native_calls == 7
+
+
+def test_a_bound_call_runs_only_on_the_next_turn_with_what_it_writes_free():
+    """`call` returns None, running nothing, for a turn that is not the next call's (kept
+    from before) or while a caller holds an array the turn would write."""
+    exe = _graph()
+    run = exe.feedback({1: 1, 2: "w"}, scratch=(0,))
+    x = np.ones((2, 3), np.float32)
+    s, w = _start(run, x)  # what the turn after the next one writes
+    old = run.turn
+    assert run.call(old, [x], ()) is not None
+    assert run.call(old, [x], ()) is None  # stale: the next turn is the other one
+    del old
+    assert run.call(run.turn, [x], ()) is None  # s and w are held here
+    del s, w
+    assert run.call(run.turn, [x], ()) is not None
+    assert exe.native_calls == 3
