@@ -42,10 +42,13 @@ def checkpoint_spec(strategy: str = "none", memory_budget: int | None = None) ->
 def training_pipeline(optimizer_spec: str, linear: str = "split", checkpoint: str = "none",
                       memory_budget: int | None = None) -> list[str]:
     """Fusion runs under every checkpoint strategy: `fuse` never puts a recomputed copy
-    (`ember.recompute`) or another backward op in one kernel with a forward op, and in a
-    checkpointed graph never merges backward ops into a kernel that would read a value
-    later than the unfused ops did, so a fused checkpointed step keeps the memory the
-    strategy saved (its planned peak is no larger than the unfused one's); where the
+    (`ember.recompute`) or another backward op in one kernel with a forward op, groups
+    recomputed copies as their originals were grouped (so they reuse the forward's kernel
+    bodies), and in a checkpointed graph merges backward ops into a kernel that reads a
+    value past its last unfused reader only when every op in between joins that kernel
+    and the late bytes are no more than the temporaries it no longer stores, so a fused
+    checkpointed step keeps the memory the strategy saved (its planned peak is no larger
+    than the unfused one's; passes/fuse/grouping.py); where the
     finished graph still plans no less than its fallback's, `Stages` runs the fallback.
     autodiff runs first, as in `grad_pipeline`."""
     checkpointing = checkpoint_spec(checkpoint, memory_budget)

@@ -23,9 +23,12 @@ consumers outside its kernel read is stored as one more result of the kernel; an
 merge may create a cycle between kernels. On a joint training graph forward and backward
 ops never share a kernel (a copy the checkpoint pass marks `ember.recompute` counts as
 backward, so it stays where the backward reads it, and no forward kernel gains a result
-only the backward reads); on a checkpointed graph a backward merge is refused when the
-kernel would read a value later than the unfused ops did (it would live longer), so
-fusing keeps the memory the strategy saved. Views (transpose, broadcast, reshape) and
+only the backward reads); on a checkpointed graph recomputed copies are grouped as the
+forward grouped their originals (so their kernels repeat layer after layer, as the
+forward's do, and cost a backend no new function each), and a backward merge is refused
+when the kernel would keep a value alive past its last unfused reader while another op
+runs, or beside more bytes than its unstored temporaries took, so fusing keeps the
+memory the strategy saved. Views (transpose, broadcast, reshape) and
 splat constants are duplicated per use and folded into index maps and body constants,
 so they are never copied.
 

@@ -1,15 +1,18 @@
 """What `fuse` knows about one op or value: the iteration space of a fusible op and which
 space dim each dim of its operands and result runs along (`describe`), the `kernel`
 dialect op an elementwise op becomes (`kernel_op`), the strided layout a chain of views
-reads (`strided`), and the element of a splat constant.
+reads (`strided`), the element of a splat constant, and the forward op each recomputed
+copy repeats (`originals`).
 """
 
 from __future__ import annotations
 
-from ...ir import Operation, Value
+from ...ir import Block, Operation, Value
 from ...ir.dense import splat_element
+from ...ir.memory_plan import RESIDENT_OPS
 from ...ir.opdef import has_trait, normalize_axes
 
+RECOMPUTE = "ember.recompute"  # the checkpoint pass's mark on recomputed copies
 VIEWS = ("ember.transpose", "ember.broadcast", "ember.reshape")
 REDUCTIONS = {"ember.reduce_sum": "add", "ember.reduce_mean": "add", "ember.reduce_max": "max"}
 Dims = tuple  # one entry per dim of a value: the space dim it runs along, None for size 1
@@ -151,3 +154,39 @@ def _reshape_strides(src, st, shape) -> list[int] | None:
             continue
         return None
     return out if i >= len(dims) else None
+
+
+def originals(block: Block, forward: set[Operation]) -> dict[Operation, Operation]:
+    """The forward op each recomputed copy repeats (views aside: each reader has its own):
+    the one with its name and attributes whose operands are the copy's, or the originals
+    of the copies it reads, views looked through. Any backward op may be such a copy, not
+    only one marked `ember.recompute` (a recomputed attention was rebuilt as a kernel op):
+    CSE merged any other backward op equal to a forward one. A copy whose original is gone
+    (folded by a later pass) has none."""
+    same: dict[Value, Value] = {}  # a copy's result -> the original's
+
+    def operand(v: Value):
+        v = same.get(v, v)
+        if v.op is not None and v.op.name in VIEWS:
+            return _attrs(v.op), operand(v.op.operands[0])
+        return id(v)
+
+    def key(op: Operation) -> tuple:
+        return _attrs(op), tuple(map(operand, op.operands))
+
+    skip = (*VIEWS, *RESIDENT_OPS)  # params and constants are never recomputed
+    index = {key(op): op for op in block.ops if op in forward and op.name not in skip}
+    found = {}
+    for op in block.ops:
+        if op not in forward and op.name not in skip:
+            o = index.get(key(op))
+            if o is not None:
+                found[op] = o
+                same.update(zip(op.results, o.results))
+    return found
+
+
+def _attrs(op: Operation) -> tuple:
+    """op's name and attributes (but the recompute mark), comparable."""
+    return op.name, tuple(sorted((k, repr(v)) for k, v in op.attributes.items()
+                                 if k != RECOMPUTE))

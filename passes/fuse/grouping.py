@@ -2,10 +2,10 @@
 merges with the groups producing its operands when one iteration space embeds into the
 other, subject to the cost rules (one reduced dim set per kernel, no reducing epilogue,
 one matmul per kernel, no forward/backward mixing, no cycle between kernels, and on a
-checkpointed graph no longer-lived inputs). Before that, a matmul whose rows a reshape
-splits (a Linear on [B, T, C]) is rewritten to produce that shape itself
-(`unflatten_matmuls`), so its consumers can join it, and `duplicate_views` gives each
-reader its own views.
+checkpointed graph recomputed copies grouped as their originals and no input kept alive
+at a cost). Before that, a matmul whose rows a reshape splits (a Linear on [B, T, C]) is
+rewritten to produce that shape itself (`unflatten_matmuls`), so its consumers can join
+it, and `duplicate_views` gives each reader its own views.
 """
 
 from __future__ import annotations
@@ -16,9 +16,8 @@ import math
 from dataclasses import dataclass, field
 
 from ...ir import Block, Operation, TensorType, Value
-from .analysis import REDUCTIONS, VIEWS, Dims, describe
-
-RECOMPUTE = "ember.recompute"  # the checkpoint pass's mark on recomputed copies
+from ...ir.memory_plan import nbytes
+from .analysis import RECOMPUTE, REDUCTIONS, VIEWS, Dims, describe, originals
 
 
 @dataclass
@@ -33,6 +32,7 @@ class Group:
     reduce: frozenset = frozenset()
     matmul: Operation | None = None
     backward: bool = False  # members run in the backward part (recomputed copies included)
+    origin: Operation | None = None  # the forward op a recomputed member repeats, if any
     # ops outside the group that read its values / define values it reads: the group's
     # edges in the graph of groups, kept up to date by merges (see Grouper.creates_cycle)
     users: dict[Operation, None] = field(default_factory=dict)
@@ -117,6 +117,12 @@ def unflatten_matmuls(block: Block) -> None:
                      for new in before.get(op, () if op in gone else (op,))]
 
 
+def _allocates_nothing(op: Operation) -> bool:
+    """Whether op's results take no planned memory to speak of (scalars, constants)."""
+    return op.name in ("ember.param", "ember.constant") or all(
+        r.type.size <= 1 for r in op.results)
+
+
 def _marks(op: Operation) -> dict:
     """The checkpoint pass's mark of op, for the ops that replace it."""
     return {RECOMPUTE: op.attributes[RECOMPUTE]} if RECOMPUTE in op.attributes else {}
@@ -147,8 +153,10 @@ class Grouper:
         self.forward = forward
         self.pos = {op: i for i, op in enumerate(block.ops)}
         # in a checkpointed graph a backward kernel must not keep its inputs alive longer
-        # than the unfused ops did (recomputed copies are meant to die right after use)
+        # than the unfused ops did (recomputed copies are meant to die right after use),
+        # and recomputed copies are grouped as the forward grouped their originals
         self.checkpointed = any(op.attributes.get(RECOMPUTE) for op in block.ops)
+        self.original = originals(block, forward) if self.checkpointed else {}
         self.last_use = {r: max((self.pos.get(u, -1) for u, _ in r.uses), default=-1)
                          for op in block.ops for r in op.results}
         self.group: dict[Operation, Group] = {}
@@ -163,7 +171,8 @@ class Grouper:
         space, odims, rdims, red = d
         g = Group(len(self.groups), space, [op], {op.result: rdims},
                   {op: odims}, red, op if op.name == "ember.matmul" else None,
-                  op not in self.forward or bool(op.attributes.get(RECOMPUTE)))
+                  op not in self.forward or bool(op.attributes.get(RECOMPUTE)),
+                  self.original.get(op))
         self.groups.append(g)
         self.group[op] = g
         self.index(g)
@@ -199,15 +208,29 @@ class Grouper:
                 self.absorb_views(op)
             if g is None or g.matmul is not None:
                 continue
-            for v in op.operands:
-                p = self.group.get(v.op)
-                g = self.group[op]
-                if p is not None and p is not g:
-                    self.try_merge(g, p)
+            self.merge_producers(op)
         groups = [g for g in self.groups if g.ops]
         for g in groups:  # merges append; a kernel's body follows the block's order
             g.ops.sort(key=self.pos.__getitem__)
         return groups
+
+    def merge_producers(self, op: Operation) -> None:
+        """Merge op's group with the groups producing its operands, in operand order; one
+        refused before another merge succeeded is tried again after it (the merged kernel
+        may now hold what the refused one would have read past its last use), until no
+        more merges succeed."""
+        todo, merged = [v.op for v in op.operands], True
+        while todo and merged:
+            refused, merged = [], False
+            for producer in todo:
+                p, g = self.group.get(producer), self.group[op]
+                if p is None or p is g:
+                    continue
+                if self.try_merge(g, p):
+                    merged = True
+                else:
+                    refused.append(producer)
+            todo = refused
 
     def absorb_views(self, mm: Operation) -> None:
         """A matmul reads transposed (broadcast, reshaped) operands in place through its
@@ -242,12 +265,38 @@ class Grouper:
             return list(node.users if forward else node.producers)
         return self.links(node, forward)
 
+    def other_origins(self, a: Group, b: Group) -> bool:
+        """Whether a and b hold copies of ops that the forward ran in different kernels.
+        Recomputed copies are grouped as their originals were, so their kernels repeat
+        the forward's, layer after layer: one LLVM function each, not one per chain (a
+        residual stream recomputed from the input is a chain as long as the depth)."""
+        if a.origin is None or b.origin is None:
+            return False
+        return self.group.get(a.origin, a.origin) is not self.group.get(b.origin, b.origin)
+
     def extends_inputs(self, a: Group, b: Group) -> bool:
-        """Whether one kernel for a and b (placed at its last member) would read a planned
-        value (not a param, argument or constant) later than its last reader in the
-        unfused order does, so that the value would live longer."""
+        """Whether one kernel for a and b (placed at its last member) would keep a planned
+        value (not a param, argument or constant) alive past its last reader in the
+        unfused order, at a cost: while some other op runs (only ops that allocate
+        nothing, scalars and constants, may run in between), or beside more bytes of
+        results than the kernel saves by never storing its temporaries. So an optimizer
+        update may read its gradient first and last, a recomputed layer norm its input
+        twice: the centred copy it no longer stores is as large."""
         end = max(a.end, b.end)
-        return min(self.earliest_input(a, b), self.earliest_input(b, a)) < end
+        first = min(self.earliest_input(a, b), self.earliest_input(b, a))
+        if first >= end:
+            return False
+        for op in self.block.ops[int(first) + 1:end + 1]:
+            g = self.group.get(op)
+            if g is not a and g is not b and not _allocates_nothing(op):
+                return True
+        inside = (a, b)
+        late = {v for last, _, v, way in (*a.inputs, *b.inputs)
+                if last < end and all(self.group.get(op) not in inside for op in way)}
+        temporaries = {r for op in (*a.ops, *b.ops) for r in op.results
+                       if self.last_use[r] > first
+                       and all(self.group.get(u) in inside for u, _ in r.uses)}
+        return sum(map(nbytes, late)) > sum(map(nbytes, temporaries))
 
     def earliest_input(self, g: Group, other: Group) -> float:
         """The earliest last use of a value g reads from outside g and other. Entries that
@@ -309,7 +358,8 @@ class Grouper:
             return False
         if cons.backward != prod.backward:
             return False  # forward and backward (recomputed) ops never share a kernel
-        if self.checkpointed and cons.backward and self.extends_inputs(cons, prod):
+        if self.checkpointed and cons.backward and (self.other_origins(cons, prod)
+                                                    or self.extends_inputs(cons, prod)):
             return False
         pairs = []
         for op in cons.ops:
@@ -343,6 +393,7 @@ class Grouper:
             host.vdims.update(small.vdims)
             host.odims.update(small.odims)
             host.matmul = host.matmul or small.matmul
+            host.origin = host.origin or small.origin
             for forward in (True, False):
                 self.join_links(host, small, forward)
             self.join_inputs(host, small)
