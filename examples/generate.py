@@ -1,4 +1,4 @@
-"""Text generation with a KV cache from a handful of compiled graphs (static shapes).
+"""Text generation with a KV cache from a handful of compiled graphs.
 
     python examples/generate.py --tokens 100 --prompt "To be, or not to be"
     python examples/generate.py --tokens 100 --temperature 0.8 --seed 1
@@ -6,12 +6,15 @@
 
 The model is benchmarks/gpt.py's char-level `Gpt` (its weights drive both graphs, so a
 trained `Gpt` generates as it is). Growing the context one token at a time would trace a
-new graph for every length; instead two kinds of graph of fixed shapes run:
+new graph for every length; instead two graphs run:
 
-- PREFILL, one per prompt bucket P (a power of two): the prompt padded to P with its real
-  `length` as an input. Causal attention hides the padding from every position < length,
-  so the logits at length - 1 are exact; it returns every layer's keys and values placed
-  in caches of the model's full context (`block`), zero past the prompt.
+- PREFILL, compiled for a symbolic prompt length, `em.TensorSpec((batch, "T"), "i64")`:
+  ember pads each prompt to a bucket (a power of two, at most the context) and its
+  `pad-mask` pass keeps the padding out of every real position (causal attention hides it
+  already; the contraction that places keys and values in caches of the model's full
+  context, `block`, zeroes it), so one graph per bucket serves every prompt length and the
+  logits are exact. It returns the logits at every prompt position (ember cuts the padded
+  ones off) and every layer's caches, zero past the prompt.
 - DECODE, one graph: a token, its position `pos` (an i64 scalar) and the caches in; it
   writes the token's key and value at `pos` (a select on `arange == pos`), attends over
   the whole cache with the keys after `pos` masked, and returns the logits and the caches.
@@ -24,7 +27,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +34,6 @@ import numpy as np
 import ember as em
 from ember import nn, optim
 from ember.nn import functional as F
-from ember.runtime.compiled import CompiledFunction
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from gpt import CONFIGS, Gpt, lm_loss  # noqa: E402
@@ -60,9 +61,12 @@ def decode_text(ids) -> str:
     return "".join(CHARS[int(i)] for i in ids)
 
 
-def bucket(length: int, limit: int, smallest: int = 8) -> int:
-    """The power of two >= length (at least `smallest`), at most `limit`."""
-    return min(limit, max(smallest, 1 << (length - 1).bit_length()))
+def buckets(limit: int, smallest: int = 8) -> tuple[int, ...]:
+    """Powers of two from `smallest`, then `limit` (the context) as the last."""
+    sizes = [smallest]
+    while sizes[-1] < limit:
+        sizes.append(sizes[-1] * 2)
+    return (*sizes[:-1], limit) if sizes[-1] > limit else tuple(sizes)
 
 
 def _heads(x, lin: nn.Linear, heads: int):
@@ -84,20 +88,19 @@ def _block(blk, x, attend):
 
 
 class Prefill(nn.Module):
-    """forward(idx [B, P] i64, length i64 scalar) -> (logits [B, vocab] at length - 1,
-    k0, v0, k1, v1, ...: each layer's caches [B, heads, block, d_head])."""
+    """forward(idx [B, T] i64) -> (logits [B, T, vocab], k0, v0, k1, v1, ...: each layer's
+    caches [B, heads, block, d_head])."""
 
     def __init__(self, gpt: Gpt):
         super().__init__()
         self.gpt = gpt
 
-    def forward(self, idx, length):
-        g, p = self.gpt, idx.shape[1]
-        x = g.tok(idx) + g.pos(np.arange(p))
-        # [block, P]: 1 where cache row t takes prompt position t (t < length), else 0; a
-        # matmul by it pads to the full context exactly (one product of 1.0 per element)
-        place = np.arange(g.block)[:, None] == np.arange(p)[None, :]
-        place = F.where(length > np.arange(p), place.astype(np.float32), 0.0)
+    def forward(self, idx):
+        g, t = self.gpt, idx.shape[1]
+        x = g.tok(idx) + g.pos(np.arange(t))
+        # [block, T]: 1 where cache row r takes prompt position r; a matmul by it places the
+        # keys and values in the full context exactly (one product of 1.0 per element)
+        place = (np.arange(g.block)[:, None] == np.arange(t)[None, :]).astype(np.float32)
         caches = []
 
         def attend(q, k, v):
@@ -106,8 +109,7 @@ class Prefill(nn.Module):
         for blk in g.blocks:
             x, kc, vc = _block(blk, x, attend)
             caches += [kc, vc]
-        last = F.embedding(length - 1, x.transpose(1, 0, 2))  # x[:, length - 1]: [B, d]
-        return (g.head(g.norm(last)), *caches)
+        return (g.head(g.norm(x)), *caches)
 
 
 class Decode(nn.Module):
@@ -137,20 +139,25 @@ class Decode(nn.Module):
 
 class Generator:
     """Greedy or temperature sampling from a `Gpt` through its prefill and decode graphs,
-    compiled on first use for each prompt bucket (`compiles` counts them)."""
+    compiled on first use (the prefill once per prompt bucket: `compiles` counts them)."""
 
     def __init__(self, gpt: Gpt, batch: int = 1, backend: str = "cpu",
-                 buckets: Callable[[int, int], int] = bucket):
-        """`buckets(length, block)`: the padded length of a prompt's graph (>= length)."""
-        self.gpt, self.batch, self.backend, self.buckets = gpt, batch, backend, buckets
-        self.block = gpt.block
-        self.prefills: dict[int, CompiledFunction] = {}
-        self.decode: CompiledFunction | None = None
+                 sizes: tuple[int, ...] | None = None):
+        """`sizes`: the prompt buckets (increasing, at most the context; default
+        `buckets(block)`); a prompt longer than the last compiles for its exact length."""
+        self.gpt, self.batch, self.backend, self.block = gpt, batch, backend, gpt.block
+        self.sizes = buckets(self.block) if sizes is None else tuple(sizes)
+        if self.sizes[-1] > self.block:
+            raise ValueError(f"prompt buckets {self.sizes} exceed the model's context of "
+                             f"{self.block}")
+        self.prefill_fn = em.compile(Prefill(gpt), em.TensorSpec((batch, "T"), "i64"),
+                                     backend=backend, buckets=self.sizes)
+        self.decode = None
 
     @property
     def compiles(self) -> int:
         """Graphs compiled so far: one per prompt bucket used, and the decode graph."""
-        return len(self.prefills) + (self.decode is not None)
+        return self.prefill_fn.compiles + (self.decode is not None)
 
     def prefill(self, prompt: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
         """(logits [B, vocab] after the prompt [B, T], the caches)."""
@@ -160,17 +167,8 @@ class Generator:
                              f"{self.block}")
         if b != self.batch:
             raise ValueError(f"a batch of {b} prompts for a Generator of batch {self.batch}")
-        p = self.buckets(t, self.block)
-        if not t <= p <= self.block:
-            raise ValueError(f"bucket {p} for a prompt of {t} tokens: it must lie in "
-                             f"[{t}, {self.block}]")
-        padded, length = np.zeros((b, p), np.int64), np.array(t, np.int64)
-        padded[:, :t] = prompt
-        if p not in self.prefills:
-            self.prefills[p] = em.compile(Prefill(self.gpt), padded, length,
-                                          backend=self.backend)
-        logits, *caches = self.prefills[p](padded, length)
-        return logits, caches
+        logits, *caches = self.prefill_fn(np.asarray(prompt, np.int64))
+        return logits[:, -1], caches
 
     def step(self, token: np.ndarray, pos: int, caches: list) -> tuple[np.ndarray, list]:
         """(logits [B, vocab] after `token` [B] at `pos`, the caches with it written)."""
@@ -248,8 +246,8 @@ def main(argv: list[str] | None = None) -> None:
     rate = args.tokens / (time.perf_counter() - start)
     print(decode_text(ids[0]))
     print(f"{args.tokens} tokens: {rate:.0f} tokens/s compiled ({first:.2f} s the first time, "
-          f"compiling), {gen.compiles} compiles (prompt buckets {sorted(gen.prefills)} + "
-          f"decode), temperature {args.temperature}")
+          f"compiling), {gen.compiles} compiles ({gen.prefill_fn.compiles} prefill + decode), "
+          f"temperature {args.temperature}")
 
 
 if __name__ == "__main__":
