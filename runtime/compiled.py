@@ -15,7 +15,6 @@ input checks a backend may run natively (backends/input_checks.py).
 
 from __future__ import annotations
 
-import itertools
 import math
 import os
 import sys
@@ -223,7 +222,7 @@ class Compiled:
         self.compiles += 1
         dump = os.environ.get("EMBER_DUMP_IR")
         if dump:
-            write_stages(stages, dump, prefix=self.kind)
+            stages.write(dump, prefix=self.kind)
         return entry
 
     def _lower(self, graph: Graph, pipeline: list[str]) -> tuple[Stages, object]:
@@ -357,7 +356,7 @@ class Compiled:
 
     def dump_ir(self, directory: str) -> list[str]:
         """Write every stage of the last compiled graph to `directory` (numbered)."""
-        return write_stages(self._require().stages, directory, prefix=self.kind)
+        return self._require().stages.write(directory, prefix=self.kind)
 
     @property
     def graph(self) -> Graph:
@@ -393,28 +392,6 @@ class Compiled:
         if self._last is None:
             raise RuntimeError(f"this {self.kind} has not been compiled yet: call it once")
         return self._last
-
-
-def write_stages(stages: Stages, directory: str, prefix: str) -> list[str]:
-    """One `.mlir` file per stage, numbered in pipeline order, with each op's `loc(...)`.
-    Earlier dumps of the same function in `directory` (before a recompile for new shapes,
-    or by an earlier run) are kept: this one is then `<prefix>-2.00-traced.mlir`, `-3`, ...
-    (the first file is created exclusively, so concurrent dumps never share a number)."""
-    os.makedirs(directory, exist_ok=True)
-    texts = list(stages.texts.items())
-    for n in itertools.count(1):
-        base = os.path.join(directory, prefix if n == 1 else f"{prefix}-{n}")
-        paths = [f"{base}.{i:02d}-{name}.mlir" for i, (name, _) in enumerate(texts)]
-        try:
-            with open(paths[0], "x") as f:
-                f.write(texts[0][1])
-            break
-        except FileExistsError:
-            continue
-    for path, (_, text) in zip(paths[1:], texts[1:]):
-        with open(path, "w") as f:
-            f.write(text)
-    return paths
 
 
 _type_shape_dtype = attrgetter("__class__", "shape", "dtype")  # what entry() reads per call
@@ -612,4 +589,4 @@ class TrainStep(_Training):
 
 
 __all__ = ["AnomalyError", "CompiledFunction", "Entry", "ExecutionError", "GradFunction",
-           "TrainStep", "write_stages"]
+           "TrainStep"]

@@ -5,6 +5,7 @@ A dump (`step.ir(stage)`, `--dump-ir`) names each stage as listed here.
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 
@@ -218,6 +219,27 @@ class Stages:
     def texts(self) -> dict[str, str]:
         """Stage name -> its IR text, in pipeline order."""
         return self._ran()._texts
+
+    def write(self, directory: str, prefix: str) -> list[str]:
+        """One `.mlir` file per stage, numbered in pipeline order, with each op's `loc(...)`.
+        Earlier dumps of the same function in `directory` (before a recompile for new shapes,
+        or by an earlier run) are kept: this one is then `<prefix>-2.00-traced.mlir`, `-3`, ...
+        (the first file is created exclusively, so concurrent dumps never share a number)."""
+        os.makedirs(directory, exist_ok=True)
+        texts = list(self.texts.items())
+        for n in itertools.count(1):
+            base = os.path.join(directory, prefix if n == 1 else f"{prefix}-{n}")
+            paths = [f"{base}.{i:02d}-{name}.mlir" for i, (name, _) in enumerate(texts)]
+            try:
+                with open(paths[0], "x") as f:
+                    f.write(texts[0][1])
+                break
+            except FileExistsError:
+                continue
+        for path, (_, text) in zip(paths[1:], texts[1:]):
+            with open(path, "w") as f:
+                f.write(text)
+        return paths
 
     @property
     def unfused_text(self) -> str | None:
