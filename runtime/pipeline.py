@@ -5,6 +5,7 @@ A dump (`step.ir(stage)`, `--dump-ir`) names each stage as listed here.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import sys
@@ -60,15 +61,9 @@ def training_pipeline(optimizer_spec: str, linear: str = "split", checkpoint: st
 def without_fusion(pipeline: list[str], option: str) -> list[str]:
     """`pipeline` with the `fuse` pass's boolean `option` off (a backend without a kernel
     for that fused form runs the unfused ops instead)."""
-    out = []
-    for spec in pipeline:
-        name, _, rest = spec.partition("{")
-        if name == "fuse":
-            options = dict(kv.split("=", 1) for kv in rest.rstrip("}").split())
-            options[option] = "false"
-            spec = "fuse{" + " ".join(f"{k}={v}" for k, v in options.items()) + "}"
-        out.append(spec)
-    return out
+    passes = parse_pipeline(",".join(pipeline))
+    return [str(dataclasses.replace(p, **{option: False})) if p.name == "fuse" else spec
+            for spec, p in zip(pipeline, passes)]
 
 
 def stage_names(pipeline: list[str]) -> list[str]:

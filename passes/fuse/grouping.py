@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass, field
 
 from ...ir import Block, Operation, TensorType, Value
-from ...ir.memory_plan import nbytes
+from ...ir.memory_plan import RESIDENT_OPS, nbytes
 from .analysis import RECOMPUTE, REDUCTIONS, VIEWS, Dims, describe, originals
 
 
@@ -119,8 +119,7 @@ def unflatten_matmuls(block: Block) -> None:
 
 def _allocates_nothing(op: Operation) -> bool:
     """Whether op's results take no planned memory to speak of (scalars, constants)."""
-    return op.name in ("ember.param", "ember.constant") or all(
-        r.type.size <= 1 for r in op.results)
+    return op.name in RESIDENT_OPS or all(r.type.size <= 1 for r in op.results)
 
 
 def _marks(op: Operation) -> dict:
