@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from small_models import Block
 
 import ember as em
 from ember import nn, optim
@@ -38,21 +39,6 @@ class Cnn(nn.Module):
     def forward(self, x):
         x = self.pool(F.relu(self.b2(self.c2(F.relu(self.b1(self.c1(x)))))))
         return self.head(x.reshape((x.shape[0], -1)))
-
-
-class Block(nn.Module):
-    """A pre-norm transformer block: LayerNorm, causal attention, an MLP, residuals."""
-
-    def __init__(self, d: int = 32):
-        super().__init__()
-        self.n1, self.attn = nn.LayerNorm(d), nn.MultiHeadAttention(d, 4, causal=True)
-        self.n2, self.f1, self.f2 = nn.LayerNorm(d), nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
-        self.head = nn.Linear(d, 10)
-
-    def forward(self, x):
-        x = x + self.attn(self.n1(x))
-        x = x + self.f2(F.gelu(self.f1(self.n2(x))))
-        return self.head(x.mean(axis=1))
 
 
 def batch(shape):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from small_models import Block
 
 import ember as em
 from ember import nn, optim
@@ -30,19 +31,6 @@ class Tanh(nn.Module):
         for layer in self.layers:
             x = F.tanh(layer(x))
         return self.head(x)
-
-
-class Block(nn.Module):
-    def __init__(self, d: int = 32):
-        super().__init__()
-        self.n1, self.attn = nn.LayerNorm(d), nn.MultiHeadAttention(d, 4, causal=True)
-        self.n2, self.f1, self.f2 = nn.LayerNorm(d), nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
-        self.head = nn.Linear(d, 10)
-
-    def forward(self, x):
-        x = x + self.attn(self.n1(x))
-        x = x + self.f2(F.gelu(self.f1(self.n2(x))))
-        return self.head(x.mean(axis=1))
 
 
 def stages(model: nn.Module, shape: tuple, strategy: str) -> Stages:

@@ -1,0 +1,21 @@
+"""Small models that several test folders train and plan: one copy each."""
+
+from ember import nn
+
+F = nn.functional
+
+
+class Block(nn.Module):
+    """A pre-norm transformer block (LayerNorm, causal attention, an MLP, residuals) and a
+    classifier head on its mean over the sequence."""
+
+    def __init__(self, d: int = 32):
+        super().__init__()
+        self.n1, self.attn = nn.LayerNorm(d), nn.MultiHeadAttention(d, 4, causal=True)
+        self.n2, self.f1, self.f2 = nn.LayerNorm(d), nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+        self.head = nn.Linear(d, 10)
+
+    def forward(self, x):
+        x = x + self.attn(self.n1(x))
+        x = x + self.f2(F.gelu(self.f1(self.n2(x))))
+        return self.head(x.mean(axis=1))
