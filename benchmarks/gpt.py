@@ -101,7 +101,7 @@ def torch_twin(model: Gpt):
             self.norm, self.head = torch.nn.LayerNorm(d), torch.nn.Linear(d, vocab)
 
         def forward(self, idx):
-            x = self.tok(idx) + self.pos(torch.arange(idx.shape[1]))
+            x = self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
             for b in self.blocks:
                 x = b(x)
             return self.head(self.norm(x))

@@ -35,6 +35,9 @@ timeout 210 python -m pytest -q -p no:warnings -rs -o cache_dir=/tmp/ember-pytes
   tests/backends/test_cuda_ops.py tests/backends/test_cuda_training.py \
   tests/backends/test_cuda_codegen.py tests/backends/test_cuda_attention.py || status=1
 
+echo "== GPT on the GPU (losses against the cpu backend and torch cuda, ms per step)"
+timeout 90 python benchmarks/gpu_gpt.py --config A --steps 20 || status=1
+
 echo "== GPU benchmark (ms per training step)"
 timeout $(( 290 - (SECONDS - start) > 30 ? 290 - (SECONDS - start) : 30 )) \
   python benchmarks/gpu_bench.py --steps 50 || status=1

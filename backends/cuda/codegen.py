@@ -25,7 +25,7 @@ from ..strides import broadcast_strides, contiguous_strides
 from . import launch as L
 from .fused import Body, epilogue_kernel, fused_kernel
 from .program import Gemm, KernelInfo, Launch, Program, Slot, View, plan_arena
-from .scalar import CTYPE, ELEMENTWISE, PRELUDE, expr
+from .scalar import CTYPE, ELEMENTWISE, PRELUDE, composed_definitions, expr
 from .spatial import LOWERINGS
 from .templates import Kernel, Operand, map_kernel, out_operands, reduce_kernels, transpose_kernel
 
@@ -265,21 +265,23 @@ class Lowering:
 
     # -- assembly ----------------------------------------------------------------------------
     def assemble(self) -> None:
+        chunks, seen = [], set()
+        for k, op_index in self.emitted:
+            if k.name not in seen:
+                seen.add(k.name)
+                comment = self.p.ops[op_index].replace("\\", "/")  # no line splice
+                chunks.append((k.name, op_index, f"// {comment}\n{k.source}\n"))
+        body = "".join(c for _, _, c in chunks)
         head = [f"// ember: CUDA C for @{self.graph.name}, {len(self.emitted)} kernels "
-                "(backends/cuda). Each kernel follows the IR op it implements.", PRELUDE]
+                "(backends/cuda). Each kernel follows the IR op it implements.", PRELUDE,
+                composed_definitions(body)]
         text = "\n".join(head) + "\n"
         line = text.count("\n") + 1
-        seen = set()
-        for k, op_index in self.emitted:
-            if k.name in seen:
-                continue
-            seen.add(k.name)
-            comment = self.p.ops[op_index].replace("\\", "/")  # no line splice
-            chunk = f"// {comment}\n{k.source}\n"
+        for name, op_index, chunk in chunks:
             n = chunk.count("\n")
-            self.p.kernels.append(KernelInfo(k.name, line, line + n - 2, op_index))  # to "}"
-            text += chunk
+            self.p.kernels.append(KernelInfo(name, line, line + n - 2, op_index))  # to "}"
             line += n
+        text += body
         self.p.source = text
 
 

@@ -10,7 +10,9 @@ without fast-math (exp/log/tanh/erf within 2 ulp, IEEE division and sqrt).
 
 from __future__ import annotations
 
+import hashlib
 import math
+import re
 
 from ...ir.dialects.ember import expand
 from ...ir.opdef import ops_with
@@ -157,11 +159,40 @@ def _unsupported(name: str, dtype: str):
     raise UnsupportedOpError(f"the cuda backend has no kernel for '{name}' on {dtype} tensors")
 
 
+# Composed ops' device functions, by name, each after the ones it calls. A definition is a
+# pure function of its name (which hashes it), so one table serves every translation unit.
+_COMPOSED: dict[str, str] = {}
+_COMPOSED_CALL = re.compile(r"\bember_c_\w+(?=\()")
+
+
+def _composed(name: str, xs: list[str], lets: list[str], result: str) -> str:
+    """The name of a `__device__` function computing one element of a composed op: one
+    `const auto` per value, so nothing is computed twice. A function rather than a lambda
+    called in place: NVRTC 13.0 refuses lambdas in kernels ("host functions are not allowed
+    in JIT mode"); 13.5 and nvcc accept them."""
+    params = ", ".join(f"const X{k} {x}" for k, x in enumerate(xs))
+    typenames = ", ".join(f"typename X{k}" for k in range(len(xs)))
+    body = f"({params}) {{\n  " + "\n  ".join([*lets, f"return {result};"]) + "\n}"
+    fn = f"ember_c_{name.split('.', 1)[-1]}_{hashlib.sha1(body.encode()).hexdigest()[:10]}"
+    _COMPOSED.setdefault(
+        fn, f"template <{typenames}> __device__ __forceinline__ auto {fn}{body}\n")
+    return fn
+
+
+def composed_definitions(source: str) -> str:
+    """The definitions of the composed ops' functions `source` calls, callees first."""
+    needed = set(_COMPOSED_CALL.findall(source))
+    for fn in reversed(_COMPOSED):
+        if fn in needed:
+            needed.update(_COMPOSED_CALL.findall(_COMPOSED[fn]))
+    return "".join(d for fn, d in _COMPOSED.items() if fn in needed)
+
+
 def expr(name: str, attrs: dict, args: list[str], dtype: str) -> str:
     """A C expression for one element of elementwise op `name` (any dialect prefix);
     `dtype` is the operands' dtype (for select: of the two values; for cast: the source's).
-    An op declared as a composition of others (its `expand`) is that composition, in a
-    lambda called in place: one `const auto` per value, so nothing is computed twice."""
+    An op declared as a composition of others (its `expand`) is a call of a `__device__`
+    function computing that composition (`composed`)."""
     lets: list[str] = []
 
     def let(n: str, a: dict, v: list[str]) -> str:
@@ -171,8 +202,7 @@ def expr(name: str, attrs: dict, args: list[str], dtype: str) -> str:
     xs = [f"x{k}" for k in range(len(args))]
     r = expand(name, attrs, xs, let, lambda v: literal(dtype, v))
     if r is not None:
-        params = ", ".join(f"const auto {x}" for x in xs)
-        return f"([]({params}) {{ {' '.join(lets)} return {r}; }}({', '.join(args)}))"
+        return f"{_composed(name, xs, lets, r)}({', '.join(args)})"
     op = name.split(".", 1)[-1]
     ctype(dtype)
     fl = dtype in FLOATS

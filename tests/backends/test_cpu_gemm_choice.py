@@ -266,8 +266,8 @@ def test_row_blocks_are_even(m, threads, monkeypatch):
 
 
 def test_the_cache_key_has_the_caches(monkeypatch):
-    before = cache.options(2)
-    monkeypatch.setattr(cache, "host_caches", lambda: Caches(48 << 10, 2 << 20))
+    before, host = cache.options(2), cache.host_caches()
+    monkeypatch.setattr(cache, "host_caches", lambda: Caches(2 * host.l1d, 2 * host.l2))
     assert cache.options(2) != before
 
 
