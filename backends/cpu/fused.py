@@ -27,7 +27,7 @@ from ..errors import KernelCompileError
 from . import scalar as S
 from .dropout import dropout
 from .loops import for_range, loop
-from .scalar import i64
+from .scalar import PTR, i64
 from .threads import elem, parallel_chunks, parallel_region, stack_array
 
 ACC_STACK_LIMIT = 1 << 18  # bytes of column accumulators kept on the stack
@@ -174,6 +174,34 @@ class FusedEmitter:
 
         parallel_region(b, self.name, list(ins) + list(outs),
                         [False] * len(ins) + [True] * len(outs), sp[first], t, chunk)
+
+    def row_unit(self, rows: int, cols: int) -> int | None:
+        """Points of the outermost (normalized) dim per row, when this kernel's space is a
+        [rows, cols] matrix whose rows that dim walks in order (a matmul's epilogue:
+        1, or cols when the space flattened into one dim); None otherwise, or when it
+        reduces."""
+        sp = self.shape.space
+        if self.R or not sp:
+            return None
+        if sp[0] == rows and _prod(sp[1:]) == cols:
+            return 1
+        return cols if len(sp) == 1 and sp[0] == rows * cols else None
+
+    def rows_function(self, module: ir.Module, n_ins: int, n_outs: int,
+                      unit: int) -> ir.Function:
+        """`f(ins..., outs..., r0, r1)`: the kernel on rows [r0, r1) only (`unit` from
+        `row_unit`), outputs `noalias` as in a thread's chunk (`emit`)."""
+        fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR] * (n_ins + n_outs)
+                                                 + [ir.IntType(64)] * 2), f"{self.name}.rows")
+        fn.linkage = "internal"
+        for arg in fn.args[n_ins:n_ins + n_outs]:
+            arg.add_attribute("noalias")
+        b = ir.IRBuilder(fn.append_basic_block("entry"))
+        self.ins, self.outs = fn.args[:n_ins], fn.args[n_ins:n_ins + n_outs]
+        lo, hi = fn.args[-2:]
+        self.run(b, (lo, hi) if unit == 1 else (b.mul(lo, i64(unit)), b.mul(hi, i64(unit))))
+        b.ret_void()
+        return fn
 
     def _acc_bytes(self) -> int:
         qsize = _prod([self.shape.space[d] for d in self.Q])

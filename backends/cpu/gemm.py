@@ -24,6 +24,7 @@ and leading dimension `ldc`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from llvmlite import ir
@@ -340,12 +341,31 @@ def plan_own(p: GemmProblem, isa: Isa, threads: int) -> dict:
             "npanels": npanels}
 
 
+@dataclass
+class RowsDone:
+    """What runs on rows [r0, r1) of C as soon as the thread that computed them has
+    finished them (the matmul's epilogue, while the rows are still in its cache):
+    `emit(builder, pointers, r0, r1)`, with `pointers` passed through to the threads."""
+
+    pointers: list
+    emit: Callable[[ir.IRBuilder, list, ir.Value, ir.Value], None]
+
+
+def finishes_rows(p: GemmProblem, isa: Isa, threads: int) -> bool:
+    """Whether each thread of the own GEMM finishes whole rows of C (all of N) in turn, so
+    that a `RowsDone` can follow each block of rows: not when threads split the columns."""
+    plan = plan_own(p, isa, threads)
+    return p.m > 0 and p.n > 0 and p.k > 0 and (plan["split"] == "m" or plan["threads"] == 1)
+
+
 def emit_own(b: ir.IRBuilder, p: GemmProblem, a, b_ptr, c, scratch, isa: Isa, threads: int,
-             name: str, accumulate: bool = False) -> None:
+             name: str, accumulate: bool = False, rows_done: RowsDone | None = None) -> None:
     """C = A B (C += A B with `accumulate`) with the own GEMM; a, b_ptr, c are element
-    pointers (already offset)."""
+    pointers (already offset). `rows_done` (where `finishes_rows`) follows every finished
+    block of rows."""
     mod = b.module
     plan = plan_own(p, isa, threads)
+    extra = rows_done.pointers if rows_done else []
     blk, nr, dt = plan["blk"], plan["nr"], p.dtype
     lanes = isa.lanes(dt)
     el = S.REG[dt]
@@ -391,7 +411,12 @@ def emit_own(b: ir.IRBuilder, p: GemmProblem, a, b_ptr, c, scratch, isa: Isa, th
     body.linkage = "internal"
     ctx, lo, hi = body.args
     bb = ir.IRBuilder(body.append_basic_block("entry"))
-    ta, tsrc, tb_, tc = [bb.load(elem(bb, ctx, PTR, i), typ=PTR) for i in range(4)]
+    ta, tsrc, tb_, tc, *t_extra = [bb.load(elem(bb, ctx, PTR, i), typ=PTR)
+                                   for i in range(4 + len(extra))]
+
+    def finished(r0, r1):
+        if rows_done is not None:
+            rows_done.emit(bb, t_extra, r0, r1)
     b_rs = i64(nr) if plan["pack_b"] else i64(p.sb_k)
 
     def bpanel(jp, k0):
@@ -425,6 +450,7 @@ def emit_own(b: ir.IRBuilder, p: GemmProblem, a, b_ptr, c, scratch, isa: Isa, th
                              i64(cols)])
 
             panels(bb, p0, p1, call)
+            finished(r0, bb.add(r0, rows))
 
         if split == "n":
             for_range(bb, i64(0), i64(m_blocks), rowblock, "ib")
@@ -471,13 +497,14 @@ def emit_own(b: ir.IRBuilder, p: GemmProblem, a, b_ptr, c, scratch, isa: Isa, th
             loop(bb, k_full, lambda kb: kblock(i0, mrows, bb.mul(kb, i64(kc)), kc), "kb")
             if k_tail:
                 kblock(i0, mrows, i64(k_full * kc), k_tail)
+            finished(i0, bb.add(i0, mrows))
 
         if split == "m":
             for_range(bb, lo, hi, mblock, "ib")
         else:
             for_range(bb, i64(0), i64(n_mblocks), mblock, "ib")
     bb.ret_void()
-    ctx_arr = stack_array(b, PTR, 4, "ctx")
-    for i, v in enumerate((a, b_ptr, packed_b, c)):
+    ctx_arr = stack_array(b, PTR, 4 + len(extra), "ctx")
+    for i, v in enumerate((a, b_ptr, packed_b, c, *extra)):
         b.store(v, elem(b, ctx_arr, PTR, i))
     parallel_for(b, body, ctx_arr, items, min(t, items), name)

@@ -1,6 +1,9 @@
 """`kernel.matmul`: per batch element a GEMM (OpenBLAS or ember's own, chosen by the
 measured cost table), then the epilogue as one fused loop over the output. Batch dims
 that only continue the rows of A and C (a Linear on [B, T, C]) are rows of one GEMM.
+When the own GEMM computes the whole product in one call, each thread runs the epilogue
+on every block of rows it finishes, while they are in its cache, instead of a second
+pass over the output (a bias + GELU epilogue of a 2048 x 512 product: 0.55 -> 0.15 ms).
 
 The GEMM accumulates straight into the first result when that result is the plain
 product layout (row-major, unit column stride); otherwise into scratch memory that the
@@ -21,7 +24,7 @@ from . import scalar as S
 from .buffers import regions
 from .cost import choose
 from .fused import FusedEmitter
-from .gemm import GemmProblem, emit_own, plan_own
+from .gemm import GemmProblem, RowsDone, emit_own, finishes_rows, plan_own
 from .host import Isa
 from .loops import loop
 from .scalar import i64
@@ -134,15 +137,16 @@ def gemm_scratch(p: GemmProblem, engine: str, isa: Isa, threads: int) -> int:
 
 
 def gemm_call(b: ir.IRBuilder, p: GemmProblem, engine: str, pa, pb, pc, scratch, isa: Isa,
-              threads: int, name: str, accumulate: bool = False) -> None:
-    """C (+)= A B for element pointers pa, pb, pc with `engine`."""
+              threads: int, name: str, accumulate: bool = False,
+              rows_done: RowsDone | None = None) -> None:
+    """C (+)= A B for element pointers pa, pb, pc with `engine` (`rows_done`: own only)."""
     if engine == "blas":
         ta, lda = B.layout(p.m, p.k, p.sa_m, p.sa_k)
         tb, ldb = B.layout(p.k, p.n, p.sb_k, p.sb_n)
         B.call_gemm(b, p.dtype, ta, tb, p.m, p.n, p.k, pa, lda, pb, ldb, pc, p.ldc,
                     1.0 if accumulate else 0.0)
     else:
-        emit_own(b, p, pa, pb, pc, scratch, isa, threads, name, accumulate)
+        emit_own(b, p, pa, pb, pc, scratch, isa, threads, name, accumulate, rows_done)
 
 
 def scratch_bytes(op, isa: Isa, threads: int) -> int:
@@ -176,6 +180,9 @@ def emit_matmul(b: ir.IRBuilder, op, outs: list, ins: list, scratch, isa: Isa, t
     nbatch = _prod(pl.batch)
     bstr = contiguous_strides(pl.batch)
 
+    epilogue = None if pl.trivial else _epilogue(op, pl, name)
+    rows_done = _rows_done(b, epilogue, pl, [c] + list(ins[2:]), outs, isa, threads)
+
     def one(bi):
         offs = [i64(0), i64(0), i64(0)]
         if pl.batch:
@@ -189,16 +196,33 @@ def emit_matmul(b: ir.IRBuilder, op, outs: list, ins: list, scratch, isa: Isa, t
         first, second = (ins[1], ins[0]) if pl.swapped else (ins[0], ins[1])
         pa, pb, pc = (b.gep(ptr, [o], inbounds=True, source_etype=el)
                       for ptr, o in zip((first, second, c), offs))
-        gemm_call(b, p, pl.engine, pa, pb, pc, gscr, isa, threads, name)
+        gemm_call(b, p, pl.engine, pa, pb, pc, gscr, isa, threads, name, rows_done=rows_done)
 
     loop(b, nbatch, one, name="batch")
-    if pl.trivial:
-        return
+    if epilogue is not None and rows_done is None:
+        epilogue.emit(b, [c] + list(ins[2:]), outs, threads)
+
+
+def _epilogue(op, pl: MatmulPlan, name: str) -> FusedEmitter:
     a = op.attributes
-    space = a["space"][:-1]
-    block = op.regions[0].blocks[0]
-    em = FusedEmitter(block, space, [pl.c_map] + [m[:-1] for m in a["maps"][2:]],
-                      [m[:-1] for m in a["out_maps"]],
-                      [dt] + [v.type.dtype for v in op.operands[2:]],
-                      [t.dtype for t in a["out_types"]], f"{name}.epilogue")
-    em.emit(b, [c] + list(ins[2:]), outs, threads)
+    return FusedEmitter(op.regions[0].blocks[0], a["space"][:-1],
+                        [pl.c_map] + [m[:-1] for m in a["maps"][2:]],
+                        [m[:-1] for m in a["out_maps"]],
+                        [pl.problem.dtype] + [v.type.dtype for v in op.operands[2:]],
+                        [t.dtype for t in a["out_types"]], f"{name}.epilogue")
+
+
+def _rows_done(b: ir.IRBuilder, epilogue: FusedEmitter | None, pl: MatmulPlan, ins: list,
+               outs: list, isa: Isa, threads: int) -> RowsDone | None:
+    """The epilogue on each block of rows the own GEMM finishes, where it can: one GEMM
+    (no batch loop) computing the product itself (not its transpose), threads finishing
+    whole rows, and an epilogue that maps over the product's rows."""
+    p = pl.problem
+    if (epilogue is None or pl.engine != "own" or pl.swapped or _prod(pl.batch) != 1
+            or not finishes_rows(p, isa, threads)):
+        return None
+    unit = epilogue.row_unit(p.m, p.n)
+    if unit is None:
+        return None
+    fn = epilogue.rows_function(b.module, len(ins), len(outs), unit)
+    return RowsDone(list(ins) + list(outs), lambda bb, ptrs, r0, r1: bb.call(fn, [*ptrs, r0, r1]))

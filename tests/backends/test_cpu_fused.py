@@ -274,6 +274,52 @@ def test_packed_threaded_gemm_with_edges(ta, tb, m, n, k, split, monkeypatch):
     close(cpu.Executable(f, 2, use_cache=False)(inputs), interpreter.run(g, inputs))
 
 
+EPILOGUES = {  # name: (extra input shapes, fn(builder, product, *extras) -> results)
+    "tanh (space flattens)": ([], lambda b, y: [b.op("ember.tanh", y)]),
+    "bias + gelu": ([("n",)], lambda b, y, bias: [b.op("ember.tanh", b.op("ember.add", y, bias))]),
+    "residual, two results": ([("m", "n"), ("n",)], lambda b, y, r, bias: [
+        b.op("ember.add", y, r), b.op("ember.mul", b.op("ember.add", y, bias), y)]),
+}
+
+
+@pytest.mark.parametrize("epilogue", EPILOGUES)
+@pytest.mark.parametrize("m,n,k,blocked,threads", [
+    (45, 37, 29, False, 1), (157, 83, 301, True, 2), (157, 83, 301, True, 1),
+    (37, 150, 301, True, 2)])
+def test_epilogue_runs_on_each_block_of_rows_the_gemm_finishes(epilogue, m, n, k, blocked,
+                                                              threads, monkeypatch):
+    """Where the own GEMM's threads finish whole rows, its epilogue follows every block
+    of rows (`.epilogue.rows`, no second pass); when threads split the columns (37 x 150
+    on 2 threads) it stays a pass of its own. Both agree with the interpreter."""
+    from ember.backends.cpu import gemm
+
+    monkeypatch.setenv("EMBER_GEMM", "own")
+    if blocked:
+        for name in ("BLOCK_A_BYTES", "PACK_B_BYTES", "THREAD_FLOPS"):
+            monkeypatch.setattr(gemm, name, 1024)
+    extras, fn = EPILOGUES[epilogue]
+    shapes = [(m, k), (k, n)] + [tuple({"m": m, "n": n}[d] for d in s) for s in extras]
+    g = graph(shapes, lambda b, x, w, *more: fn(b, b.op("ember.matmul", x, w), *more))
+    f = fuse(g)
+    assert kernels(f) == ["kernel.matmul"]
+    exe = cpu.Executable(f, threads, use_cache=False)
+    per_rows = n <= m or threads == 1
+    assert (".epilogue.rows" in exe.llvm_ir) == per_rows
+    inputs = rand(*shapes)
+    close(exe(inputs), interpreter.run(g, inputs))
+
+
+def test_a_batched_matmuls_epilogue_stays_a_pass_of_its_own():
+    """Heads of attention: a GEMM per batch element, so the epilogue runs once after all."""
+    g = graph([(3, 17, 9), (3, 9, 11)],
+              lambda b, x, w: [b.op("ember.tanh", b.op("ember.matmul", x, w))])
+    f = fuse(g)
+    exe = cpu.Executable(f, 1, use_cache=False)
+    assert ".epilogue.rows" not in exe.llvm_ir
+    inputs = rand((3, 17, 9), (3, 9, 11))
+    close(exe(inputs), interpreter.run(g, inputs))
+
+
 def test_blas_gemm_with_transposes(monkeypatch):
     from ember.backends.cpu import blas
 
