@@ -47,6 +47,10 @@ THREAD_FLOPS = 4 << 20  # ~40 us on one core (below, the pool's hand-off and spi
 # L1d), so L1 does not bound kc, and at 256 C's loads and stores are amortized (kc from 128
 # to 512 measured within 3% of each other on a znver4)
 KC = 256
+# the micro-kernel prefetches A this many k steps ahead: A transposed (a weight gradient
+# X^T dY) is read down its columns, a row a large stride apart per k, which the hardware
+# prefetchers (within a 4 KiB page) do not follow, so from DRAM each k waited for memory
+PREFETCH_K = 16
 # A's mc x kc block (read in place, re-read for every column panel) takes a quarter of L2:
 # on a znver4's 1 MiB, 2 threads, a half or all of it measured the same, an eighth 5% slower
 # on 512 x 128 x 2048 and 512^3 (each row block streams B's kc x N block past it again);
@@ -83,7 +87,7 @@ def _vec(dtype: str, lanes: int) -> ir.VectorType:
 
 
 def microkernel(mod: ir.Module, dtype: str, lanes: int, mr: int, nv: int, masked_b: bool,
-                unroll: int = 1) -> ir.Function:
+                unroll: int = 1, prefetch_a: bool = False) -> ir.Function:
     """`uk(a, a_rs, a_cs, b, b_rs, c, ldc, kc, accumulate, rows, cols)`: C[rows x cols]
     (+)= A B over kc, rows <= mr and (nv-1)*lanes < cols <= nv*lanes, with
     A[i,k] = a[i*a_rs + k*a_cs] and B[k,j] = b[k*b_rs + j]. Rows past `rows` recompute
@@ -92,8 +96,10 @@ def microkernel(mod: ir.Module, dtype: str, lanes: int, mr: int, nv: int, masked
     `masked_b` (else B must be readable up to nv*lanes, as packed panels are). One
     micro-kernel per shape class serves every edge, which keeps compile time down. The k
     loop is not unrolled: measured, unrolling it 2 or 4 times gained nothing (the
-    out-of-order core overlaps iterations) and doubled the micro-kernel's compile time."""
-    name = f"ember.uk.{dtype}.{lanes}x{mr}x{nv}{'m' if masked_b else ''}"
+    out-of-order core overlaps iterations) and doubled the micro-kernel's compile time.
+    `prefetch_a`: A is read down its columns (see PREFETCH_K)."""
+    name = (f"ember.uk.{dtype}.{lanes}x{mr}x{nv}{'m' if masked_b else ''}"
+            f"{'p' if prefetch_a else ''}")
     if name in mod.globals:
         return mod.globals[name]
     el = S.REG[dtype]
@@ -125,7 +131,16 @@ def microkernel(mod: ir.Module, dtype: str, lanes: int, mr: int, nv: int, masked
             return _masked_rt(b, "load", dtype, lanes, mask, ptr)
         return b.load(ptr, typ=vt, align=S.size(dtype))
 
+    prefetch = S.declare(mod, "llvm.prefetch.p0", ir.VoidType(), [PTR, I32, I32, I32])
+    ahead = [b.add(row_off[0], b.mul(i64(PREFETCH_K), a_cs)),
+             b.add(row_off[mr - 1], b.mul(i64(PREFETCH_K), a_cs))]
+
     def step(k, accs):
+        if prefetch_a:  # A's elements PREFETCH_K steps on: first and last row (no fault)
+            for off in ahead:
+                b.call(prefetch, [b.gep(a, [b.add(off, b.mul(k, a_cs))], source_etype=el),
+                                  ir.Constant(I32, 0), ir.Constant(I32, 3),
+                                  ir.Constant(I32, 1)])
         boff = b.mul(k, b_rs)
         bv = [vload(b.gep(bp, [b.add(boff, i64(v * lanes))], inbounds=True, source_etype=el),
                     masked_b and v == nv - 1) for v in range(nv)]
@@ -389,9 +404,10 @@ def emit_own(b: ir.IRBuilder, p: GemmProblem, a, b_ptr, c, scratch, isa: Isa, th
     # straight on A the row blocks are evened out (16 rows: 8 + 8, not 14 + a 2-row block
     # that computes 14); blocked, they are mr rows
     mr = blk.mr if plan["blocked"] else _cdiv(p.m, _cdiv(p.m, blk.mr))
-    uk_full = microkernel(mod, dt, lanes, mr, blk.nv, False)
+    transposed_a = p.sa_k != 1 and p.k > 1
+    uk_full = microkernel(mod, dt, lanes, mr, blk.nv, False, prefetch_a=transposed_a)
     nv_t = _cdiv(n_tail, lanes) if n_tail else 0
-    uk_tail = (microkernel(mod, dt, lanes, mr, nv_t, not plan["pack_b"])
+    uk_tail = (microkernel(mod, dt, lanes, mr, nv_t, not plan["pack_b"], prefetch_a=transposed_a)
                if n_tail else None)
 
     def panels(bb, p0, p1, call):
