@@ -13,7 +13,7 @@ gets them as transpose flags, the own GEMM reads A through strides and packs B.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from llvmlite import ir
 
@@ -24,10 +24,11 @@ from . import scalar as S
 from .buffers import regions
 from .cost import choose
 from .fused import FusedEmitter
-from .gemm import GemmProblem, RowsDone, emit_own, finishes_rows, plan_own
+from .gemm import THREAD_FLOPS, GemmProblem, RowsDone, emit_own, finishes_rows, plan_own
 from .host import Isa
-from .loops import loop
+from .loops import for_range, loop
 from .scalar import i64
+from .threads import parallel_region
 
 
 @dataclass
@@ -45,6 +46,7 @@ class MatmulPlan:
     # scratch: the product (unless in place), then the GEMM's packed panels (own engine)
     gemm_offset: int  # bytes from the start of scratch to the GEMM's part
     scratch: int  # bytes in all
+    k_slices: int = 1  # threads that each multiply a slice of K into a product of their own
 
 
 def as_kernel(op):
@@ -99,14 +101,48 @@ def plan_matmul(op, isa: Isa, threads: int) -> MatmulPlan:
         p = GemmProblem(n, m, k, mb[nb + 1], mb[nb + 2], ma[nb + 2], ma[nb], m, dt)
         c_map = [1 if m > 1 else 0, m if n > 1 else 0]
     engine = engine_for(p, isa, threads)
+    slices = 1 if swapped or _prod(loop) != 1 else k_slices(p, engine, threads)
+    if slices > 1 and in_place:  # the slices' products go to scratch, the epilogue adds them
+        in_place = False
+        c_batch = [s * m * n for s in contiguous_strides(batch)]
+        c_map = list(c_batch) + [n if m > 1 else 0, 1 if n > 1 else 0]
+        loop, a_batch, b_batch, c_batch, rows = _fold_rows(batch, ma[:nb], mb[:nb], c_batch, m,
+                                                           ma[nb], n)
+        p = replace(p, m=rows, ldc=n)
     block = op.regions[0].blocks[0]
     body = block.ops
     trivial = (in_place and len(body) == 1 and len(body[0].operands) == 1
                and body[0].operands[0] is block.args[0])
-    c_bytes = 0 if in_place else _prod(batch) * m * n * S.size(dt)
-    (_, gemm_offset), total = regions(c_bytes, gemm_scratch(p, engine, isa, threads))
+    c_bytes = slices * _prod(batch) * m * n * S.size(dt) if not in_place else 0
+    gemm_bytes = (gemm_scratch(p, engine, isa, threads) if slices == 1 else
+                  regions(*[gemm_scratch(_slice(p, slices), engine, isa, 1)] * slices)[1])
+    (_, gemm_offset), total = regions(c_bytes, gemm_bytes)
     return MatmulPlan(loop, p, a_batch, b_batch, c_batch, c_map, in_place, engine, trivial,
-                      swapped, gemm_offset, total)
+                      swapped, gemm_offset, total, slices)
+
+
+# K at least this long, and this many times C's longer side, splits across threads
+SPLIT_K_MIN = 1024
+SPLIT_K_RATIO = 4
+
+
+def k_slices(p: GemmProblem, engine: str, threads: int) -> int:
+    """Slices of K that threads multiply each into a product of its own, added up after:
+    for a small C and a long K (a weight gradient X^T dY, K = batch x tokens). Split by
+    rows or columns of C, every thread would stream all of the packed B (half of it from
+    the other core's cache) for a sliver of C; split by K, each reads only its half of A
+    and B, and the products (C's size, small here) are added up once."""
+    if (threads < 2 or engine != "own" or p.flops < THREAD_FLOPS or p.k < SPLIT_K_MIN
+            or p.k < SPLIT_K_RATIO * max(p.m, p.n)):
+        return 1
+    t = threads
+    while p.k % t:
+        t -= 1
+    return t
+
+
+def _slice(p: GemmProblem, slices: int) -> GemmProblem:
+    return replace(p, k=p.k // slices)
 
 
 def _fold_rows(batch, a_batch, b_batch, c_batch, m, sa_m, ldc):
@@ -198,7 +234,10 @@ def emit_matmul(b: ir.IRBuilder, op, outs: list, ins: list, scratch, isa: Isa, t
                       for ptr, o in zip((first, second, c), offs))
         gemm_call(b, p, pl.engine, pa, pb, pc, gscr, isa, threads, name, rows_done=rows_done)
 
-    loop(b, nbatch, one, name="batch")
+    if pl.k_slices > 1:
+        _emit_k_slices(b, pl, ins[0], ins[1], c, gscr, isa, name)
+    else:
+        loop(b, nbatch, one, name="batch")
     if epilogue is not None and rows_done is None:
         epilogue.emit(b, [c] + list(ins[2:]), outs, threads)
 
@@ -219,6 +258,7 @@ def _rows_done(b: ir.IRBuilder, epilogue: FusedEmitter | None, pl: MatmulPlan, i
     whole rows, and an epilogue that maps over the product's rows."""
     p = pl.problem
     if (epilogue is None or pl.engine != "own" or pl.swapped or _prod(pl.batch) != 1
+            or pl.k_slices > 1
             or not finishes_rows(p, isa, threads)):
         return None
     unit = epilogue.row_unit(p.m, p.n)
@@ -226,3 +266,39 @@ def _rows_done(b: ir.IRBuilder, epilogue: FusedEmitter | None, pl: MatmulPlan, i
         return None
     fn = epilogue.rows_function(b.module, len(ins), len(outs), unit)
     return RowsDone(list(ins) + list(outs), lambda bb, ptrs, r0, r1: bb.call(fn, [*ptrs, r0, r1]))
+
+
+def _emit_k_slices(b: ir.IRBuilder, pl: MatmulPlan, a, b_ptr, c, scratch, isa: Isa,
+                   name: str) -> None:
+    """One thread per slice of K multiplies it into its own product (slice s's at
+    c + s*M*N), then the products are added into the first, which the epilogue reads."""
+    p, n = pl.problem, pl.k_slices
+    sub = _slice(p, n)
+    el = S.REG[p.dtype]
+    offsets, _ = regions(*[gemm_scratch(sub, "own", isa, 1)] * n)
+    step = offsets[1] - offsets[0]
+    mn = p.m * p.n
+
+    def chunk(cb, ptrs, lo, hi):
+        pa, pb, pc, scr = ptrs
+
+        def one(s):
+            k0 = cb.mul(s, i64(sub.k))
+            at = [cb.gep(ptr, [cb.mul(k0, i64(stride))], inbounds=True, source_etype=el)
+                  for ptr, stride in ((pa, p.sa_k), (pb, p.sb_k))]
+            pcs = cb.gep(pc, [cb.mul(s, i64(mn))], inbounds=True, source_etype=el)
+            emit_own(cb, sub, *at, pcs, byte_offset(cb, scr, cb.mul(s, i64(step))), isa, 1,
+                     f"{name}.k")
+
+        for_range(cb, lo, hi, one, "ks")
+
+    parallel_region(b, f"{name}.ks", [a, b_ptr, c, scratch], [False, False, True, True], n, n,
+                    chunk)
+
+    def add(i):
+        total = S.load(b, c, p.dtype, i)
+        for s in range(1, n):
+            total = b.fadd(total, S.load(b, c, p.dtype, b.add(i, i64(s * mn))))
+        S.store(b, c, p.dtype, i, total)
+
+    loop(b, mn, add, name="ksum")

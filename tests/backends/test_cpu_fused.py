@@ -309,6 +309,34 @@ def test_epilogue_runs_on_each_block_of_rows_the_gemm_finishes(epilogue, m, n, k
     close(exe(inputs), interpreter.run(g, inputs))
 
 
+@pytest.mark.parametrize("epilogue", [False, True])
+@pytest.mark.parametrize("m,n,k", [(40, 24, 1200), (23, 70, 1201), (16, 16, 1024)])
+def test_a_long_k_splits_across_threads(m, n, k, epilogue, monkeypatch):
+    """A small C with a long K (a weight gradient X^T dY): each thread multiplies a slice
+    of K into a product of its own, the products are added, then the epilogue runs. A K
+    that 2 threads cannot slice evenly (1201) is not split."""
+    from ember.backends.cpu import matmul
+    from ember.backends.cpu.host import host_isa
+    from ember.backends.cpu.matmul import plan_matmul
+
+    monkeypatch.setenv("EMBER_GEMM", "own")
+    monkeypatch.setattr(matmul, "THREAD_FLOPS", 1024)
+
+    def fn(b, x, g, bias):
+        prod = b.op("ember.matmul", b.op("ember.transpose", x, perm=[1, 0]), g)
+        return [b.op("ember.tanh", b.op("ember.add", prod, bias)) if epilogue else prod]
+
+    g = graph([(k, m), (k, n), (n,)], fn)
+    f = fuse(g)
+    (mm,) = [op for op in f.ops if op.name == "kernel.matmul"]
+    slices = plan_matmul(mm, host_isa(), 2).k_slices
+    assert slices == (1 if k % 2 else 2)
+    inputs = rand((k, m), (k, n), (n,))
+    exe = cpu.Executable(f, 2, use_cache=False)
+    assert (".ks.chunk" in exe.llvm_ir) == (slices > 1)
+    close(exe(inputs), interpreter.run(g, inputs))
+
+
 def test_a_batched_matmuls_epilogue_stays_a_pass_of_its_own():
     """Heads of attention: a GEMM per batch element, so the epilogue runs once after all."""
     g = graph([(3, 17, 9), (3, 9, 11)],
