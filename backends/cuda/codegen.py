@@ -97,7 +97,9 @@ class Lowering:
                     tuple(contiguous_strides(shape) if strides is None else strides))
 
     def gemm(self, out: View, a: View, b: View) -> None:
-        self.p.steps.append(Gemm(out, _drop_broadcast(a), _drop_broadcast(b), self.op_index))
+        a, b = _drop_broadcast(a), _drop_broadcast(b)
+        out, a = _fold_rows(out, a, b)
+        self.p.steps.append(Gemm(out, a, b, self.op_index))
 
     def name(self, op: Operation, suffix: str = "") -> str:
         base = re.sub(r"\W", "_", op.name.split(".", 1)[-1])
@@ -292,6 +294,20 @@ def _drop_broadcast(v: View) -> View:
     if len(v.shape) > 2 and all(d == 1 or s == 0 for d, s in zip(v.shape[:-2], v.strides)):
         return View(v.slot, v.shape[-2:], v.strides[-2:])
     return v
+
+
+def _fold_rows(out: View, a: View, b: View) -> tuple[View, View]:
+    """Batch dims that only continue the rows of A and C, with B one matrix for all (a
+    Linear on [B, T, C]), become rows of one taller GEMM: one cuBLAS call. cupy's matmul
+    of a batch against a broadcast matrix cost ~90 us of host time per call on an H200
+    (the GPT's step: 39 such calls, 3.5 of its 5.8 ms)."""
+    if len(b.shape) != 2:
+        return out, a
+    while len(a.shape) > 2 and all(v.strides[-3] == v.shape[-2] * v.strides[-2]
+                                   for v in (a, out)):
+        a, out = (View(v.slot, (*v.shape[:-3], v.shape[-3] * v.shape[-2], v.shape[-1]),
+                       (*v.strides[:-3], v.strides[-2], v.strides[-1])) for v in (a, out))
+    return out, a
 
 
 def _identity(vals, i):

@@ -24,6 +24,7 @@ from ember.backends.cuda.templates import reduce_shape, transpose_dims
 from ember.frontend.trace import TensorSpec, trace_function
 from ember.ir import Builder, Graph, TensorType
 from ember.ir.parser import parse
+from ember.passes.manager import PassManager, parse_pipeline
 from ember.runtime.backend import BackendUnavailableError, get_backend
 from ember.runtime.models import Cnn, Mlp
 from ember.runtime.pipeline import Stages, training_pipeline
@@ -177,6 +178,19 @@ def test_plan_folds_transposes_into_gemms_and_fuses_epilogues():
     assert any(g.a.strides[-2:] == (1, 64) for g in gemms)  # x^T [64, 32] read in place
     bias = next(s for s in program.steps if isinstance(s, Launch) and s.kernel.endswith("_add"))
     assert bias.args[0] == gemms[0].out.slot  # bias added in place: an epilogue
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["per-op", "fused"])
+def test_a_linear_on_batched_rows_is_one_2d_gemm(fused):
+    """[B, T, C] @ W: the batch dims continue A's and C's rows, so cuBLAS gets one
+    [B*T, C] x [C, N] GEMM, not a batch against a broadcast weight."""
+    g = Graph("f", [TensorType((4, 6, 8), "f32"), TensorType((8, 5), "f32")])
+    b = Builder(g.body)
+    b.create("func.return", [b.op("ember.tanh", b.op("ember.matmul", *g.args))])
+    if fused:
+        g = PassManager(parse_pipeline("fuse")).run(g)
+    (gemm,) = [s for s in lower(g).steps if isinstance(s, Gemm)]
+    assert (gemm.a.shape, gemm.b.shape, gemm.out.shape) == ((24, 8), (8, 5), (24, 5))
 
 
 @pytest.mark.parametrize("fused", [False, True], ids=["per-op", "fused"])
