@@ -113,6 +113,22 @@ class _State:
         return self.value
 
 
+class DeviceValue:
+    """A param value that a device backend's step left in device memory: the runtime feeds
+    it to the next step as it is, and `Param.val()` copies it to the host once, when read
+    (a training step on a GPU copies nothing back but its loss)."""
+
+    __slots__ = ("array", "to_host", "host")
+
+    def __init__(self, array, to_host):
+        self.array, self.to_host, self.host = array, to_host, None
+
+    def host_copy(self, dtype: str) -> np.ndarray:
+        if self.host is None:
+            self.host = np.ascontiguousarray(self.to_host(self.array), _NUMPY_DTYPES[dtype])
+        return self.host
+
+
 def _default_kind(dtype: str) -> str:
     return "float" if dtype in FLOAT_DTYPES else "bool" if dtype == "i1" else "int"
 
@@ -149,6 +165,7 @@ class Param:
         self.frozen = False  # set by Module.freeze(): train() leaves this param's flags off
         self._state = _State(shape, dtype, init, fan_in, fan_out)
         self._value: np.ndarray | None = None  # set_value's rebinding, not shared with clones
+        self._device: DeviceValue | None = None  # set_device_value's, until a host rebinding
 
     @classmethod
     def from_array(cls, a, requires_grad: bool | None = None, *, kind: str | None = None,
@@ -172,7 +189,8 @@ class Param:
 
     @property
     def is_initialized(self) -> bool:
-        return self._value is not None or self._state.value is not None
+        return (self._value is not None or self._device is not None
+                or self._state.value is not None)
 
     @property
     def size(self) -> int:
@@ -184,7 +202,25 @@ class Param:
 
     def val(self) -> np.ndarray:
         """The value, computed on the first read; treat it as read-only (use `set_value`)."""
-        return self._value if self._value is not None else self._state.materialize(self.id)
+        if self._value is not None:
+            return self._value
+        if self._device is not None:
+            self._value = self._device.host_copy(self.dtype)
+            return self._value
+        return self._state.materialize(self.id)
+
+    def set_device_value(self, array, to_host) -> Param:
+        """Rebind this Param to a device array (a device backend's result, of this Param's
+        shape and dtype), copied to the host by `to_host` only when `val()` reads it."""
+        self._value, self._device = None, DeviceValue(array, to_host)
+        return self
+
+    def device_value(self):
+        """The device array `set_device_value` left, unless the value was rebound since."""
+        d = self._device
+        if d is not None and (self._value is None or self._value is d.host):
+            return d.array
+        return None
 
     def set_value(self, a) -> Param:
         """Rebind this Param's value (the runtime's updates, loaded records); same shape.
@@ -193,13 +229,13 @@ class Param:
         """
         if (type(a) is np.ndarray and a.shape == self.shape and a.flags.c_contiguous
                 and a.dtype == _NUMPY_DTYPES[self.dtype]):  # a compiled step's result
-            self._value = a
+            self._value, self._device = a, None
             return self
         a = np.asarray(a)
         if a.shape != self.shape:
             raise ValueError(f"param {self.id}: value of shape {list(a.shape)} does not match "
                              f"its shape {list(self.shape)}")
-        self._value = np.asarray(a, dtype=numpy_dtype(self.dtype), order="C")
+        self._value, self._device = np.asarray(a, dtype=numpy_dtype(self.dtype), order="C"), None
         return self
 
     def map(self, fn) -> Param:
@@ -207,7 +243,7 @@ class Param:
         v = np.asarray(fn(self.val()))
         p = copy.copy(self)
         p.dtype = self.dtype if v.dtype == numpy_dtype(self.dtype) else dtype_of(v.dtype)
-        p.shape, p._value = v.shape, None
+        p.shape, p._value, p._device = v.shape, None, None
         p._state = _State(v.shape, p.dtype, value=np.asarray(v, order="C"))
         return p
 

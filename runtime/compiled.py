@@ -136,8 +136,8 @@ class Compiled:
         self.detect_anomaly = detect_anomaly
         self.rng_step = 0  # fed to the graph's `ember.rng` argument; counts runs
         self.rng_shard = 0  # its high 32 bits: a data-parallel rank (see interpreter/rng.py)
-        # device backends: pid -> (the host array a Param holds, its copy on the device)
-        self._on_device: dict[str, tuple] | None = {} if backend in DEVICE_BACKENDS else None
+        # a device backend's results stay there: Params are rebound to them (set_device_value)
+        self.on_device = backend in DEVICE_BACKENDS
         self._cache: OrderedDict[tuple, Entry] = OrderedDict()  # least recently used first
         self._last: Entry | None = None
         self._last_key: _LastKey | None = None
@@ -291,24 +291,19 @@ class Compiled:
         return []
 
     def params(self, table: dict) -> dict:
-        """Param values for the backend: on a device backend, the device copy the last step
-        left, unless the Param was given another value since (then the host value)."""
-        values = param_values(table)
-        if self._on_device:
-            for pid, v in values.items():
-                kept = self._on_device.get(pid)
-                if kept is not None and kept[0] is v:
-                    values[pid] = kept[1]
-        return values
-
-    def keep(self, pid: str, host, device) -> None:
-        """Remember the device copy of a value just written back to a Param."""
-        if self._on_device is not None:
-            self._on_device[pid] = (host, device)
+        """Param values for the backend: on a device backend, the device array the last
+        step left, unless the Param was given another value since (then the host value)."""
+        if not self.on_device:
+            return param_values(table)
+        return {pid: d if (d := p.device_value()) is not None else p.val()
+                for pid, p in table.items()}
 
     def set_param(self, table: dict, pid: str, value) -> None:
-        table[pid].set_value(to_host(value))
-        self.keep(pid, table[pid].val(), value)
+        """Rebind a Param to a result: a device backend's stays on the device."""
+        if self.on_device:
+            table[pid].set_device_value(value, to_host)
+        else:
+            table[pid].set_value(value)
 
     def execute(self, inputs: tuple) -> tuple[Entry, dict, list[np.ndarray]]:
         """Compile if needed, check, run: (entry, the param table, the results)."""
@@ -568,8 +563,7 @@ class TrainStep(_Training):
             return bound(self, entry, inputs)
         entry, table, outs = self.execute(inputs)
         tail = self.finish(entry, table, outs)
-        write_back(self.optimizer, entry.update_layout, table, tail,
-                   keep=self.keep if self._on_device is not None else None)
+        write_back(self.optimizer, entry.update_layout, table, tail, self.set_param)
         return self.loss if not self.metrics else (self.loss, *self.metrics)
 
     def save_checkpoint(self, path: str, extra: dict | None = None) -> str:

@@ -167,8 +167,7 @@ class DataParallelStep(TrainStep):
         args = (grads + hyper_inputs(self.optimizer, lr_dtype)
                 + state_inputs(self.optimizer, layout, table))
         outs = run(args, self.params(table))
-        write_back(self.optimizer, layout, table, outs,
-                   keep=self.keep if self._on_device is not None else None)
+        write_back(self.optimizer, layout, table, outs, self.set_param)
 
     def broadcast_params(self, table: dict) -> None:
         """Rank 0's params and buffers to every rank (flags stay each rank's own)."""

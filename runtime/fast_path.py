@@ -65,7 +65,7 @@ class BoundStep:
         """The bound step, or None where the general path runs: a backend without
         `feedback`, params on a device, or a result whose type is not its Param's (which
         `set_value` would convert)."""
-        if step._on_device is not None or not hasattr(entry.run, "feedback"):
+        if step.on_device or not hasattr(entry.run, "feedback"):
             return None
         user, end = entry.cuts
         ids = (*entry.buffer_ids, *entry.update_layout.updates)

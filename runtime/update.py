@@ -69,18 +69,19 @@ def state_inputs(opt, layout: UpdateLayout, table: dict) -> list[np.ndarray]:
     return [opt.slot(table[pid].id, slot, table[pid].val()) for pid, slot in layout.state]
 
 
-def write_back(opt, layout: UpdateLayout, table: dict, outs: list, keep=None) -> None:
+def write_back(opt, layout: UpdateLayout, table: dict, outs: list, set_param=None) -> None:
     """Store the new params and optimizer state a lowered update returned; count the step.
 
-    Params are rebound to the returned arrays (brought to the host when they are device
-    arrays; `keep(pid, host, device)` lets the caller keep the device copy); optimizer
-    state stays where the backend put it.
+    Params are rebound to the returned arrays by `set_param(table, pid, value)` (a compiled
+    step's: device arrays stay on the device), else brought to the host; optimizer state
+    stays where the backend put it.
     """
     new = outs[len(outs) - len(layout.updates) - len(layout.state):]
     for pid, value in zip(layout.updates, new):
-        param = table[pid].set_value(to_host(value))
-        if keep is not None:
-            keep(pid, param.val(), value)
+        if set_param is not None:
+            set_param(table, pid, value)
+        else:
+            table[pid].set_value(to_host(value))
     state = opt.state
     for (pid, slot), value in zip(layout.state, new[len(layout.updates):]):
         state[table[pid].id][slot] = value

@@ -104,6 +104,28 @@ def test_gpu_executable_takes_numpy_or_cupy_and_returns_device_arrays():
 
 
 @needs_gpu
+def test_a_gpu_step_leaves_params_on_the_device_and_equal_to_the_cpus():
+    """No param is copied back per step: each holds the device array the step returned
+    (fed to the next step as it is) until `val()` reads it; values equal the cpu's."""
+    import cupy
+
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((32, 64)).astype(np.float32), rng.integers(0, 10, 32)
+    models = {}
+    for backend in ("cuda", "cpu"):
+        em.seed(0)
+        models[backend] = Mlp()
+        step = em.compile_train_step(models[backend], nn.functional.cross_entropy,
+                                     optim.Adam(lr=1e-2), backend=backend)
+        for _ in range(3):
+            step(x, y)
+    gpu, cpu = (dict(models[b].named_parameters()) for b in ("cuda", "cpu"))
+    assert all(isinstance(p.device_value(), cupy.ndarray) for p in gpu.values())
+    for path, p in gpu.items():
+        np.testing.assert_allclose(p.val(), cpu[path].val(), rtol=1e-4, atol=1e-5, err_msg=path)
+
+
+@needs_gpu
 def test_gpu_memory_is_the_planned_arena():
     """Compiling allocates the planned arena and the constants from cupy's pool, no more
     (within 10%), and a step allocates only its inputs, params and results."""

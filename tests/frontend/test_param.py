@@ -99,3 +99,42 @@ def test_a_param_is_not_a_tensor_outside_a_trace():
     with pytest.raises(RuntimeError, match="only while tracing"):
         p + 1
     assert p != em.Param((2,), em.init.Zeros()) and p == p  # identity outside a trace
+
+
+class _Device:
+    """A stand-in for a device array: counts its copies to the host."""
+
+    def __init__(self, a):
+        self.a, self.copies = a, 0
+
+    def to_host(self, x):
+        assert x is self
+        self.copies += 1
+        return self.a
+
+
+def test_a_device_value_is_copied_to_the_host_once_and_only_when_read():
+    p = em.Param((2, 3), em.init.Zeros())
+    dev = _Device(np.arange(6, dtype=np.float64).reshape(2, 3))
+    p.set_device_value(dev, dev.to_host)
+    assert p.is_initialized and dev.copies == 0 and p.device_value() is dev
+    clone = copy.copy(p)
+    v = p.val()
+    assert v.dtype == np.float32 and v.flags.c_contiguous and dev.copies == 1
+    np.testing.assert_array_equal(clone.val(), v)  # the copy is shared with clones
+    assert dev.copies == 1 and p.val() is v
+    assert p.device_value() is dev  # reading leaves the device value current
+
+
+@pytest.mark.parametrize("rebind", ["set_value", "runtime"])
+def test_a_host_rebinding_retires_the_device_value(rebind):
+    p = em.Param((2,), em.init.Zeros())
+    dev = _Device(np.ones(2, np.float32))
+    p.set_device_value(dev, dev.to_host)
+    new = np.full(2, 5, np.float32)
+    if rebind == "set_value":
+        p.set_value(new)
+    else:  # the cpu training step's fast path assigns the value it returned directly
+        p.val()
+        p._value = new
+    assert p.device_value() is None and p.val() is new and dev.copies <= 1
