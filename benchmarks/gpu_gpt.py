@@ -19,6 +19,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from gpt import CONFIGS, Gpt, batches, lm_loss, torch_loss, torch_twin  # noqa: E402
+from gpu_bench import timed  # noqa: E402  (synchronizes the device: torch's work too)
 
 LR = 1e-3
 SHAPES = {"A": (16, 64), "B": (16, 128)}  # config: batch, T
@@ -52,18 +53,7 @@ def torch_losses(config: str, data):
         opt.step()
         return loss
 
-    return [float(step(x, y)) for x, y in tensors], (lambda: step(*tensors[0]))
-
-
-def ms_per_step(step, sync, n: int) -> float:
-    for _ in range(3):
-        step()
-    sync()
-    t = time.perf_counter()
-    for _ in range(n):
-        step()
-    sync()
-    return (time.perf_counter() - t) / n * 1e3
+    return [step(x, y).item() for x, y in tensors], (lambda: step(*tensors[0]))
 
 
 def main(argv=None) -> int:
@@ -71,8 +61,6 @@ def main(argv=None) -> int:
     ap.add_argument("--config", default="A", choices=sorted(CONFIGS))
     ap.add_argument("--steps", type=int, default=20)
     args = ap.parse_args(argv)
-    import cupy
-
     batch, t = SHAPES[args.config]
     data = batches(65, batch, t, args.steps)
     started = time.perf_counter()
@@ -99,11 +87,9 @@ def main(argv=None) -> int:
         worst = max(worst, diff)
         print(f"  max |ember cuda - {name}| over {args.steps} steps: {diff:.2e}")
     x, y = data[0]
-    sync = cupy.cuda.Device().synchronize
-    print(f"  ember cuda step: {ms_per_step(lambda: gpu_step(x, y), sync, 50):.3f} ms")
+    print(f"  ember cuda step: {timed(lambda: gpu_step(x, y), 50)[1]:.3f} ms")
     if torch_step is not None:
-        print(f"  torch cuda eager step: {ms_per_step(torch_step, torch.cuda.synchronize, 50):.3f} "
-              "ms")
+        print(f"  torch cuda eager step: {timed(torch_step, 50)[1]:.3f} ms")
     ok = all(np.isfinite(gpu)) and worst < 1e-3
     print("parity:", "ok" if ok else "FAILED (max difference above 1e-3)")
     return 0 if ok else 1
