@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..frontend.param import ParamId
+from ..frontend.param import Param, ParamId
+from ..ir import numpy_dtype
 from .schedules import Constant, Cosine, LinearWarmup, Schedule, StepLR, as_schedule
 
 
@@ -61,12 +62,14 @@ class Optimizer:
                         for k, v in {"kind": self.kind, **self.options()}.items())
         return f"optimizer{{{opts}}}"
 
-    def slot(self, pid: ParamId, name: str, like: np.ndarray) -> np.ndarray:
-        """The state tensor `name` of a param, zeros on first use."""
+    def slot(self, pid: ParamId, name: str, like: Param) -> np.ndarray:
+        """The state tensor `name` of a param, zeros of its shape and dtype on first use
+        (read from the Param, not its value, which on a device would be copied to the
+        host)."""
         slots = self.state.setdefault(pid, {})
         value = slots.get(name)
         if value is None:
-            value = slots[name] = np.zeros_like(like)
+            value = slots[name] = np.zeros(like.shape, numpy_dtype(like.dtype))
         if value.shape != like.shape:
             raise ValueError(f"optimizer state {name!r} of param {pid} has shape "
                              f"{list(value.shape)} but the param now has {list(like.shape)}; "

@@ -66,7 +66,7 @@ class UpdateLayout:
 
 
 def state_inputs(opt, layout: UpdateLayout, table: dict) -> list[np.ndarray]:
-    return [opt.slot(table[pid].id, slot, table[pid].val()) for pid, slot in layout.state]
+    return [opt.slot(table[pid].id, slot, table[pid]) for pid, slot in layout.state]
 
 
 def write_back(opt, layout: UpdateLayout, table: dict, outs: list, set_param=None) -> None:

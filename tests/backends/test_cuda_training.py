@@ -104,6 +104,20 @@ def test_gpu_executable_takes_numpy_or_cupy_and_returns_device_arrays():
 
 
 @needs_gpu
+def test_a_scalar_input_is_uploaded_again_only_when_it_changes():
+    from ember.ir import Builder, Graph, TensorType
+
+    g = Graph("f", [TensorType((3,), "f32"), TensorType((), "f32")])
+    b = Builder(g.body)
+    b.create("func.return", [b.op("ember.mul", *g.args)])
+    exe = cuda.compile(g)
+    x = np.arange(3, dtype=np.float32)
+    for lr in (0.5, 0.5, np.float32(0.5), 2.0, np.array(2.0)):
+        np.testing.assert_array_equal(exe([x, np.asarray(lr, np.float32)])[0].get(), x * lr)
+    assert [held.get() for _, held in exe._scalars.values()] == [2.0]  # one upload kept
+
+
+@needs_gpu
 def test_a_gpu_step_leaves_params_on_the_device_and_equal_to_the_cpus():
     """No param is copied back per step: each holds the device array the step returned
     (fed to the next step as it is) until `val()` reads it; values equal the cpu's."""
