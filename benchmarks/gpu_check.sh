@@ -10,6 +10,13 @@ exec > >(tee ${LOG:-/dev/null}) 2>&1
 start=$SECONDS
 status=0
 
+# not installed (a GPU machine with no package index: pip cannot fetch ember's build
+# requirements): import the checkout itself as `ember`
+if ! python -c "import ember" 2>/dev/null; then
+  mkdir -p /tmp/ember-src && ln -sfn "$PWD" /tmp/ember-src/ember
+  export PYTHONPATH=/tmp/ember-src${PYTHONPATH:+:$PYTHONPATH}
+fi
+
 echo "== environment"
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total \
   --format=csv,noheader

@@ -61,6 +61,13 @@ def main(argv=None) -> int:
     ap.add_argument("--config", default="A", choices=sorted(CONFIGS))
     ap.add_argument("--steps", type=int, default=20)
     args = ap.parse_args(argv)
+    from ember.backends import cuda
+
+    try:
+        cuda.check_available()
+    except cuda.CudaUnavailableError as e:
+        print(f"gpu_gpt: {e}", file=sys.stderr)
+        return 2
     batch, t = SHAPES[args.config]
     data = batches(65, batch, t, args.steps)
     started = time.perf_counter()
