@@ -46,6 +46,18 @@ def data(shape, batch, seed=0):
             rng.integers(0, 10, batch).astype(np.int64))
 
 
+def usable_gpu(prog: str) -> bool:
+    """Whether the cuda backend has a usable GPU here; if not, `prog` says why on stderr."""
+    from ember.backends import cuda
+
+    try:
+        cuda.check_available()
+    except cuda.CudaUnavailableError as e:
+        print(f"{prog}: {e}", file=sys.stderr)
+        return False
+    return True
+
+
 def sync():
     import cupy
 
@@ -293,12 +305,7 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--configs", default=",".join([*CONFIGS, "attention"]))
     args = ap.parse_args(argv)
-    from ember.backends import cuda
-
-    try:
-        cuda.check_available()
-    except cuda.CudaUnavailableError as e:
-        print(f"gpu_bench: {e}", file=sys.stderr)
+    if not usable_gpu("gpu_bench"):
         return 2
     import cupy
 

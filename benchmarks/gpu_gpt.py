@@ -19,7 +19,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from gpt import CONFIGS, Gpt, batches, lm_loss, torch_loss, torch_twin  # noqa: E402
-from gpu_bench import timed  # noqa: E402  (synchronizes the device: torch's work too)
+from gpu_bench import timed, usable_gpu  # noqa: E402  (timed syncs torch's work too)
 
 LR = 1e-3
 SHAPES = {"A": (16, 64), "B": (16, 128)}  # config: batch, T
@@ -61,12 +61,7 @@ def main(argv=None) -> int:
     ap.add_argument("--config", default="A", choices=sorted(CONFIGS))
     ap.add_argument("--steps", type=int, default=20)
     args = ap.parse_args(argv)
-    from ember.backends import cuda
-
-    try:
-        cuda.check_available()
-    except cuda.CudaUnavailableError as e:
-        print(f"gpu_gpt: {e}", file=sys.stderr)
+    if not usable_gpu("gpu_gpt"):
         return 2
     batch, t = SHAPES[args.config]
     data = batches(65, batch, t, args.steps)

@@ -131,12 +131,12 @@ def microkernel(mod: ir.Module, dtype: str, lanes: int, mr: int, nv: int, masked
             return _masked_rt(b, "load", dtype, lanes, mask, ptr)
         return b.load(ptr, typ=vt, align=S.size(dtype))
 
-    prefetch = S.declare(mod, "llvm.prefetch.p0", ir.VoidType(), [PTR, I32, I32, I32])
-    ahead = [b.add(row_off[0], b.mul(i64(PREFETCH_K), a_cs)),
-             b.add(row_off[mr - 1], b.mul(i64(PREFETCH_K), a_cs))]
+    if prefetch_a:  # A's elements PREFETCH_K steps on: first and last row (no fault)
+        prefetch = S.declare(mod, "llvm.prefetch.p0", ir.VoidType(), [PTR, I32, I32, I32])
+        ahead = [b.add(row_off[i], b.mul(i64(PREFETCH_K), a_cs)) for i in (0, mr - 1)]
 
     def step(k, accs):
-        if prefetch_a:  # A's elements PREFETCH_K steps on: first and last row (no fault)
+        if prefetch_a:
             for off in ahead:
                 b.call(prefetch, [b.gep(a, [b.add(off, b.mul(k, a_cs))], source_etype=el),
                                   ir.Constant(I32, 0), ir.Constant(I32, 3),

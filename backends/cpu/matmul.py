@@ -85,11 +85,16 @@ def plan_matmul(op, isa: Isa, threads: int) -> MatmulPlan:
     t0 = a["out_types"][0]
     in_place = (t0.dtype == dt and (o[nb + 1] == 1 or n == 1)
                 and (m == 1 or o[nb] >= n) and all(s or d == 1 for s, d in zip(o, space)))
-    ldc = (o[nb] if m > 1 else n) if in_place else n
-    c_batch = o[:nb] if in_place else [s * m * n for s in contiguous_strides(batch)]
-    c_map = list(c_batch) + [ldc if m > 1 else 0, 1 if n > 1 else 0]
-    loop, a_batch, b_batch, c_batch, rows = _fold_rows(batch, ma[:nb], mb[:nb], c_batch, m,
-                                                       ma[nb], ldc)
+
+    def layout(in_place: bool):
+        """C's leading dimension and map (the epilogue's), and the batch folded into rows:
+        in the first result when in place, else in contiguous scratch."""
+        ldc = (o[nb] if m > 1 else n) if in_place else n
+        c_batch = o[:nb] if in_place else [s * m * n for s in contiguous_strides(batch)]
+        c_map = list(c_batch) + [ldc if m > 1 else 0, 1 if n > 1 else 0]
+        return (ldc, c_map, *_fold_rows(batch, ma[:nb], mb[:nb], c_batch, m, ma[nb], ldc))
+
+    ldc, c_map, loop, a_batch, b_batch, c_batch, rows = layout(in_place)
     p = GemmProblem(rows, n, k, ma[nb], ma[nb + 2], mb[nb + 2], mb[nb + 1], ldc, dt)
     # C narrower than a vector but tall, with A read down its columns (a weight gradient
     # X^T dY of a classifier head): computing C^T = B^T A^T instead puts M in the vector
@@ -104,11 +109,8 @@ def plan_matmul(op, isa: Isa, threads: int) -> MatmulPlan:
     slices = 1 if swapped or _prod(loop) != 1 else k_slices(p, engine, threads)
     if slices > 1 and in_place:  # the slices' products go to scratch, the epilogue adds them
         in_place = False
-        c_batch = [s * m * n for s in contiguous_strides(batch)]
-        c_map = list(c_batch) + [n if m > 1 else 0, 1 if n > 1 else 0]
-        loop, a_batch, b_batch, c_batch, rows = _fold_rows(batch, ma[:nb], mb[:nb], c_batch, m,
-                                                           ma[nb], n)
-        p = replace(p, m=rows, ldc=n)
+        ldc, c_map, loop, a_batch, b_batch, c_batch, rows = layout(False)
+        p = replace(p, m=rows, ldc=ldc)
     block = op.regions[0].blocks[0]
     body = block.ops
     trivial = (in_place and len(body) == 1 and len(body[0].operands) == 1
