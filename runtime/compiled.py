@@ -115,6 +115,15 @@ class _LastKey:
     state: StateWatch
     settings_unchanged: Callable[[], bool]
 
+    def matches(self, inputs: tuple, table: dict) -> bool:
+        """Whether a call with `inputs` on `table` has this key."""
+        try:
+            read = tuple(map(_type_shape_dtype, inputs))  # as _inputs_read, one call less
+        except AttributeError:
+            return False
+        return read == self.inputs and self.state.unchanged(table) \
+            and self.settings_unchanged()
+
 
 class Compiled:
     """Shared machinery: specs → trace → pipeline → backend, cached by key.
@@ -164,13 +173,9 @@ class Compiled:
     def entry(self, inputs: tuple, table: dict | None = None) -> Entry:
         table = self.param_table() if table is None else table
         last = self._last_key
-        try:  # in C: where two calls' agree, so do their keys' shapes and dtypes
-            inputs_read = tuple(map(_type_shape_dtype, inputs))
-        except AttributeError:  # an input without them: only the key compares it
-            inputs_read = None
-        if last is not None and inputs_read == last.inputs and inputs_read is not None \
-                and last.state.unchanged(table) and last.settings_unchanged():
+        if last is not None and last.matches(inputs, table):
             return last.entry  # the most recently used already
+        inputs_read = _inputs_read(inputs)
         shapes = tuple(map(_shape_and_dtype, inputs))
         state, settings = StateWatch(table), self.watch_settings()
         key = (shapes, state_key(table), self.key_extra())
@@ -392,6 +397,15 @@ class Compiled:
 _type_shape_dtype = attrgetter("__class__", "shape", "dtype")  # what entry() reads per call
 
 
+def _inputs_read(inputs: tuple) -> tuple | None:
+    """What a call's key compares of its inputs, read in C: where two calls' agree, so do
+    their keys' shapes and dtypes. None for an input without them (the key compares it)."""
+    try:
+        return tuple(map(_type_shape_dtype, inputs))
+    except AttributeError:
+        return None
+
+
 def _shape_and_dtype(x) -> tuple:
     """What of an input keys a compiled graph (cheaper than a TensorSpec on every call)."""
     if type(x) is np.ndarray:
@@ -533,6 +547,7 @@ class TrainStep(_Training):
         super().__init__(model, loss_fn, backend, linear, detect_anomaly)
         self.optimizer = optimizer
         self.checkpoint, self.memory_budget = checkpoint, memory_budget
+        self._repeating: BoundStep | None = None  # the last call's, tried first (`repeat`)
 
     def pipeline(self):
         return training_pipeline(self.optimizer.pass_spec(), self.linear,
@@ -554,11 +569,17 @@ class TrainStep(_Training):
                 + state_inputs(self.optimizer, entry.update_layout, table))
 
     def __call__(self, *inputs: np.ndarray):
+        bound = self._repeating
+        if bound is not None and not self.detect_anomaly:
+            result = bound.repeat(self, inputs)
+            if result is not None:
+                return result
         table = self.param_table()
         entry = self.entry(inputs, table)
         bound = entry.bound
         if bound is None or bound.table is not table:
             bound = entry.bound = BoundStep.of(self, entry, table)
+        self._repeating = bound if bound is not None and bound.repeats else None
         if bound is not None and not self.detect_anomaly:
             return bound(self, entry, inputs)
         entry, table, outs = self.execute(inputs)

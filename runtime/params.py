@@ -30,6 +30,10 @@ class ParamTable:
             self._table = param_table(self.model)
         return self._table
 
+    def holds(self, table: dict[str, Param]) -> bool:
+        """Whether a call would return `table` without walking the tree again."""
+        return table is self._table and self._watch is not None and self._watch.unchanged()
+
 
 def param_values(table: dict[str, Param]) -> dict[str, np.ndarray]:
     """Materialize (on first run) and read every param's value."""

@@ -87,8 +87,9 @@ class Executable:
             *[a.ctypes.data if a is not None else None for a in self._arrays])
         self._table = ctypes.c_void_p(ctypes.addressof(self._ptrs))  # cheaper to pass
         bound = [(i, s) for i, s in enumerate(self.slots) if s.kind in ("arg", "param")]
-        # scalar inputs (a learning rate, a step count) go into buffers of their own; each
-        # with the Python and numpy types it takes as they are
+        # scalar inputs (a learning rate, a step count) go into buffers of their own, each
+        # written through its `value` (_scalar_buffer), with the Python and numpy types it
+        # takes as they are
         self._scalars = [(s.key, self._scalar_buffer(i, s),
                           _SCALARS.get(numpy_dtype(s.type.dtype).kind, ()),
                           numpy_dtype(s.type.dtype), s.type, self._describe(s)) for i, s in bound
@@ -133,14 +134,18 @@ class Executable:
         if os.environ.get("EMBER_PASS_TIMING"):  # the backend's stages, as --pass-timing
             print(f"@{graph.name}:\n{self.timing_report()}", file=sys.stderr)
 
-    def _scalar_buffer(self, i, s) -> np.ndarray:
+    def _scalar_buffer(self, i, s) -> ctypes._SimpleCData | _Scalar:
         """Scalar inputs (a learning rate, a step count) are copied into a buffer of their
-        own, whose address the table keeps: cheaper than converting a new array per call."""
+        own, whose address the table keeps: cheaper than converting a new array per call.
+        What is returned writes it through `.value`: a ctypes float over the buffer for the
+        float dtypes C has (a third of numpy's `buf[()] = x` per step; C's conversion of a
+        double rounds as numpy's does), else the buffer itself behind `_Scalar`."""
         buf = aligned_empty(s.type)[0]
         buf[()] = 0
         self._arrays[i] = buf
         self._ptrs[i] = buf.ctypes.data
-        return buf
+        c_type = _C_FLOATS.get(buf.dtype)
+        return _Scalar(buf) if c_type is None else c_type.from_address(buf.ctypes.data)
 
     def _allocate_arena(self) -> np.ndarray | None:
         """The temporaries' arena; None inside `guarded()`, where each temporary gets a
@@ -179,7 +184,7 @@ class Executable:
         out = {"arena": own if self._arena is None else self._arena.nbytes,
                "constants": sum(a.nbytes for a, s in zip(self._arrays, self.slots)
                                 if s.kind == "const"),
-               "scalars": sum(buf.nbytes for _, buf, *_ in self._scalars),
+               "scalars": sum(t.nbytes for _, _, _, _, t, _ in self._scalars),
                "results": sum(self.slots[i].type.nbytes for i in fresh)}
         out["total"] = sum(out.values())
         return out
@@ -355,7 +360,7 @@ class Executable:
         """Copy the scalar inputs into their buffers."""
         for key, buf, takes, dtype, t, what in self._scalars:
             x = inputs[key]
-            buf[()] = x if type(x) in takes else as_input(x, t, dtype, what)
+            buf.value = x if type(x) in takes else as_input(x, t, dtype, what)
 
     def _bind(self, x, row: tuple) -> tuple[np.ndarray, int]:
         """A tensor input or param as the native code reads it, and its address: an array
@@ -428,6 +433,24 @@ _FREE_ARRAY, _FREE_OWNER = 2, 3
 
 _SCALARS = {"f": (float, int, np.float32, np.float64, np.int64), "i": (int, np.int64, np.int32),
             "b": (bool, np.bool_)}
+_C_FLOATS = {np.dtype(np.float32): ctypes.c_float, np.dtype(np.float64): ctypes.c_double}
+
+
+class _Scalar:
+    """A 0-d buffer written through `.value`, as a ctypes scalar is (numpy's casts)."""
+
+    __slots__ = ("buf",)
+
+    def __init__(self, buf: np.ndarray):
+        self.buf = buf
+
+    @property
+    def value(self):
+        return self.buf[()]
+
+    @value.setter
+    def value(self, x) -> None:
+        self.buf[()] = x
 
 
 def _address(x: np.ndarray) -> int:

@@ -33,8 +33,8 @@ _layout = attrgetter("shape", "dtype")
 _getrefcount = sys.getrefcount
 
 # references to an array a turn writes, and to its owner (`.base`), while only the pool and
-# the turns hold them: the pool entry, the turn's `arrays` and `results`, the other turn's
-# `fed`, getrefcount's argument; the owner: the entry, the array, the turn's `owners`, the
+# the turns hold them: the pool entry, the turn's `written` and `results`, the other turn's
+# `fed`, getrefcount's argument; the owner: the entry, the array, the turn's `written`, the
 # argument
 _FREE_ARRAY, _FREE_OWNER = 5, 4
 
@@ -47,15 +47,10 @@ class _Turn:
     def __init__(self, table, fed: tuple, layouts: list, writes: list, results: list):
         self.table, self.fed, self.layouts, self.results = table, fed, layouts, results
         self.pointer = ctypes.c_void_p(ctypes.addressof(table))  # cheaper to pass than table
-        self.arrays = tuple(e[0] for e in writes)
-        self.owners = tuple(e[1] for e in writes)
-
-    def ready(self) -> bool:
-        """Whether nobody but the pool and the turns holds an array it writes, or a view of
-        one, and its fed arrays keep their layouts."""
-        return max(map(_getrefcount, self.arrays)) <= _FREE_ARRAY \
-            and max(map(_getrefcount, self.owners)) <= _FREE_OWNER \
-            and list(map(_layout, self.fed)) == self.layouts
+        # the arrays it writes, then their owners: no count is below its floor, so all are
+        # free when the counts' sum is the floors'
+        self.written = (*(e[0] for e in writes), *(e[1] for e in writes))
+        self.free = len(writes) * (_FREE_ARRAY + _FREE_OWNER)
 
 
 class Feedback:
@@ -89,6 +84,9 @@ class Feedback:
         # what each call binds unless it is the object the last call bound
         self._args = [row for row in exe._args if row[1] not in feeds.values()]
         self._arg_pos = [row[1] for row in self._args]
+        # the tensor arguments lead the inputs (a step's batch, then its scalars): then
+        # they are read without their positions
+        self._args_lead = self._arg_pos == list(range(len(self._arg_pos)))
         self._params = [row for row in exe._params if row[1] not in feeds.values()]
         self._value_pos = [params[row[1]][0] for row in self._params]
         self._layouts = [(row[3], row[2]) for row in self._params]
@@ -134,10 +132,12 @@ class Feedback:
         `binds_params`."""
         exe = self.exe
         with exe._lock:
-            if turn is not self.turn or not turn.ready():
-                return None
+            if turn is not self.turn or sum(map(_getrefcount, turn.written)) > turn.free \
+                    or list(map(_layout, turn.fed)) != turn.layouts:
+                return None  # not the next turn, an array it writes held, a layout changed
             exe._bind_scalars(inputs)
-            if self._args and not all(map(is_, map(inputs.__getitem__, self._arg_pos),
+            if self._args and not all(map(is_, inputs if self._args_lead else
+                                          map(inputs.__getitem__, self._arg_pos),
                                           self._held_args)):
                 self._bind(inputs, self._args, self._arg_pos, self._held_args)
             if self._params:

@@ -206,3 +206,30 @@ def test_after_the_first_step_the_executable_binds_nothing_again(opt):
     for b in data[1:]:
         step(*b)
     assert exe.native_calls == len(data)
+
+
+@pytest.mark.parametrize("drop", [0.0, 0.25])  # with and without a random stream
+def test_a_step_on_what_the_last_found_repeats_it_without_looking_up_again(drop):
+    """From the second step on, a step whose tree, inputs' shapes, flags and settings are
+    the last step's runs through `BoundStep.repeat`: neither the param table's walk nor
+    `entry()`'s key is made again; a change (another batch size) still finds its graph."""
+    em.seed(0)
+    model = Net()
+    model.drop = nn.Dropout(drop)
+    step = em.compile_train_step(model, loss_and_metric, optim.SGD(lr=0.1), backend="cpu")
+    data = batches(4)
+    step(*data[0])
+    step(*data[1])
+    walk = step.param_table.__class__.__call__
+    step.entry = lambda *a: pytest.fail("entry() ran")
+    step.param_table.__class__.__call__ = lambda self: pytest.fail("the table was read")
+    try:
+        for x, y in data[2:]:
+            step(x, y)
+    finally:
+        step.param_table.__class__.__call__ = walk
+        del step.entry
+    assert step.rng_step == 4 and step.optimizer.step_count == 4
+    x, y = data[0]
+    step(x[:4], y[:4])
+    assert step._last.specs[0].shape == (4, 12)
