@@ -15,9 +15,9 @@ ratios are ember's speed over the other's (above 1: ember is faster). Rows:
   kernel), PyTorch eager and torch.compile, and JAX jit when installed, timed in
   interleaved blocks; for the MLPs also the step's matmuls alone in numpy's BLAS, the
   floor of any step that uses that BLAS; and the step's call path: its time over its
-  native call alone (buffers bound once, interleaved with it) and over its kernels' time
-  (the cycle counter's span of each kernel: not the call, nor the input checks before the
-  first kernel);
+  native call alone (buffers bound once) and over its kernels' time (the cycle counter's
+  span of each kernel: not the call, nor the input checks before the first kernel), the
+  three timed in interleaved blocks;
 - char-level GPT training steps (AdamW; benchmarks/gpt.py): config A (n_embd 64, 4 heads,
   2 layers) at T 64 and 256, config B (n_embd 128, 4 layers) at T 128, batch 16, against
   PyTorch eager and torch.compile on the same initial weights, interleaved;
@@ -395,18 +395,14 @@ def _one_step(rows: list, name: str) -> None:
     number = calls_for(t1, 0.1)
     exe = step._last.run
     args, params = _bound_arguments(step, x, y)
-
-    def kernel_time() -> float:
-        return sum(t for _, t in exe.profile(args, params, repeat=15))
-
-    # the call path: the step and its native call alone in blocks of their own, before the
-    # other contenders run (their threads, OpenMP's and OpenBLAS's, spin on after a block
-    # and slow ember's pool), between two profiles of the kernels: the lower one, since a
-    # profile under a passing load would flatter the step's ratio to it
-    before = kernel_time()
-    path = interleaved({"ember": lambda: step(x, y), "native call": exe.bound(args, params)},
-                       number)
-    t_kernels = min(before, kernel_time())
+    kernels = exe.kernel_timer(args, params)
+    # the call path: the step, its native call and its kernels alone in interleaved blocks
+    # of their own, before the other contenders run (their threads, OpenMP's and
+    # OpenBLAS's, spin on after a block and slow ember's pool); interleaved, since a single
+    # profile's kernel time moves by 20% from one block to the next on a shared VM
+    path = interleaved({"ember": lambda: step(x, y), "native call": exe.bound(args, params),
+                        "kernels": kernels}, number)
+    t_kernels = sum(t for _, t in kernels.seconds())
     others = [("numpy (here)", lambda: numpy_step(name, init_params(name)))]
     try:
         import torch  # noqa: F401

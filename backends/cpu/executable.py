@@ -239,23 +239,19 @@ class Executable:
 
     def profile(self, inputs, params=None, repeat: int = 20) -> list[tuple[str, float]]:
         """Seconds per kernel (median of `repeat` runs), read from the CPU's cycle counter
-        around each kernel inside one native call: where a step's time goes. The counter's
-        rate is its ticks over the seconds from the first run's first kernel to the last
-        run's last, so a kernel's time leaves out the call around the kernels (which
-        `bound()` times)."""
-        table, _keep = self._timing_table(inputs, params)
-        n = len(self.plan.steps)
-        ticks = (ctypes.c_int64 * (n + 1))()
-        fn = self._jit.function(PROFILED, None, ctypes.c_void_p, ctypes.c_void_p)
-        runs = []
-        t0 = time.perf_counter()
+        around each kernel inside one native call: where a step's time goes. A kernel's
+        time leaves out the call around the kernels (which `bound()` times)."""
+        timer = self.kernel_timer(inputs, params)
         for _ in range(repeat):
-            fn(table, ticks)
-            runs.append(list(ticks))
-        seconds = time.perf_counter() - t0
-        rate = max(runs[-1][-1] - runs[0][0], 1) / seconds  # ticks per second
-        return [(st.name, sorted(r[k + 1] - r[k] for r in runs)[len(runs) // 2] / rate)
-                for k, st in enumerate(self.plan.steps)]
+            timer()
+        return timer.seconds()
+
+    def kernel_timer(self, inputs, params=None) -> KernelTimer:
+        """`profile`'s runs one at a time, for a benchmark that interleaves them with what
+        it compares them to (a machine's speed drifts between blocks of calls)."""
+        table, keep = self._timing_table(inputs, params)
+        return KernelTimer(self._jit.function(PROFILED, None, ctypes.c_void_p, ctypes.c_void_p),
+                           table, keep, [st.name for st in self.plan.steps])
 
     def timing_report(self) -> str:
         """Compile time per stage, as `--pass-timing` prints it."""
@@ -402,6 +398,45 @@ class Executable:
         self.native_calls += 1
         if self._status is not None and self._status.value:
             self._raise_status()
+
+
+class KernelTimer:
+    """Profiled native calls on one bound table (`__call__` runs one); `seconds()`: each
+    kernel's median over the runs so far. The cycle counter's rate is measured against
+    the clock between the first run's first stamp and a later one, at least `SPAN` apart
+    (a calibration run, not counted, where the runs were shorter)."""
+
+    SPAN = 0.01
+
+    def __init__(self, fn, table, keep: list, names: list[str]):
+        self._fn, self._table, self._keep, self._names = fn, table, keep, names
+        self._ticks = (ctypes.c_int64 * (len(names) + 1))()
+        self._runs: list[list[int]] = []
+        self._first: tuple[float, int] | None = None  # (clock, counter) at the first run
+
+    def __call__(self) -> None:
+        self._runs.append(self._run())
+
+    def _run(self) -> list[int]:
+        t = time.perf_counter()
+        self._fn(self._table, self._ticks)
+        if self._first is None:
+            self._first = (t, self._ticks[0])
+        return list(self._ticks)
+
+    def seconds(self) -> list[tuple[str, float]]:
+        if not self._runs:
+            raise ValueError("no run timed yet")
+        t0, c0 = self._first
+        wait = self.SPAN - (time.perf_counter() - t0)
+        if wait > 0:
+            time.sleep(wait)
+        t = time.perf_counter()
+        c = self._run()[0]  # the same distance from the call's start as the first stamp
+        rate = max(c - c0, 1) / (t - t0)  # counter ticks per second
+        runs, mid = self._runs, len(self._runs) // 2
+        return [(name, sorted(r[k + 1] - r[k] for r in runs)[mid] / rate)
+                for k, name in enumerate(self._names)]
 
 
 _live: weakref.WeakSet[Executable] = weakref.WeakSet()
