@@ -98,21 +98,10 @@ class BoundStep:
 
     def __call__(self, step, entry, inputs: tuple):
         """One training step on `entry` (which holds this), as the general path (`execute`,
-        `finish`, `write_back`) runs it: the feedback run's bound call where every fed
-        Param and slot holds what the last step left there, else its general call (which
-        holds no turn)."""
+        `finish`, `write_back`) runs it."""
         if not entry.native_checks:
             step.check_inputs(entry, inputs)
-        opt, run = step.optimizer, self.run
-        head = self._head(step, opt, inputs)
-        try:
-            outs = self._call_bound(opt, head)
-            if outs is None:
-                outs = run([*head, *self.state(opt)] if self.slots else head, self.values())
-        except Exception as e:
-            self._explain(step, entry, head, e)
-            raise
-        return self._finish(step, opt, outs)
+        return self._step(step, inputs, True)
 
     def repeat(self, step, inputs: tuple):
         """The last step once more, for a step whose last call ran this bound: where
@@ -121,59 +110,49 @@ class BoundStep:
         requires_grad and optimizer settings: what `entry()` checks, checked here without
         the calls around them, since this runs on every step) and every fed Param and slot
         holds what the last step left there. Else None, having run nothing."""
-        last, entry = step._last_key, self.entry
-        if last.entry is not entry or not (step.param_table.holds(self.table)
-                                           and last.matches(inputs, self.table)):
+        last = step._last_key
+        if last.entry is not self.entry or not (step.param_table.holds(self.table)
+                                                and last.matches(inputs, self.table)):
             return None
-        opt = step.optimizer
-        head = self._head(step, opt, inputs)
-        try:
-            outs = self._call_bound(opt, head)
-        except Exception as e:
-            self._explain(step, entry, head, e)
-            raise
-        return None if outs is None else self._finish(step, opt, outs)
+        return self._step(step, inputs, False)
 
     @property
     def repeats(self) -> bool:
         """Whether `repeat` may run the next step: the backend checks the inputs."""
         return self.entry.native_checks
 
-    def _head(self, step, opt, inputs: tuple) -> list:
-        """The run's arguments before the optimizer state: the inputs (and the random
-        stream's position where the graph draws), the lr and step count."""
-        return [*(step.arguments(self.entry, inputs) if self.rng else inputs),
+    def _step(self, step, inputs: tuple, general: bool):
+        """The feedback run's bound call where every fed Param and slot holds what the last
+        step left there, else (when `general`; None otherwise, having run nothing) its
+        general call, which holds no turn; then the loss kept, the buffers, Params and slots
+        rebound to their new arrays, the step counted."""
+        opt, run, turn = step.optimizer, self.run, self.run.turn
+        head = [*(step.arguments(self.entry, inputs) if self.rng else inputs),
                 *hyper_inputs(opt)]
-
-    def _call_bound(self, opt, head: list) -> list | None:
-        """The feedback run's bound call, where every fed Param and slot holds what the
-        last step left there; else None, having run nothing."""
-        turn, run = self.run.turn, self.run
-        if turn is None or self.slots and not self.found(opt.state):
-            return None
-        fed = map(_value, self.fed)
-        if self.slots:
-            fed = chain(fed, map(dict.get, self.slot_dicts, self.names))
-        if not all(map(is_, fed, turn.fed)):
-            return None
-        return run.call(turn, head, self.values() if run.binds_params else ())
-
-    def _explain(self, step, entry, head: list, error: Exception) -> None:
-        """What `step.explain` finds of a failed run (a slot of another shape: state_inputs
-        says so)."""
-        args = [*head, *state_inputs(step.optimizer, self.layout, self.table)]
-        step.explain(entry, args, step.params(self.table), error)
-
-    def _finish(self, step, opt, outs: list):
-        """Keep the loss, rebind the buffers, Params and slots to their new arrays; count the
-        step; what the step returns."""
+        try:
+            outs = None
+            if turn is not None and (not self.slots or self.found(opt.state)):
+                fed = map(_value, self.fed)
+                if self.slots:
+                    fed = chain(fed, map(dict.get, self.slot_dicts, self.names))
+                if all(map(is_, fed, turn.fed)):
+                    outs = run.call(turn, head, self.values() if run.binds_params else ())
+            if outs is None:
+                if not general:
+                    return None
+                outs = run([*head, *self.state(opt)] if self.slots else head, self.values())
+        except Exception as e:  # a slot of another shape: state_inputs says so
+            args = [*head, *state_inputs(opt, self.layout, self.table)]
+            step.explain(self.entry, args, step.params(self.table), e)
+            raise
         user, end = self.cuts
         step.keep_loss(outs[:user])
         for p, value in zip(self.rebound, outs[user:end]):
             p._value = value  # set_value's own case: a C-contiguous array of the Param's type
         step.rng_step += 1
-        for d, name, value in zip(self.slot_dicts, self.names, outs[end:]):
-            d[name] = value
+        if self.slots:
+            for d, name, value in zip(self.slot_dicts, self.names, outs[end:]):
+                d[name] = value
         opt.step_count += 1
         return step.loss if not step.metrics else (step.loss, *step.metrics)
 
