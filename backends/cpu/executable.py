@@ -250,8 +250,7 @@ class Executable:
         """`profile`'s runs one at a time, for a benchmark that interleaves them with what
         it compares them to (a machine's speed drifts between blocks of calls)."""
         table, keep = self._timing_table(inputs, params)
-        return KernelTimer(self._jit.function(PROFILED, None, ctypes.c_void_p, ctypes.c_void_p),
-                           table, keep, [st.name for st in self.plan.steps])
+        return KernelTimer(self, table, keep)
 
     def timing_report(self) -> str:
         """Compile time per stage, as `--pass-timing` prints it."""
@@ -408,9 +407,12 @@ class KernelTimer:
 
     SPAN = 0.01
 
-    def __init__(self, fn, table, keep: list, names: list[str]):
-        self._fn, self._table, self._keep, self._names = fn, table, keep, names
-        self._ticks = (ctypes.c_int64 * (len(names) + 1))()
+    def __init__(self, exe: Executable, table, keep: list):
+        # the executable and the arrays the table points to stay alive as long as this
+        self._exe, self._table, self._keep = exe, table, keep
+        self._fn = exe._jit.function(PROFILED, None, ctypes.c_void_p, ctypes.c_void_p)
+        self._names = [st.name for st in exe.plan.steps]
+        self._ticks = (ctypes.c_int64 * (len(self._names) + 1))()
         self._runs: list[list[int]] = []
         self._first: tuple[float, int] | None = None  # (clock, counter) at the first run
 

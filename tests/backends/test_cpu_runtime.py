@@ -3,11 +3,13 @@ matching the interpreter, the compile cache across processes, and bad inputs."""
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import numpy as np
 import pytest
@@ -144,6 +146,31 @@ def test_profile_and_timings_name_every_kernel(fused_pipeline, capsys, monkeypat
     assert [name for name, _ in prof] == [st.name for st in exe.plan.steps]
     assert all(t >= 0 for _, t in prof)
     assert {"plan", "emit", "optimize", "codegen", "load"} <= set(exe.timings)
+
+
+def test_a_kernel_timer_runs_one_profiled_call_at_a_time():
+    """`exe.kernel_timer(...)`: profile's runs one by one (a benchmark interleaves them with
+    other calls), its cycle counter's rate taken against the clock: the kernels' times add
+    up to no more than the calls took, and an executable dropped meanwhile stays alive."""
+    em.seed(0)
+    step = em.compile_train_step(Mlp(), nn.functional.cross_entropy, optim.SGD(lr=0.1),
+                                 backend="cpu")
+    x, y = batch()
+    step(x, y)
+    exe = step._last.run
+    timer = exe.kernel_timer([x, y, 0.1, 1.0][:len(exe.graph.args)], step.params(
+        step.param_table()))
+    with pytest.raises(ValueError, match="no run"):
+        timer.seconds()
+    del exe, step
+    gc.collect()
+    start = time.perf_counter()
+    for _ in range(5):
+        timer()
+    wall = time.perf_counter() - start
+    times = timer.seconds()
+    assert len(times) == len(timer._exe.plan.steps)
+    assert 0 < sum(t for _, t in times) < 2 * wall / 5  # per run, with the counter rated
 
 
 def test_big_results_are_recycled_only_when_released():
