@@ -267,7 +267,7 @@ def emit(p: Plan, name: str = "graph") -> ir.Module:
                        typ=PTR, name=f"buf{i}") for i in range(len(p.slots))]
         if p.checks:
             emit_checks(b, p.checks, [ptrs[arg] for arg, *_ in p.checks],
-                        [p.slots[arg].type for arg, *_ in p.checks], status(mod))
+                        [p.slots[arg].type for arg, *_ in p.checks], status(mod), p.threads)
         if profiled:
             _stamp(b, entry.args[1], 0)
         for k, (st, fn) in enumerate(zip(p.steps, fns)):
