@@ -189,6 +189,35 @@ def test_softmax_rows_and_columns_one_kernel(axis):
     assert kernels(f) == ["kernel.fused"]
 
 
+@pytest.mark.parametrize("rows,n", [(64, 10), (40, 3), (16, 15), (100, 1), (15, 10)])
+def test_short_rows_reduce_across_vector_lanes(rows, n):
+    """A row kernel over rows shorter than a vector (a classifier's cross-entropy: max,
+    exp, sum, log, the label's column picked through kernel.index) runs with its rows in
+    the vector lanes (fused.py `_rows_across_lanes`): the same values."""
+    g = Graph("f", [TensorType((rows, n), "f32"), TensorType((rows,), "i64")])
+    b = Builder(g.body)
+    x, lab = g.args
+    m = b.op("ember.reduce_max", x, axes=[1], keepdims=True)
+    z = b.op("ember.sub", x, m)
+    lse = b.op("ember.log", b.op("ember.reduce_sum", b.op("ember.exp", z), axes=[1],
+                                 keepdims=True))
+    hot = b.op("ember.one_hot", lab, num_classes=n, dtype="f32")
+    picked = b.op("ember.reduce_sum", b.op("ember.mul", b.op("ember.sub", z, lse), hot),
+                  axes=[1], keepdims=False)
+    b.create("func.return", [picked, b.op("ember.sub", z, lse)])
+    labels = np.random.default_rng(1).integers(0, n, rows)
+    f = four_ways(verify(g), [rand((rows, n))[0] * 4, labels])
+    assert kernels(f) == ["kernel.fused"]
+    shape = cpu_fused.FusedEmitter(f.ops[0].regions[0].blocks[0], [rows, n],
+                                   f.ops[0].attributes["maps"],
+                                   f.ops[0].attributes["out_maps"], ["f32", "i64"],
+                                   ["f32", "f32"], "k").shape
+    if n > 1:  # (a single column normalizes to no reduction at all)
+        across = n < cpu_fused.SHORT_ROW <= rows
+        assert (shape.space, shape.reduce) == (([n, rows], {0}) if across else
+                                               ([rows, n], {1}))
+
+
 def test_reductions_over_different_axes_are_cut():
     def fn(b, x):
         y = b.op("ember.tanh", x)
