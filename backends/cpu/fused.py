@@ -77,13 +77,15 @@ def normalize(space: Sequence[int], ins, outs, reduce_dims: set[int],
 SHORT_ROW = 16
 
 
-def _rows_across_lanes(shape: Shape) -> Shape:
+def _rows_across_lanes(shape: Shape, reductions: int) -> Shape:
     """[rows, n] reduced along n, n shorter than a vector: the same kernel over [n, rows]
     (the reduced dim outermost), so that it runs as a column kernel whose accumulators
     and arithmetic vectorize across rows (a classifier's cross-entropy over 10 classes
-    would otherwise compute element by element). Other shapes as they are."""
+    would otherwise compute element by element), where its accumulators (one per row and
+    reduction) fit the stack; it then runs on one thread. Other shapes as they are."""
     sp = shape.space
-    if not (len(sp) == 2 and shape.reduce == frozenset({1}) and sp[1] < SHORT_ROW <= sp[0]):
+    if not (len(sp) == 2 and shape.reduce == frozenset({1}) and sp[1] < SHORT_ROW <= sp[0]
+            and sp[0] * reductions * 8 <= ACC_STACK_LIMIT):
         return shape
     swap = {0: 1, 1: 0, None: None}
     return Shape([sp[1], sp[0]], [m[::-1] for m in shape.ins], [m[::-1] for m in shape.outs],
@@ -108,7 +110,8 @@ class FusedEmitter:
             raise KernelCompileError(f"{name}: reduces over different dims {sorted(dims)}")
         rdims = set(dims.pop()) if dims else set()
         idims = {op.attributes["dim"] for op in self.body if op.name == "kernel.index"}
-        self.shape = _rows_across_lanes(normalize(space, in_maps, out_maps, rdims, idims))
+        self.shape = _rows_across_lanes(normalize(space, in_maps, out_maps, rdims, idims),
+                                        len(reds))
         sp = self.shape.space
         self.R = self.shape.reduce
         first_r = min(self.R) if self.R else len(sp)
