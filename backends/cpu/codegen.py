@@ -34,7 +34,7 @@ from . import scalar as S
 from .attention import attention_scratch, emit_attention
 from .checks import emit_checks
 from .dropout import emit_dropout
-from .fused import emit_fused
+from .fused import emit_fused, fused_scratch
 from .host import Isa, host_isa, num_threads
 from .matmul import as_kernel, emit_matmul, scratch_bytes
 from .scalar import PTR, REG, i64
@@ -87,7 +87,7 @@ class Plan:
         return (scratch_bytes(op, self.isa, self.threads) if op.name == "kernel.matmul" else
                 conv_scratch(op, self.isa, self.threads) if op.name in CONV_OPS else
                 attention_scratch(op, self.isa, self.threads) if op.name in ATTENTION_OPS
-                else 0)
+                else fused_scratch(op) if op.name == "kernel.fused" else 0)
 
 
 @dataclass
@@ -299,7 +299,7 @@ def _kernel_function(mod: ir.Module, st: Step, p: Plan) -> ir.Function:
     outs, ins, scratch = fn.args[:len(st.outs)], fn.args[len(st.outs):nargs], fn.args[nargs]
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     if op.name == "kernel.fused":
-        emit_fused(b, op, list(outs), list(ins), p.threads, st.name)
+        emit_fused(b, op, list(outs), list(ins), p.threads, st.name, scratch)
     elif op.name == "kernel.matmul":
         emit_matmul(b, op, list(outs), list(ins), scratch, p.isa, p.threads, st.name)
     elif op.name in CONV_OPS:

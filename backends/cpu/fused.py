@@ -30,7 +30,7 @@ from .loops import for_range, loop
 from .scalar import PTR, i64
 from .threads import elem, parallel_chunks, parallel_region, stack_array
 
-ACC_STACK_LIMIT = 1 << 18  # bytes of column accumulators kept on the stack
+ACC_STACK_LIMIT = 1 << 18  # bytes of column accumulators kept on the stack (more: scratch)
 
 
 @dataclass
@@ -118,6 +118,8 @@ class FusedEmitter:
         self.P = [d for d in range(first_r)]
         self.Q = [d for d in range(first_r, len(sp)) if d not in self.R]
         self.column = bool(self.R) and bool(self.Q)
+        self.reductions = {op: j for j, op in enumerate(reds)}  # each one's accumulators
+        self.scratch: ir.Value | None = None  # where they are when the stack is too small
         self.var = self._varying()
         self.level = self._reduce_levels(reds)
 
@@ -174,8 +176,10 @@ class FusedEmitter:
 
     # -- emission ---------------------------------------------------------------------------
 
-    def emit(self, b: ir.IRBuilder, ins: list, outs: list, threads: int = 1) -> None:
-        """The whole kernel at b's position (ins/outs: element pointers)."""
+    def emit(self, b: ir.IRBuilder, ins: list, outs: list, threads: int = 1,
+             scratch: ir.Value | None = None) -> None:
+        """The whole kernel at b's position (ins/outs: element pointers; `scratch`: the
+        `scratch_bytes()` it needs, where any)."""
         sp = self.shape.space
         if any(n == 0 for n in sp):
             return
@@ -183,8 +187,8 @@ class FusedEmitter:
         work = max(1, len(self.body)) * _prod(sp)
         first = self.P[0] if self.P else None
         t = parallel_chunks(work, sp[first], threads) if first is not None else 1
-        if self.column and self._acc_bytes() > ACC_STACK_LIMIT:
-            t = 1
+        if self.scratch_bytes():
+            self.scratch, t = scratch, 1
         if t == 1:
             self.run(b, None)
             return
@@ -226,8 +230,13 @@ class FusedEmitter:
 
     def _acc_bytes(self) -> int:
         qsize = _prod([self.shape.space[d] for d in self.Q])
-        nred = sum(1 for op in self.body if op.name == "kernel.reduce")
-        return qsize * nred * 8
+        return qsize * len(self.reductions) * 8
+
+    def scratch_bytes(self) -> int:
+        """Bytes of column accumulators too many for a thread's stack (8 per column and
+        reduction), which the kernel then keeps in its scratch and runs on one thread."""
+        acc = self._acc_bytes() if self.column else 0
+        return acc if acc > ACC_STACK_LIMIT else 0
 
     def run(self, b: ir.IRBuilder, split) -> None:
         self.b = b
@@ -302,7 +311,9 @@ class FusedEmitter:
         for op in reds:
             t = S.REG[dt[op]]
             if self.column:
-                arr = stack_array(b, t, qsize, "acc")
+                arr = (stack_array(b, t, qsize, "acc") if self.scratch is None else
+                       b.gep(self.scratch, [i64(self.reductions[op] * qsize * 8)],
+                             inbounds=True, source_etype=ir.IntType(8)))
                 init = S.identity(op.attributes["kind"], dt[op])
                 loop(b, qsize, lambda i, arr=arr, init=init, t=t: b.store(
                     init, elem(b, arr, t, i)), name="ai")
@@ -382,12 +393,21 @@ def _prod(xs) -> int:
     return out
 
 
-def emit_fused(b: ir.IRBuilder, op, outs: list, ins: list, threads: int, name: str) -> None:
-    """A `kernel.fused` op at b's position (outs/ins: buffer pointers)."""
+def _emitter(op, name: str) -> FusedEmitter:
     a = op.attributes
-    block = op.regions[0].blocks[0]
-    em = FusedEmitter(block, a["space"], a["maps"], a["out_maps"],
-                      [v.type.dtype for v in op.operands], [t.dtype for t in a["out_types"]],
-                      name)
-    em.emit(b, ins, outs, threads)
+    return FusedEmitter(op.regions[0].blocks[0], a["space"], a["maps"], a["out_maps"],
+                        [v.type.dtype for v in op.operands], [t.dtype for t in a["out_types"]],
+                        name)
+
+
+def emit_fused(b: ir.IRBuilder, op, outs: list, ins: list, threads: int, name: str,
+               scratch: ir.Value | None = None) -> None:
+    """A `kernel.fused` op at b's position (outs/ins: buffer pointers; `scratch`: its
+    `fused_scratch` bytes)."""
+    _emitter(op, name).emit(b, ins, outs, threads, scratch)
+
+
+def fused_scratch(op) -> int:
+    """The scratch bytes a `kernel.fused` op's kernel needs (0: none)."""
+    return _emitter(op, "scratch").scratch_bytes()
 

@@ -220,6 +220,28 @@ def test_short_rows_reduce_across_vector_lanes(rows, n):
                                                ([rows, n], {1}))
 
 
+@pytest.mark.parametrize("limit,columns", [(1024, 1000), (None, 700_000)])
+def test_column_accumulators_too_big_for_the_stack_live_in_scratch(limit, columns,
+                                                                     monkeypatch):
+    """A column reduction keeps one accumulator per column and reduction: past
+    ACC_STACK_LIMIT they live in the kernel's scratch (700k columns x 2 reductions is
+    11 MB, more than a thread's stack: it used to crash)."""
+    if limit is not None:
+        monkeypatch.setattr(cpu_fused, "ACC_STACK_LIMIT", limit)
+
+    def fn(b, x):
+        m = b.op("ember.reduce_max", x, axes=[0], keepdims=True)
+        e = b.op("ember.exp", b.op("ember.sub", x, m))
+        return [b.op("ember.reduce_sum", e, axes=[0], keepdims=True)]
+
+    g = fuse(graph([(2, columns)], fn))
+    exe = cpu.Executable(g, use_cache=False)
+    assert exe.plan.scratch_bytes(g.ops[0]) == columns * 2 * 8
+    x = rand((2, columns))[0]
+    np.testing.assert_allclose(exe([x])[0], np.exp(x - x.max(0)).sum(0, keepdims=True),
+                               rtol=1e-6)
+
+
 def test_reductions_over_different_axes_are_cut():
     def fn(b, x):
         y = b.op("ember.tanh", x)
