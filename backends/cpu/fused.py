@@ -31,6 +31,7 @@ from .scalar import PTR, i64
 from .threads import elem, parallel_chunks, parallel_region, stack_array
 
 ACC_STACK_LIMIT = 1 << 18  # bytes of column accumulators kept on the stack (more: scratch)
+ACC_BYTES = 8  # one accumulator's slot, whatever the dtype
 
 
 @dataclass
@@ -85,7 +86,7 @@ def _rows_across_lanes(shape: Shape, reductions: int) -> Shape:
     reduction) fit the stack; it then runs on one thread. Other shapes as they are."""
     sp = shape.space
     if not (len(sp) == 2 and shape.reduce == frozenset({1}) and sp[1] < SHORT_ROW <= sp[0]
-            and sp[0] * reductions * 8 <= ACC_STACK_LIMIT):
+            and sp[0] * reductions * ACC_BYTES <= ACC_STACK_LIMIT):
         return shape
     swap = {0: 1, 1: 0, None: None}
     return Shape([sp[1], sp[0]], [m[::-1] for m in shape.ins], [m[::-1] for m in shape.outs],
@@ -230,10 +231,10 @@ class FusedEmitter:
 
     def _acc_bytes(self) -> int:
         qsize = _prod([self.shape.space[d] for d in self.Q])
-        return qsize * len(self.reductions) * 8
+        return qsize * len(self.reductions) * ACC_BYTES
 
     def scratch_bytes(self) -> int:
-        """Bytes of column accumulators too many for a thread's stack (8 per column and
+        """Bytes of column accumulators too many for a thread's stack (one per column and
         reduction), which the kernel then keeps in its scratch and runs on one thread."""
         acc = self._acc_bytes() if self.column else 0
         return acc if acc > ACC_STACK_LIMIT else 0
@@ -312,7 +313,7 @@ class FusedEmitter:
             t = S.REG[dt[op]]
             if self.column:
                 arr = (stack_array(b, t, qsize, "acc") if self.scratch is None else
-                       b.gep(self.scratch, [i64(self.reductions[op] * qsize * 8)],
+                       b.gep(self.scratch, [i64(self.reductions[op] * qsize * ACC_BYTES)],
                              inbounds=True, source_etype=ir.IntType(8)))
                 init = S.identity(op.attributes["kind"], dt[op])
                 loop(b, qsize, lambda i, arr=arr, init=init, t=t: b.store(
