@@ -7,10 +7,11 @@ from collections.abc import Callable
 from ..frontend.module import Module
 from ..passes.manager import PASSES
 from . import distributed
-from .compiled import CompiledFunction, GradFunction, TrainStep
+from .compiled import CompiledFunction
 from .distributed import Communicator
 from .dynamic import DynamicDims, DynamicFunction, DynamicGradFunction, DynamicTrainStep
 from .optim import Optimizer
+from .steps import GradFunction, TrainStep
 
 # what a `checkpoint{strategy=...}` pass may offer, in order; only those it has are listed
 _KNOWN_STRATEGIES = ("none", "all", "balanced", "min-cut")

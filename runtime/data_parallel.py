@@ -34,10 +34,11 @@ from ..frontend.param import random_seed
 from ..ir import Graph, has_trait, numpy_dtype
 from ..ir.printer import strip_locations
 from .backend import to_host
-from .compiled import Entry, TrainStep
+from .compiled import Entry
 from .distributed import Communicator
 from .params import param_values, state_key
 from .pipeline import SIMPLIFY, Stages, grad_pipeline
+from .steps import TrainStep
 from .update import UpdateLayout, hyper_inputs, state_inputs, update_graph, write_back
 
 _ALIGN = 64  # bytes: each view in a flat buffer starts where a kernel's own buffer would

@@ -30,7 +30,8 @@ from ..frontend.module import Module
 from ..frontend.trace import TensorSpec
 from ..ir import Graph
 from ..passes.pad_mask import PadMaskError, refuse
-from .compiled import Compiled, CompiledFunction, GradFunction, TrainStep
+from .compiled import Compiled, CompiledFunction
+from .steps import GradFunction, TrainStep
 
 SMALLEST_BUCKET = 8
 

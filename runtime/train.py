@@ -28,9 +28,10 @@ import numpy as np
 from tqdm.autonotebook import tqdm
 
 from ..frontend import nn
-from .compiled import CompiledFunction, TrainStep
+from .compiled import CompiledFunction
 from .data import DataLoader, Dataset
 from .logging import MetricLogs
+from .steps import TrainStep
 
 
 @dataclass

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import ember as em
-import ember.runtime.compiled as compiled
+import ember.runtime.steps as steps
 from ember import nn, optim
 from ember.backends import cpu
 from ember.ir import Builder, Graph, TensorType, verify
@@ -33,8 +33,8 @@ class Mlp(nn.Module):
 @pytest.fixture
 def fused_pipeline(monkeypatch):
     """Training steps compiled with `fuse` at the end of the pipeline."""
-    plain = compiled.training_pipeline
-    monkeypatch.setattr(compiled, "training_pipeline", lambda *a, **k: plain(*a, **k) + ["fuse"])
+    plain = steps.training_pipeline
+    monkeypatch.setattr(steps, "training_pipeline", lambda *a, **k: plain(*a, **k) + ["fuse"])
 
 
 def batch(seed=0):
@@ -78,10 +78,10 @@ def test_compile_cache_second_process_loads_object_code(tmp_path):
         import json, sys, time
         import numpy as np
         import ember as em
-        import ember.runtime.compiled as compiled
+        import ember.runtime.steps as steps
         from ember import nn, optim
-        plain = compiled.training_pipeline
-        compiled.training_pipeline = lambda *a, **k: plain(*a, **k) + ["fuse"]
+        plain = steps.training_pipeline
+        steps.training_pipeline = lambda *a, **k: plain(*a, **k) + ["fuse"]
         em.seed(0)
         model = nn.Linear(12, 5)
         step = em.compile_train_step(model, nn.functional.cross_entropy, optim.SGD(lr=0.1),

@@ -14,8 +14,8 @@ from safetensors.numpy import save as st_save
 import ember as em
 from ember import nn, optim
 from ember.runtime.checkpoint import KEY, CheckpointError, read
-from ember.runtime.compiled import TrainStep
 from ember.runtime.data import digits
+from ember.runtime.steps import TrainStep
 from ember.runtime.train import fit
 
 

@@ -13,6 +13,7 @@ import pytest
 
 import ember as em
 import ember.runtime.compiled as compiled
+import ember.runtime.steps as steps
 from ember import nn, optim
 from ember.backends import interpreter
 from ember.runtime.data import digits
@@ -73,7 +74,7 @@ def test_params_and_state_stay_on_the_device_and_val_sees_updates(device, tmp_pa
         em.seed(0)
         model = Mlp()
         ids = [p.id for p in model.parameters()]
-        step = compiled.TrainStep(model, nn.functional.cross_entropy, optim.Adam(lr=1e-2),
+        step = steps.TrainStep(model, nn.functional.cross_entropy, optim.Adam(lr=1e-2),
                                   backend=backend)
         for i in range(4):
             loss = step(data.x_train[i * 32:(i + 1) * 32], data.y_train[i * 32:(i + 1) * 32])

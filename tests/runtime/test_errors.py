@@ -116,15 +116,15 @@ def test_nan_inputs_out_of_range_labels_and_mismatched_batches_are_clear(data, b
 
 def test_a_fused_step_still_names_the_scalar_op(data, monkeypatch):
     """Replays use the graph from before `fuse`, so a fused kernel hides nothing."""
-    import ember.runtime.compiled as compiled
+    import ember.runtime.steps as steps
 
-    plain = compiled.training_pipeline
+    plain = steps.training_pipeline
 
     def fused(*args, **kwargs):
         stages = plain(*args, **kwargs)
         return stages if "fuse" in stages else [*stages, "fuse"]
 
-    monkeypatch.setattr(compiled, "training_pipeline", fused)
+    monkeypatch.setattr(steps, "training_pipeline", fused)
     model, step = make(log_inputs=True, backend="cpu", detect_anomaly=True)
     with pytest.raises(AnomalyError, match=r"'ember.log'.*test_errors.py:"
                                            + str(line_of("LOG LINE"))):

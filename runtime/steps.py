@@ -1,0 +1,192 @@
+"""Compiled gradient functions and training steps: a loss over the model's forward, its
+gradients (`GradFunction`) or forward, backward and the optimizer's update in one graph
+(`TrainStep`), on `Compiled`'s cache and checks (compiled.py). A training step's call
+path once bound is fast_path.py's."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+from ..frontend.module import Module
+from ..ir import Graph
+from .backend import to_host
+from .compiled import Compiled, Entry
+from .fast_path import BoundStep
+from .inputs import batch_sizes_agree, finite_inputs
+from .params import GradientsParams
+from .pipeline import grad_pipeline, training_pipeline
+from .update import SettingsWatch, hyper_inputs, state_inputs, write_back
+
+
+class _Training(Compiled):
+    """What gradient and training steps share: a loss function, input checks, metrics."""
+
+    training = True
+
+    def __init__(self, model: Module, loss_fn: Callable, backend: str, linear: str,
+                 detect_anomaly: bool):
+        super().__init__(model, backend, linear, detect_anomaly)
+        self.loss_fn = loss_fn
+        self.loss: float | None = None
+        self.metrics: tuple = ()  # what loss_fn returned after the loss, from the last call
+
+    def traced_fn(self):
+        return lambda x, *targets: self.loss_fn(self.model(x), *targets)
+
+    def _trace(self, specs: tuple) -> Graph:
+        graph = super()._trace(specs)
+        floats = [i for i, s in enumerate(specs) if s.dtype in ("f32", "f64")]
+        if floats:  # NaN/Inf inputs: checked natively where the backend can, as labels
+            graph.attributes["ember.finite_args"] = floats
+        return graph
+
+    def check_inputs(self, entry: Entry, inputs: tuple) -> None:
+        finite_inputs(inputs)  # batch sizes were checked by entry()
+        super().check_inputs(entry, inputs)
+
+    def check_new_inputs(self, inputs: tuple) -> None:
+        batch_sizes_agree(inputs)  # before tracing, so the error is this one
+
+    def settings(self) -> list[str]:
+        strategy = getattr(self, "checkpoint", "none")  # set by each subclass
+        return [f"checkpoint={strategy!r}"] if strategy != "none" else []
+
+    def finish(self, entry: Entry, table: dict, outs: list) -> list:
+        """Check the loss, keep loss and metrics, write buffers; returns the tail."""
+        main, buffers, tail = entry.split(outs)
+        self.keep_loss(main)
+        for pid, value in zip(entry.buffer_ids, buffers):
+            self.set_param(table, pid, value)
+        self.rng_step += 1
+        return tail
+
+    def keep_loss(self, main: list) -> None:
+        """Check the loss, before anything is written back, and keep it and the metrics."""
+        loss = float(main[0])
+        if not math.isfinite(loss):
+            raise FloatingPointError(
+                f"the loss is {loss} at step {self.rng_step}; the model's params were not "
+                "updated. Rerun with detect_anomaly=True (ember train --detect-anomaly) to "
+                "find the op that produced it")
+        self.loss = loss
+        self.metrics = tuple(float(m) if m.ndim == 0 else m
+                             for m in (to_host(m) for m in main[1:])) if len(main) > 1 else ()
+
+    def memory_report(self) -> dict:
+        """Bytes by role (params, optimizer state, saved activations, kernel scratch, ...)
+        of the compiled graph, from the memory planner, with the scratch each kernel needs
+        where the backend sizes it (cpu: `Plan.scratch_bytes`); where the backend says what
+        it allocates (cpu: `Executable.memory()`), also `real_bytes`: that plus the params,
+        optimizer state and inputs as the plan counts them, and the backend's own bytes as
+        `real_<role>` (`real_arena` next to the plan's `arena_bytes`)."""
+        from ..passes.memory import plan_memory
+
+        entry = self._require()
+        scratch = getattr(getattr(entry.run, "plan", None), "scratch_bytes", None)
+        report = plan_memory(entry.graph, scratch).report()
+        memory = getattr(entry.run, "memory", None)
+        if memory is not None:
+            held = memory()
+            report.update({f"real_{k}": v for k, v in held.items() if k != "total"})
+            report["real_bytes"] = held["total"] + sum(
+                report[k] for k in ("params", "optimizer_state", "inputs"))
+        return report
+
+
+class GradFunction(_Training):
+    """`em.compile_grad(model, loss_fn)`: call(x, y) returns GradientsParams."""
+
+    kind = "grad"
+
+    def __init__(self, model: Module, loss_fn: Callable, backend: str = "cpu",
+                 linear: str = "split", checkpoint: str = "none",
+                 memory_budget: int | None = None, detect_anomaly: bool = False):
+        super().__init__(model, loss_fn, backend, linear, detect_anomaly)
+        self.checkpoint, self.memory_budget = checkpoint, memory_budget
+
+    def pipeline(self):
+        return grad_pipeline(self.linear, self.checkpoint, self.memory_budget)
+
+    def __call__(self, *inputs: np.ndarray) -> GradientsParams:
+        entry, table, outs = self.execute(inputs)
+        grads = self.finish(entry, table, outs)
+        ids = entry.graph.attributes["ember.grads"]
+        return GradientsParams({table[pid].id: to_host(g) for pid, g in zip(ids, grads)})
+
+
+class TrainStep(_Training):
+    """`em.compile_train_step(...)`: forward, backward and update as one compiled graph.
+
+    Calling it returns the loss (a float), or `(loss, *metrics)` when `loss_fn` returns a
+    tuple. Params, buffers and optimizer state are rebound to the arrays the step returns
+    (no copies); `Param.val()` sees them, ids unchanged.
+    """
+
+    kind = "train_step"
+
+    def __init__(self, model: Module, loss_fn: Callable, optimizer, backend: str = "cpu",
+                 linear: str = "split", checkpoint: str = "none",
+                 memory_budget: int | None = None, detect_anomaly: bool = False):
+        super().__init__(model, loss_fn, backend, linear, detect_anomaly)
+        self.optimizer = optimizer
+        self.checkpoint, self.memory_budget = checkpoint, memory_budget
+        self._repeating: BoundStep | None = None  # the last call's, tried first (`repeat`)
+
+    def pipeline(self):
+        return training_pipeline(self.optimizer.pass_spec(), self.linear,
+                                 self.checkpoint, self.memory_budget)
+
+    def key_extra(self) -> tuple:
+        return (self.optimizer.kind, *self.optimizer.options().items())
+
+    def watch_settings(self) -> Callable[[], bool]:
+        """Whether `self.optimizer` is the same object with the same settings, read in one
+        call rather than through options()' dicts."""
+        return SettingsWatch(self).unchanged
+
+    def settings(self) -> list[str]:
+        return [repr(self.optimizer), *super().settings()]
+
+    def extra_inputs(self, entry: Entry, table: dict) -> list:
+        return (hyper_inputs(self.optimizer)
+                + state_inputs(self.optimizer, entry.update_layout, table))
+
+    def __call__(self, *inputs: np.ndarray):
+        bound = self._repeating
+        if bound is not None and not self.detect_anomaly:
+            result = bound.repeat(self, inputs)
+            if result is not None:
+                return result
+        table = self.param_table()
+        entry = self.entry(inputs, table)
+        bound = entry.bound
+        if bound is None or bound.table is not table:
+            bound = entry.bound = BoundStep.of(self, entry, table)
+        self._repeating = bound if bound is not None and bound.repeats else None
+        if bound is not None and not self.detect_anomaly:
+            return bound(self, entry, inputs)
+        entry, table, outs = self.execute(inputs)
+        tail = self.finish(entry, table, outs)
+        write_back(self.optimizer, entry.update_layout, table, tail, self.set_param)
+        return self.loss if not self.metrics else (self.loss, *self.metrics)
+
+    def save_checkpoint(self, path: str, extra: dict | None = None) -> str:
+        """Params, optimizer state, step and RNG counters, schedule and the model's flags,
+        as safetensors written atomically; `extra` (JSON) rides along (the data position)."""
+        from .checkpoint import save
+
+        return save(self, path, extra)
+
+    def load_checkpoint(self, path: str, parse_extra: Callable | None = None):
+        """Restore what `save_checkpoint` wrote; returns its `extra` (through `parse_extra`,
+        which may refuse it). Nothing changes when the file is damaged or belongs to another
+        model (the error lists the paths)."""
+        from .checkpoint import load
+
+        return load(self, path, parse_extra)
+
+
+__all__ = ["GradFunction", "TrainStep"]
