@@ -19,7 +19,7 @@ import numpy as np
 
 from ..ir import numpy_dtype
 from . import context
-from .param import Param
+from .param import Edits, Param
 
 PARAM_KINDS = ("float", "int", "bool")  # what named_parameters() and num_params() count
 
@@ -138,12 +138,6 @@ def _map(value, name: str, container: str, mapper: ModuleMapper):
     return value
 
 
-class _Edits:
-    """How many Module fields were assigned or deleted so far, in any tree (see TreeWatch)."""
-
-    count = 0
-
-
 _END = (object(),)  # ends each container in TreeWatch's snapshot: no tree holds it
 
 
@@ -151,10 +145,10 @@ class TreeWatch:
     """Says cheaply whether a module tree may have changed shape since the watch was made,
     so that the runtime walks the tree once instead of on every step.
 
-    A change is any Module field assigned or deleted anywhere (a global count, so an
-    unrelated tree's edit costs one more walk, never a stale one) or a list or dict held
-    in the tree's fields changed in place (each is kept with a snapshot of its items).
-    Param values, flags and requires_grad are not structure: callers read them each time.
+    A change is any Module field assigned or deleted anywhere (`Edits.fields`, a global
+    count, so an unrelated tree's edit costs one more walk, never a stale one) or a list or
+    dict held in the tree's fields changed in place (each is kept with a snapshot of its
+    items). Param values, flags and requires_grad are not structure: callers read them.
 
     The check runs on every step, so it is one C-level pass: the elements of every list,
     and the keys and values of every dict (live views), each container followed by `_END`,
@@ -164,7 +158,7 @@ class TreeWatch:
     """
 
     def __init__(self, root: Module):
-        self._count = _Edits.count
+        self._count = Edits.fields
         views: list = []
         for _, module in root.visit(_Paths(root)).modules:
             for name in module.__dict__.get("_fields", ()):
@@ -173,7 +167,7 @@ class TreeWatch:
         self._items = list(chain(*views))
 
     def unchanged(self) -> bool:
-        return self._count == _Edits.count and all(map(is_, chain(*self._views), self._items))
+        return self._count == Edits.fields and all(map(is_, chain(*self._views), self._items))
 
 
 def _collect(value, views: list) -> None:
@@ -293,12 +287,12 @@ class Module:
                                 "holds a Module or Param is never visited; use a list, tuple or "
                                 "dict (with string or int keys)")
             self.__dict__.setdefault("_fields", {})[name] = None  # an ordered set of names
-        _Edits.count += 1
+        Edits.fields += 1
         object.__setattr__(self, name, value)
 
     def __delattr__(self, name: str) -> None:
         self.__dict__.get("_fields", {}).pop(name, None)
-        _Edits.count += 1
+        Edits.fields += 1
         object.__delattr__(self, name)
 
     def _children(self) -> Iterator[tuple[str, object]]:
@@ -336,7 +330,7 @@ class Module:
         for name, value in list(self._children()):
             new = _map(value, name, owner, mapper)
             if new is not value:
-                _Edits.count += 1
+                Edits.fields += 1
                 object.__setattr__(self, name, new)
         return self
 

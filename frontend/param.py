@@ -28,6 +28,17 @@ _ALPHABET = "0123456789abcdefghijklmnopqrstuv"
 KINDS = ("float", "int", "bool", "flag", "buffer")
 _NUMPY_DTYPES = {d: numpy_dtype(d) for d in DTYPES}  # set_value runs every step: no np.dtype()
 
+class Edits:
+    """How many edits of two kinds were made so far, in any tree: Module fields assigned or
+    deleted (`fields`: TreeWatch walks the tree again), Params' requires_grad set
+    (`requires_grad`: StateWatch reads every Param again). The runtime's watches compare
+    them on every step instead of reading everything; global counts, so an unrelated
+    edit costs one more look, never a stale one."""
+
+    fields = 0
+    requires_grad = 0
+
+
 _seed: int | None = None
 _ids = random.Random()
 _entropy = secrets.randbits(64)  # the value seed of unseeded processes
@@ -161,7 +172,7 @@ class Param:
             getattr(init, "check", lambda *a: None)(shape, fan_in, fan_out)
         self.id = id if id is not None else ParamId.new()
         self.shape, self.dtype, self.kind, self.device = shape, dtype, kind, device
-        self.requires_grad = kind == "float" if requires_grad is None else bool(requires_grad)
+        self._requires_grad = kind == "float" if requires_grad is None else bool(requires_grad)
         self.frozen = False  # set by Module.freeze(): train() leaves this param's flags off
         self._state = _State(shape, dtype, init, fan_in, fan_out)
         self._value: np.ndarray | None = None  # set_value's rebinding, not shared with clones
@@ -181,6 +192,15 @@ class Param:
     def flag(cls, value: bool) -> Param:
         """A boolean mode switch (`Dropout.training`): read as a python bool while tracing."""
         return cls.from_array(np.array(bool(value)), kind="flag")
+
+    @property
+    def requires_grad(self) -> bool:
+        return self._requires_grad
+
+    @requires_grad.setter
+    def requires_grad(self, value: bool) -> None:
+        self._requires_grad = value
+        Edits.requires_grad += 1  # a compiled step's key changes (StateWatch)
 
     @property
     def init(self):

@@ -7,7 +7,7 @@ from operator import attrgetter
 import numpy as np
 
 from ..frontend.module import Module, TreeWatch
-from ..frontend.param import Param, ParamId
+from ..frontend.param import Edits, Param, ParamId
 
 
 def param_table(model: Module) -> dict[str, Param]:
@@ -53,18 +53,29 @@ class StateWatch:
     """Says cheaply whether `state_key(table)` is still what it was when the watch was made,
     for a runtime that asks on every step: of the same table (ParamTable makes a new dict
     when the tree changed) only requires_grad and flag values can change, since a Param's
-    id, shape and kind are fixed."""
+    id, shape and kind are fixed. requires_grad is read again only after one was set
+    (`Edits.requires_grad`); flags are read every time (an array changed in place)."""
 
     def __init__(self, table: dict[str, Param]):
         self.table = table
         self.params = tuple(table.values())
         self.flags = tuple(p for p in self.params if p.kind == "flag")
+        self.edits = Edits.requires_grad
         self.grads = list(map(_requires_grad, self.params))
         self.flag_values = list(map(bool, self.flags))
 
     def unchanged(self, table: dict[str, Param]) -> bool:
-        return (table is self.table and list(map(_requires_grad, self.params)) == self.grads
+        return (table is self.table and (self.edits == Edits.requires_grad or self._same_grads())
                 and (not self.flags or list(map(bool, self.flags)) == self.flag_values))
+
+    def _same_grads(self) -> bool:
+        """requires_grad read again after an edit; where it is what it was, the count the
+        next check compares moves up to now."""
+        count = Edits.requires_grad
+        if list(map(_requires_grad, self.params)) != self.grads:
+            return False
+        self.edits = count
+        return True
 
 
 class GradientsParams:

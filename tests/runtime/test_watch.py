@@ -225,3 +225,22 @@ def test_state_watch_sees_requires_grad_and_ignores_values():
     assert watch.unchanged(table) and not watch.unchanged(dict(table))
     model.fc2.bias.requires_grad = False
     assert not watch.unchanged(table)
+
+
+def test_state_watch_reads_requires_grad_only_after_one_was_set():
+    from ember.runtime.params import StateWatch, param_table
+
+    em.seed(0)
+    model = Mlp()
+    table = param_table(model)
+    watch = StateWatch(table)
+    watch.params = ()  # a watch that read the Params again would now find none
+    assert watch.unchanged(table)  # no requires_grad set since the watch: none read
+    model.fc2.bias.requires_grad = True  # set (to what it was): read again
+    assert not watch.unchanged(table)
+    watch = StateWatch(table)
+    model.fc2.bias.requires_grad = False
+    model.fc2.bias.requires_grad = True  # set and set back: the same state
+    assert watch.unchanged(table)
+    watch.params = ()
+    assert watch.unchanged(table)  # the count caught up: not read again
