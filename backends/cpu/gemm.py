@@ -319,6 +319,9 @@ class GemmProblem:
     sb_n: int
     ldc: int
     dtype: str
+    # an epilogue follows each block of rows a thread finishes (`RowsDone`): threads then
+    # split the rows rather than the columns wherever both would do
+    finish_rows: bool = False
 
     @property
     def flops(self) -> int:
@@ -328,7 +331,11 @@ class GemmProblem:
 def plan_own(p: GemmProblem, isa: Isa, threads: int) -> dict:
     """How the own GEMM runs `p`: blocking, whether B is packed, how threads split the
     work ("m": row blocks, B packed first by all threads; "n": column panels, each thread
-    packs its own panels of B and reads all of A), and the scratch bytes."""
+    packs its own panels of B and reads all of A), and the scratch bytes. With A not
+    blocked either split does, and a GEMM whose rows an epilogue follows (`p.finish_rows`)
+    splits the rows, so that each thread runs the epilogue on rows still in its cache: for
+    the SGD update of a 784 x 512 weight gradient (K 128) the columns' split left the
+    update to a second pass over 1.6 MB, and the MLP 784-512-512-10 step took 8% longer."""
     caches = host_caches()
     blk = blocking(isa, p.dtype, p.n, caches)
     lanes = isa.lanes(p.dtype)
@@ -342,7 +349,8 @@ def plan_own(p: GemmProblem, isa: Isa, threads: int) -> dict:
     if threads > 1 and p.flops >= THREAD_FLOPS:
         if not blocked and not pack_b_:
             t = min(threads, _cdiv(p.m, blk.mr))
-        elif (p.m < p.n or not blocked) and npanels >= 2:
+        elif (p.m < p.n or not blocked) and npanels >= 2 and not (
+                p.finish_rows and not blocked and _cdiv(p.m, blk.mr) >= threads):
             split, t = "n", min(threads, npanels)
         else:
             t = min(threads, _cdiv(p.m, blk.mr))

@@ -115,6 +115,8 @@ def plan_matmul(op, isa: Isa, threads: int) -> MatmulPlan:
     body = block.ops
     trivial = (in_place and len(body) == 1 and len(body[0].operands) == 1
                and body[0].operands[0] is block.args[0])
+    if not trivial and engine == "own" and not swapped and slices == 1 and _prod(loop) == 1:
+        p = replace(p, finish_rows=True)  # the epilogue may follow its rows (`_rows_done`)
     c_bytes = slices * _prod(batch) * m * n * S.size(dt) if not in_place else 0
     gemm_bytes = (gemm_scratch(p, engine, isa, threads) if slices == 1 else
                   regions(*[gemm_scratch(_slice(p, slices), engine, isa, 1)] * slices)[1])
