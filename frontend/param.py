@@ -28,6 +28,7 @@ _ALPHABET = "0123456789abcdefghijklmnopqrstuv"
 KINDS = ("float", "int", "bool", "flag", "buffer")
 _NUMPY_DTYPES = {d: numpy_dtype(d) for d in DTYPES}  # set_value runs every step: no np.dtype()
 
+
 class Edits:
     """How many edits of two kinds were made so far, in any tree: Module fields assigned or
     deleted (`fields`: TreeWatch walks the tree again), Params' requires_grad set
