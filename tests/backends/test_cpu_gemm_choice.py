@@ -300,6 +300,25 @@ def test_the_own_gemm_gives_numpys_values_on_both_vector_widths(isa, m, n, k, ta
 
 
 @pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("ta,tb", [(True, False), (False, True)])
+def test_one_block_of_rows_packs_b_a_k_block_at_a_time(isa, ta, tb, monkeypatch):
+    """One thread, rows that fit one block (a slice of a weight gradient's long K): B is
+    packed a kc-deep block at a time into kc x N of scratch, the K tail (301 = 256 + 45)
+    and N's last panel too, with numpy's values."""
+    monkeypatch.setattr(gemm, "PACK_B_BYTES", 1024)
+    m, n, k = 37, 83, 301
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((k, m) if ta else (m, k), np.float32)
+    b = rng.standard_normal((n, k) if tb else (k, n), np.float32)
+    a, b = (a.T if ta else a), (b.T if tb else b)
+    bench = gemm_timing.GemmBench(a, b, ISAS[isa], 1, ("own",))
+    plan = gemm.plan_own(bench.p, ISAS[isa], 1)
+    assert plan["pack_per_k"] and plan["scratch"] == plan["npanels"] * plan["nr"] * gemm.KC * 4
+    bench.run("own")
+    np.testing.assert_allclose(bench.c, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("isa", ISAS)
 def test_a_compiled_matmul_with_an_epilogue_on_both_vector_widths(isa, monkeypatch):
     """Through the backend: the plan's Isa decides every vector width."""
     monkeypatch.setenv("EMBER_GEMM", "own")
