@@ -43,7 +43,7 @@ from .host import Isa
 from .loops import for_range, loop
 from .matmul import byte_offset
 from .scalar import i64
-from .threads import parallel_chunks, parallel_region
+from .threads import chunk_index, parallel_chunks, parallel_region
 
 
 def _regions(g: Geometry, forward: bool) -> tuple[dict[str, int], int]:
@@ -153,8 +153,7 @@ def emit_attention(b: ir.IRBuilder, op: Operation, outs: list, ins: list, scratc
     ptrs = list(outs) + list(ins) + [scratch]
 
     def chunk(bb, ps, lo, hi):
-        c = bb.udiv(bb.add(bb.mul(lo, i64(t)), i64(items - 1)), i64(items))  # chunk index
-        base = byte_offset(bb, ps[-1], bb.mul(c, i64(per)))
+        base = byte_offset(bb, ps[-1], bb.mul(chunk_index(bb, lo, items, t), i64(per)))
         regs = [byte_offset(bb, base, off) for off in offs.values()]
         for_range(bb, lo, hi, lambda it: bb.call(item, ps[:-1] + regs + [it]), "item")
 

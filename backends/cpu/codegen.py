@@ -87,7 +87,7 @@ class Plan:
         return (scratch_bytes(op, self.isa, self.threads) if op.name == "kernel.matmul" else
                 conv_scratch(op, self.isa, self.threads) if op.name in CONV_OPS else
                 attention_scratch(op, self.isa, self.threads) if op.name in ATTENTION_OPS
-                else fused_scratch(op) if op.name == "kernel.fused" else 0)
+                else fused_scratch(op, self.threads) if op.name == "kernel.fused" else 0)
 
 
 @dataclass

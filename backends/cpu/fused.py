@@ -12,7 +12,8 @@ first reduced dim (P), and the parallel dims after it (Q). For each point of P:
   along Q, and the rest is stored once.
 Every value is computed in the loop of the innermost dim it varies along, so what a
 row shares is computed once per row. The outermost P loop is split across threads when
-the kernel is large.
+the kernel is large; a column kernel without P (a bias gradient) splits its reduced rows
+instead, each thread into accumulators of its own (`split_rows`).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from . import scalar as S
 from .dropout import dropout
 from .loops import for_range, loop
 from .scalar import PTR, i64
-from .threads import elem, parallel_chunks, parallel_region, stack_array
+from .threads import chunk_index, elem, parallel_chunks, parallel_region, stack_array
 
 ACC_STACK_LIMIT = 1 << 18  # bytes of column accumulators kept on the stack (more: scratch)
 ACC_BYTES = 8  # one accumulator's slot, whatever the dtype
@@ -123,6 +124,14 @@ class FusedEmitter:
         self.scratch: ir.Value | None = None  # where they are when the stack is too small
         self.var = self._varying()
         self.level = self._reduce_levels(reds)
+        # the results by the dims their stores vary along: the reduced ones, else Q, else P
+        var_store = [self.var[y] | frozenset(d for d, s in enumerate(self.shape.outs[k]) if s)
+                     for k, y in enumerate(self.yields)]
+        n = len(self.yields)
+        self.stores_r = [k for k in range(n) if var_store[k] & self.R]
+        self.stores_q = [k for k in range(n) if k not in self.stores_r and
+                         var_store[k] & frozenset(self.Q)]
+        self.stores_p = [k for k in range(n) if k not in self.stores_r + self.stores_q]
 
     # -- analysis ---------------------------------------------------------------------------
 
@@ -188,7 +197,11 @@ class FusedEmitter:
         work = max(1, len(self.body)) * _prod(sp)
         first = self.P[0] if self.P else None
         t = parallel_chunks(work, sp[first], threads) if first is not None else 1
-        if self.scratch_bytes():
+        split = self.split_rows(threads) if scratch is not None else 1  # (not an epilogue)
+        if split > 1:
+            self._emit_split_rows(b, ins, outs, split, scratch)
+            return
+        if self.scratch_bytes():  # accumulators past the stack's share, on one thread
             self.scratch, t = scratch, 1
         if t == 1:
             self.run(b, None)
@@ -233,24 +246,73 @@ class FusedEmitter:
         qsize = _prod([self.shape.space[d] for d in self.Q])
         return qsize * len(self.reductions) * ACC_BYTES
 
-    def scratch_bytes(self) -> int:
+    def scratch_bytes(self, threads: int = 1) -> int:
         """Bytes of column accumulators too many for a thread's stack (one per column and
-        reduction), which the kernel then keeps in its scratch and runs on one thread."""
+        reduction), which the kernel then keeps in its scratch and runs on one thread; or,
+        where threads split the reduced rows (`split_rows`), a set of them per thread."""
+        t = self.split_rows(threads)
+        if t > 1:
+            return t * self._acc_bytes()
         acc = self._acc_bytes() if self.column else 0
         return acc if acc > ACC_STACK_LIMIT else 0
 
-    def run(self, b: ir.IRBuilder, split) -> None:
+    def split_rows(self, threads: int) -> int:
+        """Threads that each reduce a share of the rows into column accumulators of their
+        own, added after: a column kernel (a bias gradient and its optimizer update: the
+        sum over a [2048, 128] gradient's rows ran on one thread, 35-40 us, for each of a
+        GPT's 40-odd biases and norms) reducing along its outermost dim in one level,
+        storing nothing per row, with few enough accumulators. 1: as the kernel is."""
+        if not (self.column and not self.P and min(self.R) == 0
+                and len(set(self.level.values())) == 1 and self._acc_bytes() <= ACC_STACK_LIMIT
+                and not self.stores_r):
+            return 1
+        work = max(1, len(self.body)) * _prod(self.shape.space)
+        return parallel_chunks(work, self.shape.space[0], threads)
+
+    def _emit_split_rows(self, b: ir.IRBuilder, ins: list, outs: list, t: int,
+                         scratch: ir.Value) -> None:
+        """`split_rows`: each thread's share of the rows into its accumulators (thread c's
+        at scratch + c * _acc_bytes()), the sets added into the first, then what the
+        kernel stores, on this thread."""
+        n, per = self.shape.space[0], self._acc_bytes()
+        reds = sorted(self.level, key=self.level.get)
+
+        def chunk(cb, ptrs, lo, hi):
+            self.ins, self.outs = ptrs[:len(ins)], ptrs[len(ins):-1]
+            self._start(cb)
+            base = cb.gep(ptrs[-1], [cb.mul(chunk_index(cb, lo, n, t), i64(per))],
+                          inbounds=True, source_etype=ir.IntType(8))
+            self.reduce_phase(reds, (lo, hi), base)
+
+        parallel_region(b, f"{self.name}.rows", list(ins) + list(outs) + [scratch],
+                        [False] * len(ins) + [True] * (len(outs) + 1), n, t, chunk)
+        self.ins, self.outs = ins, outs
+        self._start(b)
+        qsize = _prod([self.shape.space[d] for d in self.Q])
+        for op in reds:
+            ty, kind, dt = S.REG[op.result.type.dtype], op.attributes["kind"], op.result.type.dtype
+            acc = [b.gep(scratch, [i64(c * per + self.reductions[op] * qsize * ACC_BYTES)],
+                         inbounds=True, source_etype=ir.IntType(8)) for c in range(t)]
+
+            def add(i, acc=acc, ty=ty, kind=kind, dt=dt):
+                total = b.load(elem(b, acc[0], ty, i), typ=ty)
+                for other in acc[1:]:
+                    total = S.combine(b, kind, total, b.load(elem(b, other, ty, i), typ=ty), dt)
+                b.store(total, elem(b, acc[0], ty, i))
+            loop(b, qsize, add, "acc")
+            self.acc[op] = acc[0]
+        self.run_stores()
+
+    def _start(self, b: ir.IRBuilder) -> None:
+        """A fresh emission state at b's position."""
         self.b = b
         self.idx: dict[int, ir.Value] = {}
         self.scopes: list[dict] = [{}]
         self.acc: dict = {}
+
+    def run(self, b: ir.IRBuilder, split) -> None:
+        self._start(b)
         n = len(self.yields)
-        var_store = [self.var[y] | frozenset(d for d, s in enumerate(self.shape.outs[k]) if s)
-                     for k, y in enumerate(self.yields)]
-        self.stores_r = [k for k in range(n) if var_store[k] & self.R]
-        self.stores_q = [k for k in range(n) if k not in self.stores_r and
-                         var_store[k] & frozenset(self.Q)]
-        self.stores_p = [k for k in range(n) if k not in self.stores_r + self.stores_q]
         if not self.R:
             self.phase(self.P, lambda: [self.store(k) for k in range(n)], self.yields, split)
         else:
@@ -260,6 +322,10 @@ class FusedEmitter:
         reds = sorted(self.level, key=self.level.get)
         for lvl in sorted(set(self.level.values())):
             self.reduce_phase([op for op in reds if self.level[op] == lvl])
+        self.run_stores()
+
+    def run_stores(self) -> None:
+        """After the reductions: the stores, by the dims they vary along (`stores_r`, ...)."""
         loop_rq = [d for d in range(len(self.shape.space)) if d in self.R or d in self.Q]
         if self.stores_r:
             self.phase(loop_rq, lambda: [self.store(k) for k in self.stores_r],
@@ -304,16 +370,19 @@ class FusedEmitter:
 
         go(0)
 
-    def reduce_phase(self, reds) -> None:
+    def reduce_phase(self, reds, split=None, base: ir.Value | None = None) -> None:
+        """One reduction level's accumulators, initialized, then the loop nest that fills
+        them: over `split`'s rows only, into column accumulators at `base`, where given."""
         b = self.b
         dt = {op: op.result.type.dtype for op in reds}
         loop_rq = [d for d in range(len(self.shape.space)) if d in self.R or d in self.Q]
         qsize = _prod([self.shape.space[d] for d in self.Q])
+        base = base if base is not None else self.scratch
         for op in reds:
             t = S.REG[dt[op]]
             if self.column:
-                arr = (stack_array(b, t, qsize, "acc") if self.scratch is None else
-                       b.gep(self.scratch, [i64(self.reductions[op] * qsize * ACC_BYTES)],
+                arr = (stack_array(b, t, qsize, "acc") if base is None else
+                       b.gep(base, [i64(self.reductions[op] * qsize * ACC_BYTES)],
                              inbounds=True, source_etype=ir.IntType(8)))
                 init = S.identity(op.attributes["kind"], dt[op])
                 loop(b, qsize, lambda i, arr=arr, init=init, t=t: b.store(
@@ -332,7 +401,7 @@ class FusedEmitter:
                 b.store(S.combine(b, op.attributes["kind"], b.load(p, typ=t), x, dt[op],
                                   flags=S.REASSOC), p)
 
-        self.phase(loop_rq, accumulate, [op.operands[0] for op in reds])
+        self.phase(loop_rq, accumulate, [op.operands[0] for op in reds], split)
         if not self.column:
             for op in reds:
                 self.scopes[-1][op.result] = b.load(self.acc[op], typ=S.REG[dt[op]])
@@ -408,7 +477,7 @@ def emit_fused(b: ir.IRBuilder, op, outs: list, ins: list, threads: int, name: s
     _emitter(op, name).emit(b, ins, outs, threads, scratch)
 
 
-def fused_scratch(op) -> int:
-    """The scratch bytes a `kernel.fused` op's kernel needs (0: none)."""
-    return _emitter(op, "scratch").scratch_bytes()
+def fused_scratch(op, threads: int = 1) -> int:
+    """The scratch bytes a `kernel.fused` op's kernel needs on `threads` (0: none)."""
+    return _emitter(op, "scratch").scratch_bytes(threads)
 

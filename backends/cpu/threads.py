@@ -71,6 +71,12 @@ def parallel_region(b: ir.IRBuilder, name: str, ptrs: list[ir.Value], noalias: l
     parallel_for(b, body, arr, n, threads, name)
 
 
+def chunk_index(b: ir.IRBuilder, lo: ir.Value, n: int, chunks: int) -> ir.Value:
+    """Which of `parallel_for`'s `chunks` chunks of [0, n) starts at `lo` (chunk c starts
+    at c n / chunks, rounded down): for a chunk with working memory of its own."""
+    return b.udiv(b.add(b.mul(lo, i64(chunks)), i64(n - 1)), i64(n))
+
+
 def stack_array(b: ir.IRBuilder, ty: ir.Type, n: int, name: str = "") -> ir.Value:
     """An opaque pointer to `n` elements of `ty` on the stack (allocated at function entry,
     so it is allocated once however often the code runs)."""

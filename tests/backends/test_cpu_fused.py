@@ -242,6 +242,31 @@ def test_column_accumulators_too_big_for_the_stack_live_in_scratch(limit, column
                                rtol=1e-6)
 
 
+@pytest.mark.parametrize("rows", [1001, 4096])
+def test_threads_split_the_rows_of_a_column_reduction(rows, monkeypatch):
+    """A bias gradient and its update (a sum and a max over a [rows, 37] gradient's rows,
+    then elementwise with a [37] input): each thread reduces a share of the rows into
+    column accumulators of its own, in the kernel's scratch, added up before the update.
+    A kernel that also stores per row (x minus its column sums) stays on one thread."""
+    monkeypatch.setattr(cpu_threads, "MIN_WORK", 1024)
+    cols = 37
+
+    def update(b, g, p):
+        s = b.op("ember.reduce_sum", g, axes=[0], keepdims=False)
+        m = b.op("ember.reduce_max", g, axes=[0], keepdims=False)
+        return [b.op("ember.sub", p, b.op("ember.mul", s, m)), s]
+
+    def centered(b, g, p):
+        return [b.op("ember.sub", g, b.op("ember.reduce_sum", g, axes=[0], keepdims=True))]
+
+    for fn, split in ((update, True), (centered, False)):
+        f = four_ways(graph([(rows, cols), (cols,)], fn), rand((rows, cols), (cols,)), 2)
+        (op,) = [op for op in f.ops if op.name == "kernel.fused"]
+        exe = cpu.Executable(f, 2, use_cache=False)
+        assert (".rows.chunk" in exe.llvm_ir) == split
+        assert exe.plan.scratch_bytes(op) == (2 * 2 * cols * 8 if split else 0)
+
+
 def test_reductions_over_different_axes_are_cut():
     def fn(b, x):
         y = b.op("ember.tanh", x)
