@@ -291,8 +291,7 @@ class FusedEmitter:
         qsize = _prod([self.shape.space[d] for d in self.Q])
         for op in reds:
             ty, kind, dt = S.REG[op.result.type.dtype], op.attributes["kind"], op.result.type.dtype
-            acc = [b.gep(scratch, [i64(c * per + self.reductions[op] * qsize * ACC_BYTES)],
-                         inbounds=True, source_etype=ir.IntType(8)) for c in range(t)]
+            acc = [self._accumulators(b, scratch, op, c * per) for c in range(t)]
 
             def add(i, acc=acc, ty=ty, kind=kind, dt=dt):
                 total = b.load(elem(b, acc[0], ty, i), typ=ty)
@@ -302,6 +301,13 @@ class FusedEmitter:
             loop(b, qsize, add, "acc")
             self.acc[op] = acc[0]
         self.run_stores()
+
+    def _accumulators(self, b: ir.IRBuilder, base: ir.Value, op, offset: int = 0) -> ir.Value:
+        """Where reduction `op`'s column accumulators are in a set of them at `base` +
+        `offset` bytes (one set: a slot per column for each reduction in turn)."""
+        qsize = _prod([self.shape.space[d] for d in self.Q])
+        return b.gep(base, [i64(offset + self.reductions[op] * qsize * ACC_BYTES)],
+                     inbounds=True, source_etype=ir.IntType(8))
 
     def _start(self, b: ir.IRBuilder) -> None:
         """A fresh emission state at b's position."""
@@ -382,8 +388,7 @@ class FusedEmitter:
             t = S.REG[dt[op]]
             if self.column:
                 arr = (stack_array(b, t, qsize, "acc") if base is None else
-                       b.gep(base, [i64(self.reductions[op] * qsize * ACC_BYTES)],
-                             inbounds=True, source_etype=ir.IntType(8)))
+                       self._accumulators(b, base, op))
                 init = S.identity(op.attributes["kind"], dt[op])
                 loop(b, qsize, lambda i, arr=arr, init=init, t=t: b.store(
                     init, elem(b, arr, t, i)), name="ai")

@@ -261,10 +261,8 @@ def _rows_done(b: ir.IRBuilder, epilogue: FusedEmitter | None, pl: MatmulPlan, i
     (no batch loop) computing the product itself (not its transpose), threads finishing
     whole rows, and an epilogue that maps over the product's rows."""
     p = pl.problem
-    if (epilogue is None or pl.engine != "own" or pl.swapped or _prod(pl.batch) != 1
-            or pl.k_slices > 1
-            or not finishes_rows(p, isa, threads)):
-        return None
+    if epilogue is None or not p.finish_rows or not finishes_rows(p, isa, threads):
+        return None  # (`finish_rows`: plan_matmul's own GEMM, unbatched, unswapped, unsliced)
     unit = epilogue.row_unit(p.m, p.n)
     if unit is None:
         return None

@@ -27,7 +27,7 @@ from .host import Isa
 from .loops import for_range, loop
 from .matmul import byte_offset, engine_for, gemm_call, gemm_scratch
 from .scalar import I64, i64
-from .threads import parallel_chunks, parallel_region
+from .threads import chunk_index, parallel_chunks, parallel_region
 
 STATUS = "ember_status"
 
@@ -244,7 +244,7 @@ def emit_conv(b: ir.IRBuilder, op, outs, ins, scratch, isa: Isa, threads: int,
         return
 
     def images(bb, ptrs, lo, hi):
-        chunk = bb.sdiv(bb.add(bb.mul(lo, i64(t)), i64(cv.n - 1)), i64(cv.n))  # its scratch
+        chunk = chunk_index(bb, lo, cv.n, t)  # its scratch
         for_range(bb, lo, hi, lambda n: image(bb, ptrs, n, chunk), "img")
 
     parallel_region(b, f"{name}.images", args, [False, False, True, True], cv.n, t, images)
