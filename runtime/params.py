@@ -25,7 +25,7 @@ class ParamTable:
         self._table: dict[str, Param] = {}
 
     def __call__(self) -> dict[str, Param]:
-        if self._watch is None or not self._watch.unchanged():
+        if not self.holds(self._table):
             self._watch = TreeWatch(self.model)
             self._table = param_table(self.model)
         return self._table
