@@ -127,13 +127,18 @@ def blas_info() -> str:
 def interleaved(fns: dict, number: int, rounds: int | None = None) -> dict:
     """Median seconds per call of each function, timed in alternating blocks of `number`
     calls, in an order rotated every round: on a machine whose speed drifts (a shared VM)
-    every contender sees the same drift, so the ratios hold when absolute times move."""
+    every contender sees the same drift, so the ratios hold when absolute times move. Each
+    block starts with one untimed call, as `median_time` does: a training loop's steps
+    follow each other, while the first call after the settling sleep refills caches and
+    wakes sleeping threads (a GPT B step: ember +8.7%, PyTorch eager +4%), which with the
+    GPT rows' one call per block was most of what a block timed."""
     times: dict = {k: [] for k in fns}
     order = list(fns)
     for r in range(rounds or REPEAT):
         for k in order[r % len(order):] + order[:r % len(order)]:  # rotated each round
             fn = fns[k]
             time.sleep(SETTLE)  # the last contender's spinning pool threads go to sleep
+            fn()  # warm: steady-state steps are what is compared
             t = time.perf_counter()
             for _ in range(number):
                 fn()
