@@ -287,6 +287,17 @@ def test_3d_column_reduction_with_inner_parallel_dims():
     four_ways(graph([(3, 5, 19), (5, 1)], fn), rand((3, 5, 19), (5, 1)))
 
 
+def test_an_elementwise_kernel_of_half_a_million_elements_is_split_across_threads():
+    """At the default threshold an exp over a [4096, 128] activation (~0.2 ms on one core)
+    goes to the thread pool, as a 1M-element one (1.9x faster on two threads) does; one
+    over a [64, 128] batch (a few us, less than a hand-off) stays on the calling thread."""
+    for shape, split in (((4096, 128), True), ((64, 128), False)):
+        g = graph([shape], lambda b, x: [b.op("ember.exp", x)])
+        exe = cpu.Executable(fuse(g), threads=2, use_cache=False)
+        assert ("ember_parallel_for" in exe.llvm_ir) == split, shape
+        close(exe(rand(shape)), interpreter.run(g, rand(shape)))
+
+
 def test_thread_split_elementwise_and_reduction(monkeypatch):
     monkeypatch.setattr(cpu_threads, "MIN_WORK", 64)
     g = graph([(64, 50), (50,)], lambda b, x, y: [
