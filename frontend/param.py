@@ -30,14 +30,17 @@ _NUMPY_DTYPES = {d: numpy_dtype(d) for d in DTYPES}  # set_value runs every step
 
 
 class Edits:
-    """How many edits of two kinds were made so far, in any tree: Module fields assigned or
-    deleted (`fields`: TreeWatch walks the tree again), Params' requires_grad set
-    (`requires_grad`: StateWatch reads every Param again). The runtime's watches compare
-    them on every step instead of reading everything; global counts, so an unrelated
-    edit costs one more look, never a stale one."""
+    """How many edits of three kinds were made so far, in any tree: Module fields assigned
+    or deleted (`fields`: TreeWatch walks the tree again), Params' requires_grad set
+    (`requires_grad`: StateWatch reads every Param again), Params' values rebound
+    (`values`, by `set_value`, `set_device_value`, a device value's first read, and a
+    compiled step's own rebinding: a bound step looks at each Param's value again). The
+    runtime's watches compare them on every step instead of reading everything; global
+    counts, so an unrelated edit costs one more look, never a stale one."""
 
     fields = 0
     requires_grad = 0
+    values = 0
 
 
 _seed: int | None = None
@@ -227,6 +230,7 @@ class Param:
             return self._value
         if self._device is not None:
             self._value = self._device.host_copy(self.dtype)
+            Edits.values += 1
             return self._value
         return self._state.materialize(self.id)
 
@@ -234,6 +238,7 @@ class Param:
         """Rebind this Param to a device array (a device backend's result, of this Param's
         shape and dtype), copied to the host by `to_host` only when `val()` reads it."""
         self._value, self._device = None, DeviceValue(array, to_host)
+        Edits.values += 1
         return self
 
     def device_value(self):
@@ -251,12 +256,14 @@ class Param:
         if (type(a) is np.ndarray and a.shape == self.shape and a.flags.c_contiguous
                 and a.dtype == _NUMPY_DTYPES[self.dtype]):  # a compiled step's result
             self._value, self._device = a, None
+            Edits.values += 1
             return self
         a = np.asarray(a)
         if a.shape != self.shape:
             raise ValueError(f"param {self.id}: value of shape {list(a.shape)} does not match "
                              f"its shape {list(self.shape)}")
         self._value, self._device = np.asarray(a, dtype=numpy_dtype(self.dtype), order="C"), None
+        Edits.values += 1
         return self
 
     def map(self, fn) -> Param:

@@ -17,9 +17,10 @@ Python is what a small model's step costs beyond its kernels).
 
 from __future__ import annotations
 
-from itertools import chain
+from itertools import islice
 from operator import attrgetter, is_, is_not
 
+from ..frontend.param import Edits
 from .update import hyper_inputs, state_inputs
 
 _value = attrgetter("_value")  # what Param.val() returns once the value was read
@@ -59,6 +60,7 @@ class BoundStep:
         feeds: dict[int, int | str] = {user + k: pid for k, pid in enumerate(rebound)
                                        if pid in keys}
         self.fed = [table[pid] for pid in feeds.values()]
+        self.values_seen = -1  # `Edits.values` after this rebound the Params (none yet)
         feeds.update({self.cuts[1] + k: first + k for k in range(len(layout.state))})
         self.run = exe.feedback(feeds, scratch=(0,))  # the loss, read as a float at once
 
@@ -133,12 +135,8 @@ class BoundStep:
                 *hyper_inputs(opt)]
         try:
             outs = None
-            if turn is not None and (not self.slots or self.found(opt.state)):
-                fed = map(_value, self.fed)
-                if self.slots:
-                    fed = chain(fed, map(dict.get, self.slot_dicts, self.names))
-                if all(map(is_, fed, turn.fed)):
-                    outs = run.call(turn, head, self.values() if run.binds_params else ())
+            if turn is not None and self.fed_unchanged(opt, turn.fed):
+                outs = run.call(turn, head, self.values() if run.binds_params else ())
             if outs is None:
                 if not general:
                     return None
@@ -151,12 +149,24 @@ class BoundStep:
         step.keep_loss(outs[:user])
         for p, value in zip(self.rebound, outs[user:end]):
             p._value = value  # set_value's own case: a C-contiguous array of the Param's type
+        Edits.values += 1  # counted as set_value counts: another bound step looks again
+        self.values_seen = Edits.values
         step.rng_step += 1
         if self.slots:
             for d, name, value in zip(self.slot_dicts, self.names, outs[end:]):
                 d[name] = value
         opt.step_count += 1
         return step.loss if not step.metrics else (step.loss, *step.metrics)
+
+    def fed_unchanged(self, opt, fed: tuple) -> bool:
+        """Whether every fed Param and slot holds the array of `fed` (the turn's): the
+        Params looked at only when a value was rebound since this step rebound them (the
+        optimizer's state dicts are the user's, so always)."""
+        if Edits.values != self.values_seen \
+                and not all(map(is_, map(_value, self.fed), fed)):
+            return False
+        return not self.slots or (self.found(opt.state) and all(map(
+            is_, map(dict.get, self.slot_dicts, self.names), islice(fed, len(self.fed), None))))
 
     def values(self) -> list:
         """Every Param's value, in the order the executable binds them."""

@@ -134,6 +134,26 @@ def test_the_bound_path_trains_exactly_as_the_general_one(change, at):
     assert fast[2].optimizer.step_count == general[2].optimizer.step_count
 
 
+@pytest.mark.parametrize("opt", [optim.SGD, optim.AdamW])
+def test_two_steps_on_one_model_called_in_turn_each_read_the_others_update(opt):
+    """Each bound step skips looking at its Params while no value was rebound since it
+    rebound them (`Edits.values`); a step's own rebinding counts too, so two compiled
+    steps sharing the Params (and optimizer) find each other's results and train as the
+    general path does."""
+    def train(general):
+        em.seed(0)
+        model, optimizer = Net(), opt(lr=1e-2)
+        steps = [em.compile_train_step(model, loss_and_metric, optimizer, backend="cpu",
+                                       detect_anomaly=general) for _ in range(2)]
+        losses = [steps[i % 2](x, y) for i, (x, y) in enumerate(batches())]
+        return losses, {k: v.copy() for k, v in model.state_dict().items()}
+
+    fast, general = train(False), train(True)
+    assert fast[0] == general[0]
+    for k, v in general[1].items():
+        np.testing.assert_array_equal(fast[1][k], v, err_msg=k)
+
+
 @pytest.mark.parametrize("change", [None, reset_a_moment, delete_a_slot, replace_a_params_slots,
                                     drop_the_state])
 def test_two_slots_per_param_bind_as_one(change):
