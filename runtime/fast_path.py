@@ -9,8 +9,9 @@ step checks that each fed Param and slot still holds the array of the feedback r
 (`turn.fed`) and calls it bound, else runs its general call (backends/cpu/feedback.py);
 the loss is a scratch result, read into a float at once. What a user may
 change between steps is still read on every call: `entry()` checks the inputs' shapes,
-flags, requires_grad and the optimizer's settings first, and each Param's value, the lr
-and the optimizer's state are read afresh. A step after a bound one tries `repeat` first:
+flags, requires_grad and the optimizer's settings first, and the lr and the optimizer's
+state are read afresh, the Params' values whenever one was rebound since this step rebound
+them (`Edits.values`). A step after a bound one tries `repeat` first:
 the same checks without the lookups around them (this path runs every step, so its
 Python is what a small model's step costs beyond its kernels).
 """
