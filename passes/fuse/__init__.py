@@ -19,16 +19,18 @@ with those dims matching (the other dims are matched by size). That one rule fus
 Where to cut follows from the cost rules: a kernel reduces over one set of dims (a value
 reduced along another axis is materialized and read by a second kernel); an epilogue
 never reduces; two matmuls never share a kernel; nothing is recomputed — a value that
-consumers outside its kernel read is stored as one more result of the kernel; and no
-merge may create a cycle between kernels. On a joint training graph forward and backward
-ops never share a kernel (a copy the checkpoint pass marks `ember.recompute` counts as
-backward, so it stays where the backward reads it, and no forward kernel gains a result
-only the backward reads); on a checkpointed graph recomputed copies are grouped as the
-forward grouped their originals (so their kernels repeat layer after layer, as the
-forward's do, and cost a backend no new function each), and a backward merge is refused
-when the kernel would keep a value alive past its last unfused reader while another op
-runs, or beside more bytes than its unstored temporaries took, so fusing keeps the
-memory the strategy saved. Views (transpose, broadcast, reshape) and
+consumers outside its kernel read is stored as one more result of the kernel; an
+elementwise op that a reduction reads joins an epilogue only where that stores less (not
+when what it reads there is stored anyway: a layer norm's backward reads dy and gamma, not
+three products of them); and no merge may create a cycle between kernels. On a joint
+training graph forward and backward ops never share a kernel (a copy the checkpoint pass
+marks `ember.recompute` counts as backward, so it stays where the backward reads it, and
+no forward kernel gains a result only the backward reads); on a checkpointed graph
+recomputed copies are grouped as the forward grouped their originals (so their kernels
+repeat layer after layer, as the forward's do, and cost a backend no new function each),
+and a backward merge is refused when the kernel would keep a value alive past its last
+unfused reader while another op runs, or beside more bytes than its unstored temporaries
+took, so fusing keeps the memory the strategy saved. Views (transpose, broadcast, reshape) and
 splat constants are duplicated per use and folded into index maps and body constants,
 so they are never copied.
 

@@ -5,7 +5,9 @@
 // reduces over the features in two phases and also stores what the backward reads; its
 // backward through the input is one more row kernel with two reductions, fed by the
 // epilogue of the GEMM before it; gamma/beta gradients are column sums (a different
-// reduction axis: separate kernels, each with its SGD update).
+// reduction axis: separate kernels, each with its SGD update). dy itself is stored for
+// those sums, so dy * x-hat, which only the gamma sum reads, is taken there as it reads
+// dy rather than stored by the epilogue as one more result.
 
 // CHECK-LABEL: func.func @train_step
 // CHECK:         [[Y:%[0-9]+]] = "kernel.matmul"(%x, %0, %1)
@@ -20,10 +22,12 @@
 // CHECK:         }) {{.*}} space = [16, 32]}
 // CHECK-NEXT:    [[LOGITS:%[0-9]+]] = "kernel.matmul"([[ACT]], %4, %5)
 // CHECK:         "kernel.fused"(%labels, [[LOGITS]])
-// dX of the head: its epilogue applies the ReLU mask and the gamma/xhat products
-// CHECK:         "kernel.matmul"({{%[0-9]+}}, %4, [[MASK]], %2, [[XHAT]], [[RSTD]], [[XC]])
+// dX of the head: its epilogue applies the ReLU mask and the products with gamma that
+// the row kernel reduces
+// CHECK:         [[DH:%[0-9]+]], [[P1:%[0-9]+]], [[P2:%[0-9]+]] = "kernel.matmul"({{%[0-9]+}}, %4, [[MASK]], %2, [[RSTD]], [[XC]])
+// CHECK:           "kernel.select"
 // the gradient through the layer norm input: one row kernel, two reductions
-// CHECK:         [[DY:%[0-9]+]] = "kernel.fused"({{%[0-9]+}}, [[DVAR]], [[XC]], {{%[0-9]+}}) ({
+// CHECK:         [[DY:%[0-9]+]] = "kernel.fused"([[P2]], [[DVAR]], [[XC]], [[P1]]) ({
 // CHECK:           "kernel.reduce"({{.*}}) {dims = [1], kind = "add"}
 // CHECK:           "kernel.reduce"({{.*}}) {dims = [1], kind = "add"}
 // CHECK:         }) {{.*}} space = [16, 32]}
@@ -31,9 +35,10 @@
 // CHECK:         "kernel.fused"([[DY]], %lr, %1) ({
 // CHECK:           "kernel.reduce"({{.*}}) {dims = [0], kind = "add"}
 // gamma and beta: column sums with their updates
-// CHECK:         "kernel.fused"({{.*}}, %lr, %2) ({
+// CHECK:         "kernel.fused"([[DH]], [[XHAT]], %lr, %2) ({
+// CHECK:           "kernel.mul"
 // CHECK:           "kernel.reduce"({{.*}}) {dims = [0], kind = "add"}
-// CHECK:         "kernel.fused"({{.*}}, %lr, %3) ({
+// CHECK:         "kernel.fused"([[DH]], %lr, %3) ({
 // CHECK:           "kernel.reduce"({{.*}}) {dims = [0], kind = "add"}
 // CHECK:         func.return
 

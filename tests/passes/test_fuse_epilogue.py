@@ -135,3 +135,35 @@ def test_cpu_keeps_looping_over_a_batch_that_b_varies_along():
     assert plan.batch == [3] and plan.problem.m == 5
     np.testing.assert_allclose(cpu.Executable(fused, 1, use_cache=False)(a)[0],
                                interpreter.run(g, a)[0], rtol=1e-9)
+
+
+def test_a_product_that_only_a_reduction_reads_is_taken_there_not_stored():
+    """dy = x W is stored anyway (its column sum, a bias gradient, reads it), so dy * g,
+    which only a row sum reads (a layer norm's backward), runs in the row sum's kernel
+    instead of giving the GEMM a second result; tanh(dy), which the next GEMM reads,
+    stays in the epilogue (it is stored either way, and dy is in registers there)."""
+    def fn(b, x, w, g, w2):
+        dy = b.op("ember.matmul", x, w)
+        col = b.op("ember.reduce_sum", dy, axes=[0], keepdims=False)
+        rows = b.op("ember.reduce_sum", b.op("ember.mul", dy, g), axes=[1], keepdims=True)
+        nxt = b.op("ember.matmul", b.op("ember.tanh", dy), w2)
+        return b.op("ember.add", b.op("ember.add", b.op("ember.reduce_sum", col, axes=[0],
+                                                        keepdims=False),
+                                      b.op("ember.reduce_sum", rows, axes=[0, 1],
+                                           keepdims=False)),
+                    b.op("ember.reduce_sum", nxt, axes=[0, 1], keepdims=False))
+
+    rng = np.random.default_rng(2)
+    a = [rng.normal(size=s) for s in ((6, 4), (4, 5), (5,), (5, 3))]
+    g = build(fn, a, {1, 2, 3})
+    params = {f"p{i}": a[i] for i in (1, 2, 3)}
+    fused, unfused = run_pipeline(g, "fuse"), run_pipeline(g, "canonicalize")
+    agree(fused, unfused, [a[0]], params)
+    first = next(op for op in fused.ops if op.name == "kernel.matmul")
+    assert [o.name for o in first.regions[0].blocks[0].ops] == ["kernel.tanh", "kernel.yield"]
+    assert len(first.results) == 2  # dy and tanh(dy): no dy * g
+    (row_sum,) = [op for op in fused.ops if op.name == "kernel.fused" and "kernel.mul" in
+                  [o.name for o in op.regions[0].blocks[0].ops]
+                  and first.results[0] in op.operands]
+    assert any(o.name == "kernel.reduce" and o.attributes["dims"] == [1]
+               for o in row_sum.regions[0].blocks[0].ops)
