@@ -229,16 +229,13 @@ class Param:
         if self._value is not None:
             return self._value
         if self._device is not None:
-            self._value = self._device.host_copy(self.dtype)
-            Edits.values += 1
-            return self._value
+            return self._rebind(self._device.host_copy(self.dtype), self._device)
         return self._state.materialize(self.id)
 
     def set_device_value(self, array, to_host) -> Param:
         """Rebind this Param to a device array (a device backend's result, of this Param's
         shape and dtype), copied to the host by `to_host` only when `val()` reads it."""
-        self._value, self._device = None, DeviceValue(array, to_host)
-        Edits.values += 1
+        self._rebind(None, DeviceValue(array, to_host))
         return self
 
     def device_value(self):
@@ -255,16 +252,22 @@ class Param:
         """
         if (type(a) is np.ndarray and a.shape == self.shape and a.flags.c_contiguous
                 and a.dtype == _NUMPY_DTYPES[self.dtype]):  # a compiled step's result
-            self._value, self._device = a, None
-            Edits.values += 1
+            self._rebind(a, None)
             return self
         a = np.asarray(a)
         if a.shape != self.shape:
             raise ValueError(f"param {self.id}: value of shape {list(a.shape)} does not match "
                              f"its shape {list(self.shape)}")
-        self._value, self._device = np.asarray(a, dtype=numpy_dtype(self.dtype), order="C"), None
-        Edits.values += 1
+        self._rebind(np.asarray(a, dtype=numpy_dtype(self.dtype), order="C"), None)
         return self
+
+    def _rebind(self, value: np.ndarray | None, device) -> np.ndarray | None:
+        """The Param's methods rebind its value here, counted (`Edits.values`); a bound
+        training step rebinds its Params itself and counts once for all of them. While
+        the count is the one its last step left, it skips reading them."""
+        self._value, self._device = value, device
+        Edits.values += 1
+        return value
 
     def map(self, fn) -> Param:
         """A Param holding `fn(self.val())`, with the same id, kind and requires_grad."""

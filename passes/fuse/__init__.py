@@ -30,9 +30,9 @@ recomputed copies are grouped as the forward grouped their originals (so their k
 repeat layer after layer, as the forward's do, and cost a backend no new function each),
 and a backward merge is refused when the kernel would keep a value alive past its last
 unfused reader while another op runs, or beside more bytes than its unstored temporaries
-took, so fusing keeps the memory the strategy saved. Views (transpose, broadcast, reshape) and
-splat constants are duplicated per use and folded into index maps and body constants,
-so they are never copied.
+took, so fusing keeps the memory the strategy saved. Views (transpose, broadcast,
+reshape) and splat constants are duplicated per use and folded into index maps and body
+constants, so they are never copied.
 
 In three steps: analysis.py describes each op (its space and dims), grouping.py merges
 ops into groups, building.py replaces each group with its kernel op.

@@ -163,10 +163,10 @@ class Grouper:
         self.groups: list[Group] = []
         self.now = -1  # position of the op run() is visiting
         self.tie = itertools.count()  # orders heap entries with equal last uses
-        self.described: dict[Operation, bool] = {}  # whether an op is fusible (`fusible`)
+        self.descriptions: dict[Operation, tuple | None] = {}  # `describe`'s, each op once
 
     def new_group(self, op: Operation) -> Group | None:
-        d = describe(op)
+        d = self.description(op)
         if d is None or (op.name in REDUCTIONS and not self.reductions):
             return None
         space, odims, rdims, red = d
@@ -433,10 +433,15 @@ class Grouper:
         return any(u.name in REDUCTIONS or u.name == "ember.matmul" or not self.fusible(u)
                    or self.in_backward(u) != self.in_backward(v.op) for u, _ in v.uses)
 
+    def description(self, op: Operation) -> tuple | None:
+        """`describe(op)`, computed once: `fusible` asks about readers before they start
+        groups of their own."""
+        if op not in self.descriptions:
+            self.descriptions[op] = describe(op)
+        return self.descriptions[op]
+
     def fusible(self, op: Operation) -> bool:
-        if op not in self.described:
-            self.described[op] = describe(op) is not None
-        return self.described[op]
+        return self.description(op) is not None
 
     def in_backward(self, op: Operation) -> bool:
         """The phase a group of op runs in (`Group.backward`)."""
