@@ -10,15 +10,27 @@ import numpy as np
 
 from ..ir import Graph, Operation
 
+# ops whose result holds exactly its operand's values, rearranged: labels reshaped or
+# transposed on their way to the loss (a language model's [batch, T] targets flattened)
+# are an input's labels all the same
+_SAME_VALUES = frozenset({"ember.reshape", "ember.transpose"})
+
 
 def label_inputs(graph: Graph) -> tuple:
-    """Class labels that come straight from an input, with their number of classes (and
-    the ignore_index the loss skips, if any): checked before each run, since an
-    out-of-range label would otherwise drop out of the loss."""
+    """Class labels that come from an input (as they are, or reshaped or transposed), with
+    their number of classes (and the ignore_index the loss skips, if any): checked before
+    each run, since an out-of-range label would otherwise drop out of the loss."""
     args = {a: i for i, a in enumerate(graph.args)}
-    found = dict.fromkeys(label for op in graph.ops
-                          if (label := _label_of(op)) is not None and label[0] in args)
-    return tuple((args[value], *rest) for value, *rest in found)
+    found = dict.fromkeys((_source(label[0]), *label[1:]) for op in graph.ops
+                          if (label := _label_of(op)) is not None)
+    return tuple((args[value], *rest) for value, *rest in found if value in args)
+
+
+def _source(value):
+    """The value that `value` rearranges (through reshapes and transposes), else itself."""
+    while value.op is not None and value.op.name in _SAME_VALUES:
+        value = value.op.operands[0]
+    return value
 
 
 def _label_of(op: Operation) -> tuple | None:

@@ -253,3 +253,31 @@ def test_a_step_on_what_the_last_found_repeats_it_without_looking_up_again(drop)
     x, y = data[0]
     step(x[:4], y[:4])
     assert step._last.specs[0].shape == (4, 12)
+
+
+class Tokens(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(6, 4)
+
+    def forward(self, idx):
+        return self.emb(idx)
+
+
+def test_a_step_whose_graph_asks_for_no_input_checks_repeats_too():
+    """Token ids in, no labels, no float input: the graph asks the backend for no checks,
+    so the cpu entry runs all of them (none) and the step takes `repeat` from its second
+    call (it used to take `entry()` on every step, as if the checks were left to Python)."""
+    em.seed(0)
+    step = em.compile_train_step(Tokens(), lambda out: (out * out).mean(), optim.SGD(lr=0.1),
+                                 backend="cpu")
+    idx = np.arange(12).reshape(3, 4) % 6
+    step(idx)
+    assert step._last.native_checks and "ember.label_args" not in step._last.graph.attributes
+    step(idx)
+    step.entry = lambda *a: pytest.fail("entry() ran")
+    try:
+        losses = [step(idx) for _ in range(3)]
+    finally:
+        del step.entry
+    assert losses == sorted(losses, reverse=True) and step.optimizer.step_count == 5

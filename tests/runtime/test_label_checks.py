@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import ember as em
-from ember import nn
+from ember import nn, optim
 from ember.backends.input_checks import InputCheckError
 from ember.runtime.debug import ExecutionError
 
@@ -100,3 +100,40 @@ def test_out_of_range_embedding_indices_are_an_index_error(backend, bad):
                                              rf"{bad} out of range for a table of {C} rows") as e:
         f(np.array([0, 1, bad, 2]))
     assert isinstance(e.value.__cause__, IndexError)
+
+
+class TokenLogits(nn.Module):
+    """A language model's shape: [batch, T] token ids in, [batch, T, C] logits out."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(C, 3)
+        self.out = nn.Linear(3, C)
+
+    def forward(self, idx):
+        return self.out(self.emb(idx))
+
+
+REARRANGED = {  # targets [batch, T] reaching the loss rearranged, as a language model's do
+    "reshape": lambda o, y: F.cross_entropy(o.reshape(-1, C), y.reshape(-1)),
+    "transpose": lambda o, y: F.cross_entropy(o.transpose(1, 0, 2).reshape(-1, C),
+                                              y.transpose(1, 0).reshape(-1)),
+}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("how", REARRANGED)
+def test_labels_reshaped_on_the_way_to_the_loss_are_checked(how, backend):
+    """An out-of-range target the loss reads through a reshape or transpose is rejected as
+    one read as it is (it used to drop out of the loss silently)."""
+    em.seed(0)
+    step = em.compile_train_step(TokenLogits(), REARRANGED[how], optim.SGD(lr=0.1),
+                                 backend=backend)
+    rng = np.random.default_rng(0)
+    x, y = rng.integers(0, C, (2, 4)), rng.integers(0, C, (2, 4))
+    step(x, y)
+    assert step._last.labels == ((1, C, -100),)
+    y[1, 2] = C + 2
+    with pytest.raises(ValueError, match=rf"labels out of range: input 1 has values "
+                                         rf"\[{C + 2}\] outside \[0, {C}\)"):
+        step(x, y)
