@@ -138,8 +138,10 @@ def combine(b: ir.IRBuilder, kind: str, acc: ir.Value, x: ir.Value, dtype: str,
     if dtype == "i1":
         return b.or_(acc, x) if kind in ("add", "max") else b.and_(acc, x)
     if dtype in FLOATS:
-        if kind in ("max", "min"):
-            return intrinsic(b, f"llvm.{kind}imum.{dtype}", REG[dtype], [acc, x], flags)
+        if kind in ("max", "min"):  # NaN-propagating as numpy's; `nsz`: a tie of -0.0 and
+            # +0.0 gives either, as numpy's does, sparing x86 two sign blends per vector
+            return intrinsic(b, f"llvm.{kind}imum.{dtype}", REG[dtype], [acc, x],
+                             (*flags, "nsz"))
         return (b.fadd if kind == "add" else b.fmul)(acc, x, flags=flags)
     if kind in ("max", "min"):
         return intrinsic(b, f"llvm.s{kind}.{dtype}", REG[dtype], [acc, x])

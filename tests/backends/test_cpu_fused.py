@@ -189,6 +189,30 @@ def test_softmax_rows_and_columns_one_kernel(axis):
     assert kernels(f) == ["kernel.fused"]
 
 
+@pytest.mark.parametrize("dtype", ["f32", "f64"])
+def test_max_reductions_propagate_nan_wherever_it_is(dtype):
+    """Row and column max keep numpy's NaN (a NaN in the first lane, mid-vector or in the
+    scalar tail) and infinities; which zero a tie of -0.0 and +0.0 gives is left open, as
+    numpy leaves it (reductions combine with `nsz`, which spares x86 the signed-zero
+    blends)."""
+    def fn(b, x):
+        return [b.op("ember.reduce_max", x, axes=[axis], keepdims=False) for axis in (0, 1)]
+
+    x = rand((40, 37))[0].astype({"f32": np.float32, "f64": np.float64}[dtype])
+    x[0, 0] = x[1, 36] = x[2, 17] = x[35, 5] = np.nan
+    x[3] = -np.inf
+    x[4, 8] = np.inf
+    x[5] = 0.0
+    x[5, ::2] = -0.0
+    g = graph([x.shape], fn, dtype)
+    want = [np.max(x, axis=0), np.max(x, axis=1)]
+    f = fuse(g)
+    assert kernels(f) == ["kernel.fused", "kernel.fused"]
+    for run in (g, f):  # exact: == compares -0.0 and +0.0 equal, NaN only to NaN
+        for got, ref in zip(cpu.Executable(run, use_cache=False)([x]), want):
+            np.testing.assert_array_equal(got, ref)
+
+
 @pytest.mark.parametrize("rows,n", [(64, 10), (40, 3), (16, 15), (100, 1), (15, 10),
                                     (20000, 3)])
 def test_short_rows_reduce_across_vector_lanes(rows, n):
