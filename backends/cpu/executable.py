@@ -49,6 +49,10 @@ class Executable:
     `profile(inputs, params)` times each kernel inside one native call.
     """
 
+    # every input check the graph asks for (input_checks) runs in the entry, none where
+    # it asks for none: the runtime then checks nothing in Python either
+    checks_inputs = True
+
     def __init__(self, graph: Graph, threads: int | None = None, use_cache: bool | None = None):
         t0 = time.perf_counter()
         digest = vouched(graph)  # the stage cache's word: verified by the passes, and named
@@ -128,9 +132,6 @@ class Executable:
         self._lock = threading.Lock()
         _live.add(self)
         self.native_calls = 0
-        # every input check the graph asks for (input_checks) runs in the entry, none
-        # where it asks for none: the runtime then checks nothing in Python either
-        self.checks_inputs = True
         self.writes_out = True  # __call__ takes out=
         self.timings["total"] = time.perf_counter() - t0
         if os.environ.get("EMBER_PASS_TIMING"):  # the backend's stages, as --pass-timing
