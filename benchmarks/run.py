@@ -17,7 +17,8 @@ ratios are ember's speed over the other's (above 1: ember is faster). Rows:
   floor of any step that uses that BLAS; and the step's call path: its time over its
   native call alone (buffers bound once) and over its kernels' time (the cycle counter's
   span of each kernel: not the call, nor the input checks before the first kernel), the
-  three timed in interleaved blocks;
+  three timed in interleaved blocks, each call on its own (the medians of calls, as the
+  kernels' are of runs);
 - char-level GPT training steps (AdamW; benchmarks/gpt.py): config A (n_embd 64, 4 heads,
   2 layers) at T 64 and 256, config B (n_embd 128, 4 layers) at T 128, batch 16, against
   PyTorch eager and torch.compile on the same initial weights, interleaved;
@@ -399,9 +400,11 @@ def _one_step(rows: list, name: str) -> None:
     # the call path: the step, its native call and its kernels alone in interleaved blocks
     # of their own, before the other contenders run (their threads, OpenMP's and
     # OpenBLAS's, spin on after a block and slow ember's pool); interleaved, since a single
-    # profile's kernel time moves by 20% from one block to the next on a shared VM
+    # profile's kernel time moves by 20% from one block to the next on a shared VM; each
+    # call timed on its own, so that the step's and the call's medians compare with the
+    # kernels' (medians of the cycle counter's spans)
     path = interleaved({"ember": lambda: step(x, y), "native call": exe.bound(args, params),
-                        "kernels": kernels}, number)
+                        "kernels": kernels}, number, per_call=True)
     t_kernels = sum(t for _, t in kernels.seconds())
     others = [("numpy (here)", lambda: numpy_step(name, init_params(name)))]
     try:

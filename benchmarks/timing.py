@@ -124,23 +124,34 @@ def blas_info() -> str:
 
 # -- graphs ------------------------------------------------------------------------------------
 
-def interleaved(fns: dict, number: int, rounds: int | None = None) -> dict:
+def interleaved(fns: dict, number: int, rounds: int | None = None,
+                per_call: bool = False) -> dict:
     """Median seconds per call of each function, timed in alternating blocks of `number`
     calls, in an order rotated every round: on a machine whose speed drifts (a shared VM)
     every contender sees the same drift, so the ratios hold when absolute times move. Each
     block starts with one untimed call, as `median_time` does: a training loop's steps
     follow each other, while the first call after the settling sleep refills caches and
     wakes sleeping threads (a GPT B step: ember +8.7%, PyTorch eager +4%), which with the
-    GPT rows' one call per block was most of what a block timed."""
+    GPT rows' one call per block was most of what a block timed. `per_call`: the median of
+    every call's own time rather than of the blocks' means, for a figure compared with a
+    kernel's (its median over runs): a block's mean also holds the interrupts and
+    preemptions that a median leaves out (on a 2-core VM 4% of a 30 us step)."""
     times: dict = {k: [] for k in fns}
     order = list(fns)
+    clock = time.perf_counter
     for r in range(rounds or REPEAT):
         for k in order[r % len(order):] + order[:r % len(order)]:  # rotated each round
             fn = fns[k]
             time.sleep(SETTLE)  # the last contender's spinning pool threads go to sleep
             fn()  # warm: steady-state steps are what is compared
-            t = time.perf_counter()
+            if per_call:
+                for _ in range(number):
+                    t = clock()
+                    fn()
+                    times[k].append(clock() - t)
+                continue
+            t = clock()
             for _ in range(number):
                 fn()
-            times[k].append((time.perf_counter() - t) / number)
+            times[k].append((clock() - t) / number)
     return {k: statistics.median(v) for k, v in times.items()}

@@ -32,7 +32,7 @@ def emit_checks(b: ir.IRBuilder, checks: list, buffers: list[ir.Value], types: l
         b.cbranch(b.icmp_unsigned("!=", bad, ir.Constant(bad.type, 0)), fail, ok)
         b.position_at_end(fail)
         b.store(i64(-(k + 1)), status)
-        b.ret_void()
+        b.ret(i64(0))
         b.position_at_end(ok)
 
 

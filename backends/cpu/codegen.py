@@ -10,7 +10,8 @@ graph returns gets buffers of its own, which the caller keeps. A kernel that nee
 memory (packed GEMM panels, products awaiting an epilogue) gets a "scratch" slot of its
 own, in the arena too, alive only while the kernel runs. `ember_entry(ptr %buffers)` receives one
 pointer per slot and calls the kernels in graph order, so one native call runs the whole
-graph.
+graph; one more pointer after the slots' is a bound call's guard (backends/cpu/guard.py) or
+null, and the entry returns 1 where the guard refused the call, else 0.
 
 `plan(graph)` is cheap and deterministic (no LLVM): a compile-cache hit reuses object
 code and only needs the plan. `emit(plan)` builds the module.
@@ -35,9 +36,10 @@ from .attention import attention_scratch, emit_attention
 from .checks import emit_checks
 from .dropout import emit_dropout
 from .fused import emit_fused, fused_scratch
+from .guard import emit_guard
 from .host import Isa, host_isa, num_threads
 from .matmul import as_kernel, emit_matmul, scratch_bytes
-from .scalar import PTR, REG, i64
+from .scalar import I64, PTR, REG, i64
 from .spatial import conv_scratch, emit_conv, emit_gather_scatter, emit_pool, status
 from .unfused import KERNELS, emit_kernel
 
@@ -257,14 +259,17 @@ def emit(p: Plan, name: str = "graph") -> ir.Module:
             raise KernelCompileError(f"the cpu backend failed to generate code for "
                                      f"{st.name}:\n  {_op_text(st.op)}\n{type(e).__name__}: "
                                      f"{e}") from e
+    guard = emit_guard(mod)
     for name_, profiled in ((ENTRY, False), (PROFILED, True)):
-        entry = ir.Function(mod, ir.FunctionType(ir.VoidType(), [PTR] * (1 + profiled)), name_)
+        entry = ir.Function(mod, ir.FunctionType(I64, [PTR] * (1 + profiled)), name_)
         entry.args[0].name = "buffers"
         entry.args[0].add_attribute("noalias")
         b = ir.IRBuilder(entry.append_basic_block("entry"))
         # every pointer is loaded before any kernel runs, so no store can change it
         ptrs = [b.load(b.gep(entry.args[0], [i64(i)], inbounds=True, source_etype=PTR),
-                       typ=PTR, name=f"buf{i}") for i in range(len(p.slots))]
+                       typ=PTR, name=f"buf{i}") for i in range(len(p.slots) + 1)]
+        if not profiled:
+            _emit_guard_call(b, guard, ptrs.pop())
         if p.checks:
             emit_checks(b, p.checks, [ptrs[arg] for arg, *_ in p.checks],
                         [p.slots[arg].type for arg, *_ in p.checks], status(mod), p.threads)
@@ -275,8 +280,21 @@ def emit(p: Plan, name: str = "graph") -> ir.Module:
             b.call(fn, [ptrs[s] for s in st.outs + st.ins] + [scratch])
             if profiled:
                 _stamp(b, entry.args[1], k + 1)
-        b.ret_void()
+        b.ret(i64(0))
     return mod
+
+
+def _emit_guard_call(b: ir.IRBuilder, guard: ir.Function, table: ir.Value) -> None:
+    """Where the guard slot holds a guard (a bound call's, backends/cpu/guard.py) that
+    refuses the call: return 1 before anything runs."""
+    check, refused, run = (b.append_basic_block(f"guard.{s}")
+                           for s in ("check", "refused", "passed"))
+    b.cbranch(b.icmp_unsigned("!=", b.ptrtoint(table, I64), i64(0)), check, run)
+    b.position_at_end(check)
+    b.cbranch(b.icmp_unsigned("!=", b.call(guard, [table]), i64(0)), refused, run)
+    b.position_at_end(refused)
+    b.ret(i64(1))
+    b.position_at_end(run)
 
 
 def _stamp(b: ir.IRBuilder, ticks: ir.Value, k: int) -> None:

@@ -82,12 +82,14 @@ class Executable:
         self.timings.update(self._jit.timings)
         self.slots, self.outputs = self.plan.slots, self.plan.outputs
         self._n_args = len(graph.args)
-        self._entry = self._jit.function(ENTRY, None, ctypes.c_void_p)
+        self._entry = self._jit.function(ENTRY, ctypes.c_int64, ctypes.c_void_p)
         fresh = {i for i, _ in self.outputs if self.slots[i].kind == "temp"}
         self._fresh = sorted(fresh)
         # fixed buffers: constants, intermediates, scratch; None where each call binds its own
         self._arrays = [self._fixed(i, s, fresh) for i, s in enumerate(self.slots)]
-        self._ptrs = (ctypes.c_void_p * max(len(self.slots), 1))(
+        # one pointer per slot, then the guard's (none: a bound call's table sets it)
+        self.guard_slot = len(self.slots)
+        self._ptrs = (ctypes.c_void_p * (len(self.slots) + 1))(
             *[a.ctypes.data if a is not None else None for a in self._arrays])
         self._table = ctypes.c_void_p(ctypes.addressof(self._ptrs))  # cheaper to pass
         bound = [(i, s) for i, s in enumerate(self.slots) if s.kind in ("arg", "param")]
@@ -393,13 +395,15 @@ class Executable:
                 return entry
         return self._new_result(i, pool)
 
-    def _call(self, table: ctypes.c_void_p) -> None:
+    def _call(self, table: ctypes.c_void_p) -> bool:
         """The native call on a bound table (its address; the lock held); raises what its
-        status says."""
-        self._entry(table)
+        status says. False where the table's guard refused it: nothing ran."""
+        if self._entry(table):
+            return False
         self.native_calls += 1
         if self._status is not None and self._status.value:
             self._raise_status()
+        return True
 
 
 class KernelTimer:

@@ -28,6 +28,7 @@ from operator import attrgetter, is_
 import numpy as np
 
 from .buffers import aligned_empty
+from .guard import MAX_DIMS, Guard, native
 
 _layout = attrgetter("shape", "dtype")
 _getrefcount = sys.getrefcount
@@ -35,22 +36,36 @@ _getrefcount = sys.getrefcount
 # references to an array a turn writes, and to its owner (`.base`), while only the pool and
 # the turns hold them: the pool entry, the turn's `written` and `results`, the other turn's
 # `fed`, getrefcount's argument; the owner: the entry, the array, the turn's `written`, the
-# argument
+# argument (which the native guard's ceilings leave out)
 _FREE_ARRAY, _FREE_OWNER = 5, 4
 
 
 class _Turn:
     """One of the two turns: its table; `fed`, the arrays a call on it must be fed (what the
     last call returned, in the feeds' order) and their layouts; the arrays it writes and
-    their owners; `results`, what it returns (None where each call picks a pool entry)."""
+    their owners; `results`, what it returns (None where each call picks a pool entry);
+    `guard`, which checks in the entry that the arrays it writes are free and the fed ones
+    laid out as bound (None where `free_and_laid_out` checks in Python, guard.native())."""
 
-    def __init__(self, table, fed: tuple, layouts: list, writes: list, results: list):
+    def __init__(self, table, fed: tuple, layouts: list, writes: list, results: list,
+                 guard_slot: int):
         self.table, self.fed, self.layouts, self.results = table, fed, layouts, results
         self.pointer = ctypes.c_void_p(ctypes.addressof(table))  # cheaper to pass than table
         # the arrays it writes, then their owners: no count is below its floor, so all are
         # free when the counts' sum is the floors'
         self.written = (*(e[0] for e in writes), *(e[1] for e in writes))
         self.free = len(writes) * (_FREE_ARRAY + _FREE_OWNER)
+        self.guard = None
+        if native() and all(a.ndim <= MAX_DIMS for a in fed):
+            self.guard = Guard([(e[0], _FREE_ARRAY - 1) for e in writes]
+                               + [(e[1], _FREE_OWNER - 1) for e in writes], fed)
+            table[guard_slot] = self.guard.address
+
+    def free_and_laid_out(self) -> bool:
+        """The guard's checks in Python: no one else holds an array this turn writes, and
+        every fed array has the layout it was bound with."""
+        return sum(map(_getrefcount, self.written)) <= self.free \
+            and list(map(_layout, self.fed)) == self.layouts
 
 
 class Feedback:
@@ -132,8 +147,7 @@ class Feedback:
         `binds_params`."""
         exe = self.exe
         with exe._lock:
-            if turn is not self.turn or sum(map(_getrefcount, turn.written)) > turn.free \
-                    or list(map(_layout, turn.fed)) != turn.layouts:
+            if turn is not self.turn or (turn.guard is None and not turn.free_and_laid_out()):
                 return None  # not the next turn, an array it writes held, a layout changed
             exe._bind_scalars(inputs)
             if self._args and not all(map(is_, inputs if self._args_lead else
@@ -146,14 +160,17 @@ class Feedback:
                         and list(map(_layout, params)) == self._layouts):
                     self._bind(values, self._params, self._value_pos, self._held_values,
                                params=True)
-            results = turn.results
-            if self._pools:  # else the turn's own list: its caller only reads it
-                results, table = results.copy(), turn.table
-                for r, i, pool in self._pools:
-                    entry = exe._take(i, pool)
-                    results[r], table[i] = entry[0], entry[2]
-            exe._call(turn.pointer)
+            taken = [exe._take(i, pool) for _, i, pool in self._pools]
+            for (_, i, _), entry in zip(self._pools, taken):
+                turn.table[i] = entry[2]
+            if not exe._call(turn.pointer):  # the guard's checks failed (no reference here
+                return None                  # to an array it counts)
             self.turn, self._other = self._other, turn
+            if not taken:  # the turn's own list: its caller only reads it
+                return turn.results
+            results = turn.results.copy()
+            for (r, _, _), entry in zip(self._pools, taken):
+                results[r] = entry[0]
             return results
 
     def _bind(self, source: Sequence, rows: list, positions: list, held: list,
@@ -219,7 +236,8 @@ class Feedback:
                 returned[pos] = e[0]
             for pos, slot, buf, address in self._scratch:
                 returned[pos], table[slot] = buf, address
-            turns.append(_Turn(table, tuple(e[0] for e in r), self._fed_layouts, w, returned))
+            turns.append(_Turn(table, tuple(e[0] for e in r), self._fed_layouts, w, returned,
+                               self.exe.guard_slot))
         self.turn, self._other = turns
         self._kept = {}
         for rows, positions, source, held in (

@@ -4,8 +4,10 @@ inputs itself: the turn it may call, when it must not, and scratch results."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from ember.backends import cpu
+from ember.backends.cpu import feedback, guard
 from ember.ir import Builder, Graph, TensorType, verify
 
 
@@ -54,7 +56,17 @@ def test_a_scratch_result_is_one_buffer_the_bound_calls_share():
     assert exe.native_calls == 7
 
 
-def test_a_bound_call_runs_only_on_the_next_turn_with_what_it_writes_free():
+@pytest.fixture(params=[True, False], ids=["native guard", "python checks"])
+def native(request, monkeypatch):
+    """Whether bound calls check in the entry (guard.py) or, as where the guard cannot read
+    this interpreter's objects, in Python."""
+    if request.param and not guard.native():
+        pytest.skip("this interpreter's objects are not laid out as the guard reads them")
+    monkeypatch.setattr(feedback, "native", lambda: request.param)
+    return request.param
+
+
+def test_a_bound_call_runs_only_on_the_next_turn_with_what_it_writes_free(native):
     """`call` returns None, running nothing, for a turn that is not the next call's (kept
     from before) or while a caller holds an array the turn would write."""
     exe = _graph()
@@ -69,3 +81,31 @@ def test_a_bound_call_runs_only_on_the_next_turn_with_what_it_writes_free():
     del s, w
     assert run.call(run.turn, [x], ()) is not None
     assert exe.native_calls == 3
+
+
+def _reshape(a):
+    a.shape = a.shape[::-1]
+
+
+def _retype(a):
+    a.dtype = np.int32  # the same bytes read as another dtype of the same size
+
+
+@pytest.mark.parametrize("change", [_reshape, _retype])
+def test_a_bound_call_refuses_a_fed_array_laid_out_anew_in_place(native, change):
+    """numpy lets a caller set an array's shape or dtype in place: a bound call fed such an
+    array runs nothing (the general call says what is wrong)."""
+    exe = _graph()
+    run = exe.feedback({1: 1, 2: "w"}, scratch=(0,))
+    x = np.ones((2, 3), np.float32)
+    s, w = _start(run, x)
+    assert (run.turn.guard is not None) == native
+    calls = exe.native_calls
+    for fed in (s, w):
+        layout = fed.shape, fed.dtype
+        change(fed)
+        assert run.call(run.turn, [x], ()) is None
+        fed.dtype, fed.shape = layout[1], layout[0]
+    assert exe.native_calls == calls
+    _, s, w = run.call(run.turn, [x], ())
+    np.testing.assert_array_equal(w, np.full((2, 3), 4.0, np.float32))

@@ -211,6 +211,23 @@ def test_a_frozen_param_reshaped_in_place_is_still_checked():
         step(*data[0])
 
 
+def test_an_updated_param_reshaped_in_place_is_refused():
+    """A param the step updates is fed back without a look in Python: its shape set in
+    place is still found before anything runs."""
+    em.seed(0)
+    model = Net()
+    step = em.compile_train_step(model, loss_and_metric, optim.SGD(lr=0.1), backend="cpu")
+    data = batches(3)
+    for b in data:
+        step(*b)
+    weight = model.fc2.weight.val()
+    before = weight.copy()
+    weight.shape = weight.shape[::-1]
+    with pytest.raises(ValueError, match="fc2.weight"):
+        step(*data[0])
+    np.testing.assert_array_equal(weight.reshape(before.shape), before)
+
+
 @pytest.mark.parametrize("opt", [optim.SGD(lr=0.1, momentum=0.9), optim.AdamW(lr=1e-2)])
 def test_after_the_first_step_the_executable_binds_nothing_again(opt):
     """Params, buffers and optimizer state a step returned are bound by the executable's
