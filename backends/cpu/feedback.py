@@ -9,8 +9,10 @@ after two checks that keep `run_values`' contract: every fed input is the very a
 previous call returned for it (`turn.fed`, which a caller that knows where its inputs come
 from compares itself and then calls `call`), and no one else holds the arrays it would
 write (the pool's refcount rule); a fed array's shape and dtype are checked again too
-(either may be set in place, and `run_values` would refuse or convert it). Any other call
-runs `run_values`' general path and binds the two tables again from what that call bound
+(either may be set in place, and `run_values` would refuse or convert it). The entry makes
+these last two checks itself, from the turn's guard (guard.py), and runs nothing where one
+fails; where the guard cannot read this interpreter's objects, `call` makes them. Any other
+call runs `run_values`' general path and binds the two tables again from what that call bound
 (after a user replaced a param, on the first calls, while a caller holds a returned
 array). The other tensor inputs and params are kept by identity (a reference held, so an
 id is never reused) and bound again when another object comes. A result the caller reads
@@ -160,13 +162,14 @@ class Feedback:
                         and list(map(_layout, params)) == self._layouts):
                     self._bind(values, self._params, self._value_pos, self._held_values,
                                params=True)
-            taken = [exe._take(i, pool) for _, i, pool in self._pools]
-            for (_, i, _), entry in zip(self._pools, taken):
-                turn.table[i] = entry[2]
+            if self._pools:
+                taken = [exe._take(i, pool) for _, i, pool in self._pools]
+                for (_, i, _), entry in zip(self._pools, taken):
+                    turn.table[i] = entry[2]
             if not exe._call(turn.pointer):  # the guard's checks failed (no reference here
                 return None                  # to an array it counts)
             self.turn, self._other = self._other, turn
-            if not taken:  # the turn's own list: its caller only reads it
+            if not self._pools:  # the turn's own list: its caller only reads it
                 return turn.results
             results = turn.results.copy()
             for (r, _, _), entry in zip(self._pools, taken):
