@@ -118,8 +118,11 @@ class _LastKey:
     def matches(self, inputs: tuple, table: dict) -> bool:
         """Whether a call with `inputs` on `table` has this key."""
         read = _inputs_read(inputs)
-        return read is not None and read == self.inputs and self.state.unchanged(table) \
-            and self.settings_unchanged()
+        return read is not None and read == self.inputs and self.unchanged(table)
+
+    def unchanged(self, table: dict) -> bool:
+        """`matches` but for the inputs, for a caller whose backend checks those."""
+        return self.state.unchanged(table) and self.settings_unchanged()
 
 
 class Compiled:

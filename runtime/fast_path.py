@@ -64,6 +64,10 @@ class BoundStep:
         self.values_seen = -1  # `Edits.values` after this rebound the Params (none yet)
         feeds.update({self.cuts[1] + k: first + k for k in range(len(layout.state))})
         self.run = exe.feedback(feeds, scratch=(0,))  # the loss, read as a float at once
+        # the user's inputs lead the arguments (the rng counter among them): where the
+        # bound call checks them all, `repeat` leaves them to it
+        users = [k for k in range(len(entry.specs) + self.rng) if k != entry.rng_index]
+        self.inputs = len(users) if self.run.checks_args.issuperset(users) else None
 
     @classmethod
     def of(cls, step, entry, table: dict) -> BoundStep | None:
@@ -113,11 +117,13 @@ class BoundStep:
         `TrainStep.__call__` would find this again (the same param table, its tree
         unchanged; inputs of the same types, shapes and dtypes; the same flags,
         requires_grad and optimizer settings: what `entry()` checks, checked here without
-        the calls around them, since this runs on every step) and every fed Param and slot
-        holds what the last step left there. Else None, having run nothing."""
+        the calls around them, since this runs on every step; the inputs left to the bound
+        call where it checks them all, `inputs`) and every fed Param and slot holds what
+        the last step left there. Else None, having run nothing."""
         last = step._last_key
-        if last.entry is not self.entry or not (step.param_table.holds(self.table)
-                                                and last.matches(inputs, self.table)):
+        if last.entry is not self.entry or not step.param_table.holds(self.table) or not (
+                last.unchanged(self.table) if len(inputs) == self.inputs
+                else last.matches(inputs, self.table)):
             return None
         return self._step(step, inputs, False)
 

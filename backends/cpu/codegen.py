@@ -265,11 +265,11 @@ def emit(p: Plan, name: str = "graph") -> ir.Module:
         entry.args[0].name = "buffers"
         entry.args[0].add_attribute("noalias")
         b = ir.IRBuilder(entry.append_basic_block("entry"))
+        if not profiled:  # which may bind inputs: before the slots are read
+            _emit_guard_call(b, guard, entry.args[0], len(p.slots))
         # every pointer is loaded before any kernel runs, so no store can change it
         ptrs = [b.load(b.gep(entry.args[0], [i64(i)], inbounds=True, source_etype=PTR),
-                       typ=PTR, name=f"buf{i}") for i in range(len(p.slots) + 1)]
-        if not profiled:
-            _emit_guard_call(b, guard, ptrs.pop())
+                       typ=PTR, name=f"buf{i}") for i in range(len(p.slots))]
         if p.checks:
             emit_checks(b, p.checks, [ptrs[arg] for arg, *_ in p.checks],
                         [p.slots[arg].type for arg, *_ in p.checks], status(mod), p.threads)
@@ -284,14 +284,16 @@ def emit(p: Plan, name: str = "graph") -> ir.Module:
     return mod
 
 
-def _emit_guard_call(b: ir.IRBuilder, guard: ir.Function, table: ir.Value) -> None:
+def _emit_guard_call(b: ir.IRBuilder, guard: ir.Function, buffers: ir.Value,
+                     slot: int) -> None:
     """Where the guard slot holds a guard (a bound call's, backends/cpu/guard.py) that
-    refuses the call: return 1 before anything runs."""
+    refuses the call: return 1 before any kernel runs."""
+    table = b.load(b.gep(buffers, [i64(slot)], inbounds=True, source_etype=PTR), typ=PTR)
     check, refused, run = (b.append_basic_block(f"guard.{s}")
                            for s in ("check", "refused", "passed"))
     b.cbranch(b.icmp_unsigned("!=", b.ptrtoint(table, I64), i64(0)), check, run)
     b.position_at_end(check)
-    b.cbranch(b.icmp_unsigned("!=", b.call(guard, [table]), i64(0)), refused, run)
+    b.cbranch(b.icmp_unsigned("!=", b.call(guard, [table, buffers]), i64(0)), refused, run)
     b.position_at_end(refused)
     b.ret(i64(1))
     b.position_at_end(run)

@@ -11,13 +11,16 @@ from compares itself and then calls `call`), and no one else holds the arrays it
 write (the pool's refcount rule); a fed array's shape and dtype are checked again too
 (either may be set in place, and `run_values` would refuse or convert it). The entry makes
 these last two checks itself, from the turn's guard (guard.py), and runs nothing where one
-fails; where the guard cannot read this interpreter's objects, `call` makes them. Any other
-call runs `run_values`' general path and binds the two tables again from what that call bound
-(after a user replaced a param, on the first calls, while a caller holds a returned
-array). The other tensor inputs and params are kept by identity (a reference held, so an
-id is never reused) and bound again when another object comes. A result the caller reads
-at once and never hands on (a loss it turns into a float) may be `scratch`: the bound
-calls write it into one buffer of their own, which needs no pool entry.
+fails; it also binds the tensor inputs, read in place where each is a C-contiguous array
+of the dtype and shape bound (else the general call converts it). Where the guard cannot
+read this interpreter's objects, `call` binds and checks in Python. Any other call runs
+`run_values`' general path and binds the two tables again from what that call bound (after
+a user replaced a param, on the first calls, while a caller holds a returned array). The
+params not fed back (and, without the guard, the tensor inputs) are kept by identity (a
+reference held, so an id is never reused) and bound again when another object comes. A
+result the caller reads at once and never hands on (a loss it turns into a float) may be
+`scratch`: the bound calls write it into one buffer of their own, which needs no pool
+entry.
 """
 
 from __future__ import annotations
@@ -46,11 +49,12 @@ class _Turn:
     """One of the two turns: its table; `fed`, the arrays a call on it must be fed (what the
     last call returned, in the feeds' order) and their layouts; the arrays it writes and
     their owners; `results`, what it returns (None where each call picks a pool entry);
-    `guard`, which checks in the entry that the arrays it writes are free and the fed ones
-    laid out as bound (None where `free_and_laid_out` checks in Python, guard.native())."""
+    `guard`, which binds the tensor inputs `args` (rows as `Executable._args`) and checks
+    in the entry that the arrays it writes are free and the fed ones laid out as bound
+    (None where `call` binds and `free_and_laid_out` checks in Python: guard.native())."""
 
     def __init__(self, table, fed: tuple, layouts: list, writes: list, results: list,
-                 guard_slot: int):
+                 args: list, guard_slot: int):
         self.table, self.fed, self.layouts, self.results = table, fed, layouts, results
         self.pointer = ctypes.c_void_p(ctypes.addressof(table))  # cheaper to pass than table
         # the arrays it writes, then their owners: no count is below its floor, so all are
@@ -58,8 +62,10 @@ class _Turn:
         self.written = (*(e[0] for e in writes), *(e[1] for e in writes))
         self.free = len(writes) * (_FREE_ARRAY + _FREE_OWNER)
         self.guard = None
-        if native() and all(a.ndim <= MAX_DIMS for a in fed):
-            self.guard = Guard([(e[0], _FREE_ARRAY - 1) for e in writes]
+        if native() and all(a.ndim <= MAX_DIMS for a in fed) \
+                and all(len(row[3]) <= MAX_DIMS for row in args):
+            self.guard = Guard([(row[0], row[2], row[3]) for row in args],
+                               [(e[0], _FREE_ARRAY - 1) for e in writes]
                                + [(e[1], _FREE_OWNER - 1) for e in writes], fed)
             table[guard_slot] = self.guard.address
 
@@ -109,6 +115,10 @@ class Feedback:
         self._layouts = [(row[3], row[2]) for row in self._params]
         self.binds_params = bool(self._params)  # else `call` reads no value
         self._held_args: list = [None] * len(self._args)
+        # the arguments the entry binds and checks itself (their type, dtype, shape and
+        # layout) on a bound call
+        self.checks_args = frozenset(self._arg_pos) if native() and all(
+            len(row[3]) <= MAX_DIMS for row in self._args) else frozenset()
         self._held_values: list = [None] * len(self._params)
         self._kept: dict[int, np.ndarray] = {}  # slot -> the array bound there (converted)
         self._pool_of = dict(exe._pools)
@@ -152,9 +162,12 @@ class Feedback:
             if turn is not self.turn or (turn.guard is None and not turn.free_and_laid_out()):
                 return None  # not the next turn, an array it writes held, a layout changed
             exe._bind_scalars(inputs)
-            if self._args and not all(map(is_, inputs if self._args_lead else
-                                          map(inputs.__getitem__, self._arg_pos),
-                                          self._held_args)):
+            if turn.guard is not None:  # the entry binds the tensor inputs
+                turn.guard.bind(inputs[:len(self._args)] if self._args_lead else
+                                list(map(inputs.__getitem__, self._arg_pos)))
+            elif self._args and not all(map(is_, inputs if self._args_lead else
+                                            map(inputs.__getitem__, self._arg_pos),
+                                            self._held_args)):
                 self._bind(inputs, self._args, self._arg_pos, self._held_args)
             if self._params:
                 params = list(map(values.__getitem__, self._value_pos))
@@ -240,7 +253,7 @@ class Feedback:
             for pos, slot, buf, address in self._scratch:
                 returned[pos], table[slot] = buf, address
             turns.append(_Turn(table, tuple(e[0] for e in r), self._fed_layouts, w, returned,
-                               self.exe.guard_slot))
+                               self._args, self.exe.guard_slot))
         self.turn, self._other = turns
         self._kept = {}
         for rows, positions, source, held in (

@@ -109,3 +109,28 @@ def test_a_bound_call_refuses_a_fed_array_laid_out_anew_in_place(native, change)
     assert exe.native_calls == calls
     _, s, w = run.call(run.turn, [x], ())
     np.testing.assert_array_equal(w, np.full((2, 3), 4.0, np.float32))
+
+
+def test_the_entry_binds_the_tensor_inputs_it_checks():
+    """With the guard, a bound call's entry reads each tensor input's data from the object
+    it is given, after checking it is a C-contiguous ndarray of the dtype and shape bound:
+    anything else runs nothing (the general call converts or refuses it)."""
+    if not guard.native():
+        pytest.skip("this interpreter's objects are not laid out as the guard reads them")
+    exe = _graph()
+    run = exe.feedback({1: 1, 2: "w"}, scratch=(0,))
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    _start(run, x)
+    calls = exe.native_calls
+    wide = np.zeros((2, 6), np.float32)
+    wide[:, ::2] = x
+    for other in (x.astype(np.float64), x.reshape(3, 2), wide[:, ::2], x.tolist(),
+                  np.asfortranarray(x), np.zeros((2, 3, 1), np.float32)):
+        assert run.call(run.turn, [other], ()) is None
+    with pytest.raises(ValueError):  # never the last call's input, which may be gone
+        run.call(run.turn, [], ())
+    assert exe.native_calls == calls
+    for k in range(3):  # another array each call, read where it is
+        y = x + k
+        loss, *_ = run.call(run.turn, [y], ())
+        assert float(loss) == y.sum()

@@ -165,6 +165,24 @@ def test_two_slots_per_param_bind_as_one(change):
         np.testing.assert_array_equal(fast[1][k], v, err_msg=k)
 
 
+def test_inputs_of_another_kind_between_bound_steps_train_as_the_general_path():
+    """The bound call binds the inputs in its entry, which refuses any it cannot read in
+    place (another batch size, layout or labels' dtype): those steps take the general
+    path."""
+    data = batches(8)
+    data[2] = data[2][0][:4], data[2][1][:4]  # each after two steps on the bound path
+    data[5] = np.asfortranarray(data[5][0]), data[5][1]
+    data[7] = data[7][0], data[7][1].astype(np.int32)
+    losses = []
+    for general in (False, True):
+        em.seed(0)
+        model = Net()
+        step = em.compile_train_step(model, loss_and_metric, optim.SGD(lr=0.1),
+                                     backend="cpu", detect_anomaly=general)
+        losses.append([step(x, y) for x, y in data])
+    assert losses[0] == losses[1]
+
+
 def test_arrays_a_step_returned_are_not_written_while_held():
     em.seed(0)
     model = Net()
