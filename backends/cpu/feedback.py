@@ -51,10 +51,10 @@ class _Turn:
     their owners; `results`, what it returns (None where each call picks a pool entry);
     `guard`, which binds the tensor inputs `args` (rows as `Executable._args`) and checks
     in the entry that the arrays it writes are free and the fed ones laid out as bound
-    (None where `call` binds and `free_and_laid_out` checks in Python: guard.native())."""
+    (without `args`, None: `call` binds and `free_and_laid_out` checks in Python)."""
 
     def __init__(self, table, fed: tuple, layouts: list, writes: list, results: list,
-                 args: list, guard_slot: int):
+                 args: list | None, guard_slot: int):
         self.table, self.fed, self.layouts, self.results = table, fed, layouts, results
         self.pointer = ctypes.c_void_p(ctypes.addressof(table))  # cheaper to pass than table
         # the arrays it writes, then their owners: no count is below its floor, so all are
@@ -62,8 +62,7 @@ class _Turn:
         self.written = (*(e[0] for e in writes), *(e[1] for e in writes))
         self.free = len(writes) * (_FREE_ARRAY + _FREE_OWNER)
         self.guard = None
-        if native() and all(a.ndim <= MAX_DIMS for a in fed) \
-                and all(len(row[3]) <= MAX_DIMS for row in args):
+        if args is not None:
             self.guard = Guard([(row[0], row[2], row[3]) for row in args],
                                [(e[0], _FREE_ARRAY - 1) for e in writes]
                                + [(e[1], _FREE_OWNER - 1) for e in writes], fed)
@@ -115,10 +114,11 @@ class Feedback:
         self._layouts = [(row[3], row[2]) for row in self._params]
         self.binds_params = bool(self._params)  # else `call` reads no value
         self._held_args: list = [None] * len(self._args)
-        # the arguments the entry binds and checks itself (their type, dtype, shape and
-        # layout) on a bound call
-        self.checks_args = frozenset(self._arg_pos) if native() and all(
-            len(row[3]) <= MAX_DIMS for row in self._args) else frozenset()
+        # whether each turn has a guard (guard.py), and so the arguments the entry binds
+        # and checks itself (their type, dtype, shape and layout) on a bound call
+        self._guarded = native() and all(len(shape) <= MAX_DIMS for shape, _ in
+                                         [*self._fed_layouts, *((r[3], 0) for r in self._args)])
+        self.checks_args = frozenset(self._arg_pos) if self._guarded else frozenset()
         self._held_values: list = [None] * len(self._params)
         self._kept: dict[int, np.ndarray] = {}  # slot -> the array bound there (converted)
         self._pool_of = dict(exe._pools)
@@ -253,7 +253,8 @@ class Feedback:
             for pos, slot, buf, address in self._scratch:
                 returned[pos], table[slot] = buf, address
             turns.append(_Turn(table, tuple(e[0] for e in r), self._fed_layouts, w, returned,
-                               self._args, self.exe.guard_slot))
+                               self._args if self._guarded else None,
+                               self.exe.guard_slot))
         self.turn, self._other = turns
         self._kept = {}
         for rows, positions, source, held in (

@@ -17,6 +17,7 @@ buffer table. The guard reads the objects' headers as CPython's and NumPy's C AP
 this interpreter lays them out so (a free-threaded build does not), and where it does not,
 callers bind and check in Python.
 """
+
 from __future__ import annotations
 
 import ctypes
