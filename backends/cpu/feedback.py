@@ -33,7 +33,7 @@ from operator import attrgetter, is_
 import numpy as np
 
 from .buffers import aligned_empty
-from .guard import MAX_DIMS, Guard, native
+from .guard import Guard, covers
 
 _layout = attrgetter("shape", "dtype")
 _getrefcount = sys.getrefcount
@@ -116,8 +116,8 @@ class Feedback:
         self._held_args: list = [None] * len(self._args)
         # whether each turn has a guard (guard.py), and so the arguments the entry binds
         # and checks itself (their type, dtype, shape and layout) on a bound call
-        self._guarded = native() and all(len(shape) <= MAX_DIMS for shape, _ in
-                                         [*self._fed_layouts, *((r[3], 0) for r in self._args)])
+        self._guarded = covers([*(shape for shape, _ in self._fed_layouts),
+                                *(row[3] for row in self._args)])
         self.checks_args = frozenset(self._arg_pos) if self._guarded else frozenset()
         self._held_values: list = [None] * len(self._params)
         self._kept: dict[int, np.ndarray] = {}  # slot -> the array bound there (converted)

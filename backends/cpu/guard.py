@@ -24,7 +24,7 @@ import ctypes
 import functools
 import sys
 import sysconfig
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 from llvmlite import ir
@@ -68,6 +68,12 @@ def native() -> bool:
             and _read(a[:, ::2], FLAGS, ctypes.c_int32) & BINDABLE == 0x100)
 
 
+def covers(shapes: Iterable[tuple]) -> bool:
+    """Whether guards can check and bind arrays of these shapes here (else callers do it
+    in Python)."""
+    return native() and all(len(shape) <= MAX_DIMS for shape in shapes)
+
+
 class Guard:
     """The guard of a call that binds `inputs` (the buffer slot, dtype and shape of each:
     the caller puts each call's objects in with `bind`, and the entry binds their data
@@ -79,9 +85,9 @@ class Guard:
 
     def __init__(self, inputs: Sequence[tuple[int, np.dtype, tuple]],
                  held: Sequence[tuple[object, int]], laid_out: Sequence[np.ndarray]):
-        if any(len(shape) > MAX_DIMS for *_, shape in inputs) \
-                or any(a.ndim > MAX_DIMS for a in laid_out):
-            raise ValueError(f"a guard checks arrays of up to {MAX_DIMS} dimensions")
+        if not covers([*(shape for *_, shape in inputs), *(a.shape for a in laid_out)]):
+            raise ValueError(f"no guard here: this interpreter's objects are not read "
+                             f"natively, or an array has over {MAX_DIMS} dimensions")
         self.dtypes = [*(d for _, d, _ in inputs), *(a.dtype for a in laid_out)]
         rows = [[0, UNCHECKED, id(d), len(shape), slot, *shape] for slot, d, shape in inputs]
         rows += [[id(x), ceiling, 0, 0, -1] for x, ceiling in held]
@@ -167,4 +173,4 @@ def emit_guard(mod: ir.Module) -> ir.Function:
     return fn
 
 
-__all__ = ["MAX_DIMS", "Guard", "emit_guard", "native"]
+__all__ = ["MAX_DIMS", "Guard", "covers", "emit_guard", "native"]

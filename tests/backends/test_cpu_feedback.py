@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from ember.backends import cpu
-from ember.backends.cpu import feedback, guard
+from ember.backends.cpu import guard
 from ember.ir import Builder, Graph, TensorType, verify
 
 
@@ -62,7 +62,7 @@ def native(request, monkeypatch):
     this interpreter's objects, in Python."""
     if request.param and not guard.native():
         pytest.skip("this interpreter's objects are not laid out as the guard reads them")
-    monkeypatch.setattr(feedback, "native", lambda: request.param)
+    monkeypatch.setattr(guard, "native", lambda: request.param)
     return request.param
 
 
