@@ -356,9 +356,9 @@ class Executable:
             self._call(self._table)
         return arrays
 
-    def _bind_scalars(self, inputs) -> None:
-        """Copy the scalar inputs into their buffers."""
-        for key, buf, takes, dtype, t, what in self._scalars:
+    def _bind_scalars(self, inputs, rows: list | None = None) -> None:
+        """Copy the scalar inputs (of `rows`, or all) into their buffers."""
+        for key, buf, takes, dtype, t, what in self._scalars if rows is None else rows:
             x = inputs[key]
             buf.value = x if type(x) in takes else as_input(x, t, dtype, what)
 

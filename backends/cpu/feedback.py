@@ -54,7 +54,7 @@ class _Turn:
     (without `args`, None: `call` binds and `free_and_laid_out` checks in Python)."""
 
     def __init__(self, table, fed: tuple, layouts: list, writes: list, results: list,
-                 args: list | None, guard_slot: int):
+                 args: list | None, scalars: list, guard_slot: int):
         self.table, self.fed, self.layouts, self.results = table, fed, layouts, results
         self.pointer = ctypes.c_void_p(ctypes.addressof(table))  # cheaper to pass than table
         # the arrays it writes, then their owners: no count is below its floor, so all are
@@ -63,7 +63,7 @@ class _Turn:
         self.free = len(writes) * (_FREE_ARRAY + _FREE_OWNER)
         self.guard = None
         if args is not None:
-            self.guard = Guard([(row[0], row[2], row[3]) for row in args],
+            self.guard = Guard([(row[1], row[0], row[2], row[3]) for row in args], scalars,
                                [(e[0], _FREE_ARRAY - 1) for e in writes]
                                + [(e[1], _FREE_OWNER - 1) for e in writes], fed)
             table[guard_slot] = self.guard.address
@@ -119,6 +119,15 @@ class Feedback:
         self._guarded = covers([*(shape for shape, _ in self._fed_layouts),
                                 *(row[3] for row in self._args)])
         self.checks_args = frozenset(self._arg_pos) if self._guarded else frozenset()
+        # the float scalars (an lr, a step count) the guard copies from the inputs, and
+        # those bound in Python: all without a guard
+        self._native_scalars: list = []
+        self._scalars: list = []
+        for row in exe._scalars:
+            if self._guarded and row[3] in (np.float32, np.float64):
+                self._native_scalars.append((row[0], ctypes.addressof(row[1]), row[3]))
+            else:
+                self._scalars.append(row)
         self._held_values: list = [None] * len(self._params)
         self._kept: dict[int, np.ndarray] = {}  # slot -> the array bound there (converted)
         self._pool_of = dict(exe._pools)
@@ -161,10 +170,12 @@ class Feedback:
         with exe._lock:
             if turn is not self.turn or (turn.guard is None and not turn.free_and_laid_out()):
                 return None  # not the next turn, an array it writes held, a layout changed
-            exe._bind_scalars(inputs)
-            if turn.guard is not None:  # the entry binds the tensor inputs
-                turn.guard.bind(inputs[:len(self._args)] if self._args_lead else
-                                list(map(inputs.__getitem__, self._arg_pos)))
+            if self._scalars:
+                exe._bind_scalars(inputs, self._scalars)
+            if turn.guard is not None:  # the entry binds the tensor inputs and float scalars
+                if type(inputs) is not list:
+                    inputs = list(inputs)  # what the guard reads (held until the call ends)
+                turn.guard.bind(inputs)
             elif self._args and not all(map(is_, inputs if self._args_lead else
                                             map(inputs.__getitem__, self._arg_pos),
                                             self._held_args)):
@@ -253,7 +264,7 @@ class Feedback:
             for pos, slot, buf, address in self._scratch:
                 returned[pos], table[slot] = buf, address
             turns.append(_Turn(table, tuple(e[0] for e in r), self._fed_layouts, w, returned,
-                               self._args if self._guarded else None,
+                               self._args if self._guarded else None, self._native_scalars,
                                self.exe.guard_slot))
         self.turn, self._other = turns
         self._kept = {}
