@@ -100,12 +100,13 @@ class Executable:
                           _SCALARS.get(numpy_dtype(s.type.dtype).kind, ()),
                           numpy_dtype(s.type.dtype), s.type, self._describe(s)) for i, s in bound
                          if s.kind == "arg" and s.type.shape == ()]
-        # tensor inputs (by position), and params in `param_keys` order (as `run_values` and
-        # `_run` take their values): slot, key, dtype, shape, type, description
-        self._args = [(i, s.key, numpy_dtype(s.type.dtype), s.type.shape, s.type,
-                       self._describe(s)) for i, s in bound if s.kind == "arg" and s.type.shape]
-        self._params = [(i, s.key, numpy_dtype(s.type.dtype), s.type.shape, s.type,
-                         self._describe(s)) for i, s in bound if s.kind == "param"]
+        # inputs (by position) and params in `param_keys` order (as `run_values` and `_run`
+        # take their values): slot, key, dtype, shape, type, description; the tensor inputs
+        rows = [(i, s.key, numpy_dtype(s.type.dtype), s.type.shape, s.type, self._describe(s))
+                for i, s in bound]
+        self._inputs = [row for row, (_, s) in zip(rows, bound) if s.kind == "arg"]
+        self._args = [row for row in self._inputs if row[3]]
+        self._params = [row for row, (_, s) in zip(rows, bound) if s.kind == "param"]
         self.param_keys = tuple(key for _, key, *_ in self._params)
         # (slot, shape to view it as or None, returned as is) of each result: a fresh
         # buffer is handed over the first time it is returned, anything else is copied

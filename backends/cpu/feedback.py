@@ -86,7 +86,7 @@ class Feedback:
 
     def __init__(self, exe, feeds: Mapping[int, int | str], scratch: Sequence[int] = ()):
         self.exe = exe
-        args = {row[1]: row for row in exe._args}
+        args = {row[1]: row for row in exe._inputs}
         params = {row[1]: (j, row) for j, row in enumerate(exe._params)}
         self.carries = bool(feeds) and exe._handed is not None \
             and all(k in args or k in params for k in feeds.values()) \
@@ -124,6 +124,8 @@ class Feedback:
         self._native_scalars: list = []
         self._scalars: list = []
         for row in exe._scalars:
+            if row[0] in feeds.values():  # a scalar of the optimizer's state
+                continue
             if self._guarded and row[3] in (np.float32, np.float64):
                 self._native_scalars.append((row[0], ctypes.addressof(row[1]), row[3]))
             else:

@@ -165,6 +165,31 @@ def test_two_slots_per_param_bind_as_one(change):
         np.testing.assert_array_equal(fast[1][k], v, err_msg=k)
 
 
+class Tempered(Net):
+    def __init__(self):
+        super().__init__()
+        self.temperature = em.Param.from_array(np.array(1.5, np.float32))
+
+    def forward(self, x):
+        return super().forward(x) / self.temperature
+
+
+def test_a_0d_params_moments_are_scalars_fed_back():
+    """AdamW's moments of a 0-d Param (a learnable temperature) are scalar inputs of the
+    graph, which the bound call feeds back as it does the tensor slots."""
+    def train(general):
+        em.seed(0)
+        model = Tempered()
+        step = em.compile_train_step(model, loss_and_metric, optim.AdamW(lr=1e-2),
+                                     backend="cpu", detect_anomaly=general)
+        losses = [step(x, y) for x, y in batches()]
+        return losses, model.temperature.val().copy(), step
+
+    fast, general = train(False), train(True)
+    assert fast[0] == general[0] and fast[1] == general[1] != 1.5
+    assert fast[2]._repeating is not None
+
+
 def test_inputs_of_another_kind_between_bound_steps_train_as_the_general_path():
     """The bound call binds the inputs in its entry, which refuses any it cannot read in
     place (another batch size, layout or labels' dtype): those steps take the general
