@@ -3,24 +3,26 @@ binds its inputs, run natively at the top of the entry: in Python each check cos
 an array (the small MLP's step reads 4 and writes 8 objects), binding another input array
 ~1.3 us and each scalar ~100 ns; natively, a few loads each.
 
-A guard is an int64 table: a head (`HEAD`: the sections' sizes, the addresses of
-numpy.ndarray, float and list, and this call's list of inputs), then three sections of
-records. An input record `(position, slot, dtype, ndim, dims...)` binds the array at that
-position of the inputs: it must be exactly a numpy.ndarray of that dtype (by identity)
-and shape, C-contiguous and aligned, and its data pointer goes into that slot of the
-buffer table. A scalar record `(position, buffer, double)` copies the float at that
-position (exactly a Python float) into the scalar's buffer, as a double or rounded to a
-float. An object record `(address, refcount ceiling, dtype or 0, ndim, dims...)` refuses
-the call where someone else holds an array the call would write (its refcount above the
-ceiling) or, with a dtype, where the array's dtype, ndim or shape is no longer the
-record's (numpy lets a caller set both in place). Any failure refuses the call before a
-kernel runs, and the caller takes its general path, which converts or explains.
+A guard is an int64 table: a head (`HEAD`: the sections' sizes, the addresses of the
+types it compares, and this call's list of inputs), then three sections of records. An
+input record `(position, slot, dtype, ndim, dims...)` binds the array at that position of
+the inputs: it must be exactly a numpy.ndarray of that dtype (by identity) and shape,
+C-contiguous and aligned, and its data pointer goes into that slot of the buffer table. A
+scalar record `(position, buffer, double)` copies the number at that position (exactly a
+Python float, numpy.float64 or numpy.float32) into the scalar's buffer, as a double or
+rounded to a float (another type, an int included, is the general path's to convert). An
+object record `(address, refcount ceiling, dtype or 0, ndim, dims...)` refuses the call
+where someone else holds an array the call would write (its refcount above the ceiling)
+or, with a dtype, where the array's dtype, ndim or shape is no longer the record's (numpy
+lets a caller set both in place). Any failure refuses the call before a kernel runs, and
+the caller takes its general path, which converts or explains.
 
 The guard reads the objects' headers as CPython's and NumPy's C APIs do (`Py_REFCNT`,
-`Py_TYPE`, `PyFloat_AS_DOUBLE`, `PyList_GET_SIZE`, `PyList_GET_ITEM`, `PyArray_DATA`,
-`PyArray_NDIM`, `PyArray_DIMS`, `PyArray_DESCR`, `PyArray_FLAGS`: fields at fixed offsets
-since NumPy 1.7); `native()` checks once that this interpreter lays them out so (a
-free-threaded build does not), and where it does not, callers bind and check in Python.
+`Py_TYPE`, `PyFloat_AS_DOUBLE`, `PyArrayScalar_VAL`, `PyList_GET_SIZE`, `PyList_GET_ITEM`,
+`PyArray_DATA`, `PyArray_NDIM`, `PyArray_DIMS`, `PyArray_DESCR`, `PyArray_FLAGS`: fields
+at fixed offsets since NumPy 1.7); `native()` checks once that this interpreter lays them
+out so (a free-threaded build does not), and where it does not, callers bind and check in
+Python.
 """
 
 from __future__ import annotations
@@ -45,8 +47,8 @@ BINDABLE = 0x1 | 0x100  # NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED
 MAX_DIMS = 8  # an array with more keeps the Python checks
 # the head: inputs, scalars, objects (the sections' record counts), ndarray, float, list,
 # this call's inputs (a list's address)
-HEAD = 7
-ARRAY_T, FLOAT_T, LIST_T, ARGS = 3, 4, 5, 6  # where the head keeps them
+HEAD = 9
+LIST_T, ARRAY_T, FLOAT_T, FLOAT64_T, FLOAT32_T, ARGS = 3, 4, 5, 6, 7, 8  # in the head
 INPUT, SCALAR, OBJECT = 4 + MAX_DIMS, 3, 4 + MAX_DIMS  # record sizes
 LAYOUT = 2  # where an input or object record's dtype, ndim and dims start
 UNCHECKED = 1 << 62  # the ceiling of a record that checks no refcount
@@ -59,7 +61,7 @@ def _read(x, offset: int, ctype):
 @functools.cache
 def native() -> bool:
     """Whether the guard reads this interpreter's objects right: tried on an array whose
-    refcount, type, data, dtype, shape and flags are known, a float and a list."""
+    refcount, type, data, dtype, shape and flags are known, floats and a list."""
     if sysconfig.get_config_var("Py_GIL_DISABLED") or sys.maxsize != 2 ** 63 - 1 \
             or sys.byteorder != "little":
         return False
@@ -80,6 +82,8 @@ def native() -> bool:
             and _read(a[:, ::2], FLAGS, ctypes.c_int32) & BINDABLE == 0x100
             and _read(f, TYPE, ctypes.c_void_p) == id(float)
             and _read(f, FLOAT, ctypes.c_double) == f
+            and _read(np.float64(f), FLOAT, ctypes.c_double) == f
+            and _read(np.float32(f), FLOAT, ctypes.c_float) == np.float32(f)
             and _read(items, TYPE, ctypes.c_void_p) == id(list)
             and _read(items, SIZE, ctypes.c_int64) == 2 and second == id(items[1]))
 
@@ -117,8 +121,8 @@ class Guard:
             (OBJECT, objects))
         self.table = np.zeros(HEAD + sum(size * len(rows) for size, rows in sections),
                               np.int64)
-        self.table[:HEAD - 1] = (*(len(rows) for _, rows in sections), id(np.ndarray),
-                                 id(float), id(list))
+        self.table[:HEAD - 1] = (*(len(rows) for _, rows in sections), id(list),
+                                 id(np.ndarray), id(float), id(np.float64), id(np.float32))
         at = HEAD
         for size, rows in sections:
             for row in rows:
@@ -142,6 +146,7 @@ def emit_guard(mod: ir.Module) -> ir.Function:
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     bad = b.alloca(I64, name="bad")
     b.store(i64(0), bad)
+    value = b.alloca(REG["f64"], name="value")  # a scalar's, read as a double
 
     def field(row: ir.Value, k: int | ir.Value) -> ir.Value:
         k = i64(k) if isinstance(k, int) else k
@@ -198,21 +203,23 @@ def emit_guard(mod: ir.Module) -> ir.Function:
     after_args = branch(is_list, "args")
     size, items = at(args, SIZE, I64), at(args, ITEMS, PTR)
 
-    def item(row: ir.Value, kind: int, name: str) -> tuple[ir.Value, tuple[ir.Block, ...]]:
-        """The input at the record's position, where the list holds one and it is exactly
-        of the type at `table[kind]` (else flagged, and the record's fields never read);
-        then the blocks to join, innermost first."""
+    def item(row: ir.Value, kinds: tuple[int, ...], name: str) -> tuple[ir.Value, ...]:
+        """The input at the record's position and its type, where the list holds one and
+        it is exactly of a type at `table[kinds]` (else flagged, and the record's fields
+        never read); then the blocks to join, innermost first."""
         pos = field(row, 0)
         inside = b.icmp_unsigned("<", pos, size)
         flag(b.not_(inside))
         outer = branch(inside, name)
         obj = b.load(b.gep(items, [pos], inbounds=True, source_etype=PTR), typ=PTR)
-        typed = b.icmp_unsigned("==", address(obj, TYPE), field(table, kind))
+        typ = address(obj, TYPE)
+        typed = functools.reduce(b.or_, [b.icmp_unsigned("==", typ, field(table, k))
+                                         for k in kinds])
         flag(b.not_(typed))
-        return obj, (branch(typed, f"{name}.typed"), outer)
+        return obj, typ, (branch(typed, f"{name}.typed"), outer)
 
     def input_record(row: ir.Value) -> None:
-        obj, afters = item(row, ARRAY_T, "input")
+        obj, _, afters = item(row, (ARRAY_T,), "input")
         same_layout(obj, row)
         flags = b.and_(at(obj, FLAGS, I32), ir.Constant(I32, BINDABLE))
         flag(b.icmp_unsigned("!=", flags, ir.Constant(I32, BINDABLE)))
@@ -222,13 +229,18 @@ def emit_guard(mod: ir.Module) -> ir.Function:
             join(after)
 
     def scalar_record(row: ir.Value) -> None:
-        obj, afters = item(row, FLOAT_T, "scalar")
-        value, buf = at(obj, FLOAT, REG["f64"]), b.inttoptr(field(row, 1), PTR)
+        obj, typ, afters = item(row, (FLOAT_T, FLOAT64_T, FLOAT32_T), "scalar")
+        with b.if_else(b.icmp_unsigned("==", typ, field(table, FLOAT32_T))) as (single, double):
+            with single:  # a numpy.float32: its value, widened exactly
+                b.store(b.fpext(at(obj, FLOAT, REG["f32"]), REG["f64"]), value)
+            with double:  # a float or numpy.float64 (a float subclass)
+                b.store(at(obj, FLOAT, REG["f64"]), value)
+        buf = b.inttoptr(field(row, 1), PTR)
         with b.if_else(b.icmp_unsigned("!=", field(row, 2), i64(0))) as (double, single):
             with double:
-                b.store(value, buf)
+                b.store(b.load(value, typ=REG["f64"]), buf)
             with single:
-                b.store(b.fptrunc(value, REG["f32"]), buf)
+                b.store(b.fptrunc(b.load(value, typ=REG["f64"]), REG["f32"]), buf)
         for after in afters:
             join(after)
 

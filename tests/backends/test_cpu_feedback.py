@@ -136,8 +136,8 @@ def test_the_entry_binds_the_tensor_inputs_it_checks():
 
 
 def test_the_entry_copies_the_float_scalars_it_is_given(native):
-    """A bound call takes its float scalars (an lr) as Python floats, rounded to the
-    graph's dtype as numpy rounds them; with the guard, another type runs nothing (the
+    """A bound call takes its float scalars (an lr) as Python or numpy floats, rounded to
+    the graph's dtype as numpy rounds them; with the guard, another type runs nothing (the
     general call converts it), and inputs given as a tuple are read too."""
     g = Graph("f", [TensorType((2, 3), "f32"), TensorType((), "f32"),
                     TensorType((2, 3), "f32")])
@@ -154,13 +154,13 @@ def test_the_entry_copies_the_float_scalars_it_is_given(native):
     x = np.arange(6, dtype=np.float32).reshape(2, 3)
     run([x, 3, np.zeros((2, 3), np.float32)], [np.ones((2, 3), np.float32)])
     total = np.float32(x.sum())
-    for a in (0.1, 1e-3, 2.5):
+    for a in (0.1, 1e-3, 2.5, np.float64(0.3), np.float32(0.7), np.float32(1e-40)):
         loss = run.call(run.turn, [x, a], ())[0]  # (the other results not held)
         assert loss == total * np.float32(a)
     loss = run.call(run.turn, (x, 0.5), ())[0]
     assert loss == total * 0.5
     calls = exe.native_calls
-    for a in (3, np.float32(0.5)):
+    for a in (3, np.int64(2), np.array(0.5, np.float32), np.float16(0.25)):
         result = run.call(run.turn, [x, a], ())
         assert (result is None) == native
         if native:
@@ -169,4 +169,4 @@ def test_the_entry_copies_the_float_scalars_it_is_given(native):
             del s, w
         assert result[0] == total * np.float32(a)
         del result
-    assert exe.native_calls == calls + 2
+    assert exe.native_calls == calls + 4
