@@ -72,10 +72,12 @@ def is_op(v: Value, name: str) -> bool:
 
 
 def swaps_last(op: Operation) -> bool:
-    """A transpose of the last two axes only."""
-    perm, r = op.attributes.get("perm"), op.result.type.rank
-    return (op.name == "ember.transpose" and r >= 2
-            and perm == [*range(r - 2), r - 1, r - 2])
+    """A transpose of the last two axes only (`op` may be any reader: one without a result
+    too, as a function's return)."""
+    if op.name != "ember.transpose":
+        return False
+    r = op.result.type.rank
+    return r >= 2 and op.attributes.get("perm") == [*range(r - 2), r - 1, r - 2]
 
 
 def view(v: Value) -> View:

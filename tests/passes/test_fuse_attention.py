@@ -211,6 +211,20 @@ def test_probabilities_read_elsewhere_are_not_fused():
     _unfused_everywhere(graph, [], {f"p{i}": a for i, a in enumerate(args)})
 
 
+def test_probabilities_the_graph_returns_are_not_fused():
+    """The function's return reads p too (an op with no result of its own)."""
+    from ember.ir import Builder, Graph, TensorType
+    from ember.passes.decompose import attention_probs
+
+    _, args = case()
+    graph = Graph("f", [TensorType(a.shape, "f64") for a in args])
+    b = Builder(graph.body)
+    q, k, v = graph.args
+    p = attention_probs(b, q, k, True, 0.5)
+    b.create("func.return", [b.op("ember.matmul", p, v), p])
+    _unfused_everywhere(graph, args, {}, "decompose,canonicalize,cse,dce")
+
+
 def test_a_decomposed_backward_is_not_fused_but_the_forward_still_computes():
     """decompose before autodiff differentiates the softmax op by op: p is read by forms
     that are not the attention rule's, so nothing fuses."""
