@@ -140,7 +140,7 @@ class DeviceValue:
 
     def host_copy(self, dtype: str) -> np.ndarray:
         if self.host is None:
-            self.host = np.ascontiguousarray(self.to_host(self.array), _NUMPY_DTYPES[dtype])
+            self.host = np.asarray(self.to_host(self.array), _NUMPY_DTYPES[dtype], order="C")
         return self.host
 
 

@@ -49,7 +49,8 @@ def save(model: Module, path: str | os.PathLike) -> None:
     """Write the model's params and buffers to the safetensors file `path`, atomically."""
     path = os.fspath(path)
     records = model._records()
-    tensors = {p: np.ascontiguousarray(param.val()) for p, param in records}
+    # (np.asarray, not ascontiguousarray, which makes a 0-d param 1-d)
+    tensors = {p: np.asarray(param.val(), order="C") for p, param in records}
     blob = _serialize(tensors, {"format": "ember", _IDS: json.dumps(
         {p: str(param.id) for p, param in records})})
     write_atomically(path, blob)

@@ -75,7 +75,7 @@ def checksum(meta: dict[str, str], tensors: dict[str, np.ndarray]) -> str:
             _feed(h, key.encode())
             _feed(h, meta[key].encode())
     for name in sorted(tensors):
-        a = np.ascontiguousarray(tensors[name])
+        a = np.asarray(tensors[name], order="C")
         _feed(h, f"{name}:{a.dtype.str}:{list(a.shape)}".encode())
         _feed(h, a.reshape(-1).view(np.uint8).data)
     return h.hexdigest()
@@ -95,7 +95,7 @@ def collect(step, extra: dict | None = None) -> tuple[dict[str, np.ndarray], dic
         if p.kind == "flag":
             flags[path] = {"value": bool(p.val()), "frozen": p.frozen}
             continue
-        tensors[f"param/{path}"] = np.ascontiguousarray(p.val())
+        tensors[f"param/{path}"] = np.asarray(p.val(), order="C")  # 0-d stays 0-d
         described[path] = {"id": str(p.id), "shape": list(p.shape), "dtype": p.dtype,
                            "kind": p.kind, "requires_grad": p.requires_grad, "frozen": p.frozen}
         by_id.setdefault(p.id, path)
@@ -105,7 +105,7 @@ def collect(step, extra: dict | None = None) -> tuple[dict[str, np.ndarray], dic
             continue
         state[path] = sorted(slots)
         for slot, value in slots.items():
-            tensors[f"optim/{path}/{slot}"] = np.ascontiguousarray(to_host(value))
+            tensors[f"optim/{path}/{slot}"] = np.asarray(to_host(value), order="C")
     doc = {"model": type(model).__name__, "params": described, "flags": flags,
            "optimizer": opt.config(), "optimizer_step": opt.step_count,
            "optimizer_state": state, "rng_step": step.rng_step, "extra": extra or {}}

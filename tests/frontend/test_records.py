@@ -10,6 +10,7 @@ import pytest
 from file_damage import join, split
 from safetensors import safe_open
 
+import ember as em
 from ember import nn
 from ember.frontend.records import RecordError, load, load_torch, save
 
@@ -45,6 +46,19 @@ def test_save_load_round_trips_bit_exactly_with_ids(tmp_path):
     assert all(va[k].tobytes() == vb[k].tobytes() and va[k].dtype == vb[k].dtype for k in va)
     assert [p.id for _, p in a.all_params() if p.kind != "flag"] == [
         p.id for _, p in b.all_params() if p.kind != "flag"]
+
+
+def test_a_0d_param_round_trips_as_0d(tmp_path):
+    """A learnable temperature: numpy's ascontiguousarray would have written it 1-d, and
+    loading it back would then refuse the file."""
+    a, b = Net(), Net()
+    a.temperature = em.Param.from_array(np.array(0.75, np.float32))
+    b.temperature = em.Param.from_array(np.array(1.0, np.float32))
+    save(a, tmp_path / "net.safetensors")
+    with safe_open(str(tmp_path / "net.safetensors"), framework="np") as f:
+        assert f.get_tensor("temperature").shape == ()
+    load(b, tmp_path / "net.safetensors")
+    assert b.temperature.val().shape == () and b.temperature.val() == 0.75
 
 
 def test_save_replaces_the_old_file_atomically(tmp_path, monkeypatch):

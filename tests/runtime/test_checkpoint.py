@@ -174,6 +174,26 @@ def test_flags_frozen_state_and_counters_are_restored(tmp_path, data):
     assert step2.optimizer.schedule == step.optimizer.schedule
 
 
+def test_a_0d_param_and_its_slots_resume_exactly(tmp_path, data):
+    """A learnable temperature and its Adam moments are 0-d in the file as in the run."""
+    path = str(tmp_path / "run.ckpt")
+    runs = []
+    for _ in range(2):
+        model, step = make()
+        model.temperature = em.Param.from_array(np.array(1.5, np.float32))
+        step.loss_fn = lambda out, y, m=model: nn.functional.cross_entropy(out / m.temperature,
+                                                                           y)
+        runs.append((model, step))
+    (a, step_a), (b, step_b) = runs
+    run_fit(step_a, data, 1, save=path)
+    step_b.load_checkpoint(path)
+    assert_same(state(a, step_a), state(b, step_b))
+    assert b.temperature.val().shape == () and b.temperature.val() != 1.5
+    x, y = data.x_train[:32], data.y_train[:32]
+    assert step_a(x, y) == step_b(x, y)
+    assert_same(state(a, step_a), state(b, step_b))
+
+
 def test_checkpoint_of_another_optimizer_is_refused(tmp_path, data):
     path = str(tmp_path / "run.ckpt")
     _, step = make()
