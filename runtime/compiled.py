@@ -202,8 +202,8 @@ class Compiled:
         """Checks of input shapes before they are traced (a compiled key passed them)."""
 
     def shapes_text(self, specs: tuple) -> str:
-        """The input shapes a recompile notice names."""
-        return ", ".join(str(list(s.shape)) for s in specs)
+        """The input shapes and dtypes a recompile notice names."""
+        return ", ".join(f"{list(s.shape)} {s.dtype}" for s in specs)
 
     def _trace(self, specs: tuple) -> Graph:
         try:

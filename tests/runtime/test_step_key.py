@@ -91,6 +91,8 @@ def test_flags_and_label_dtype_switch_between_cached_graphs(data, capsys):
     step(x, y.astype(np.int32))
     err = capsys.readouterr().err
     assert err.count("ember: recompiling") == 2 and len(step._cache) == 3
+    assert "(model flags, requires_grad or optimizer settings changed)" in err
+    assert "(inputs [32, 64] f32, [32] i32; was [32, 64] f32, [32] i64)" in err
     assert valid[0] != valid[1]  # the valid graph still trains (flags only turn dropout off)
     model.valid()
     step(x, y)
