@@ -12,8 +12,9 @@ write (the pool's refcount rule); a fed array's shape and dtype are checked agai
 (either may be set in place, and `run_values` would refuse or convert it). The entry makes
 these last two checks itself, from the turn's guard (guard.py), and runs nothing where one
 fails; it also binds the tensor inputs, read in place where each is a C-contiguous array
-of the dtype and shape bound (else the general call converts it). Where the guard cannot
-read this interpreter's objects, `call` binds and checks in Python. Any other call runs
+of the dtype and shape bound, and copies the float scalars (an lr, a step count) from the
+inputs' list (else the general call converts them). Where the guard cannot read this
+interpreter's objects, `call` binds and checks in Python. Any other call runs
 `run_values`' general path and binds the two tables again from what that call bound (after
 a user replaced a param, on the first calls, while a caller holds a returned array). The
 params not fed back (and, without the guard, the tensor inputs) are kept by identity (a
@@ -49,9 +50,10 @@ class _Turn:
     """One of the two turns: its table; `fed`, the arrays a call on it must be fed (what the
     last call returned, in the feeds' order) and their layouts; the arrays it writes and
     their owners; `results`, what it returns (None where each call picks a pool entry);
-    `guard`, which binds the tensor inputs `args` (rows as `Executable._args`) and checks
-    in the entry that the arrays it writes are free and the fed ones laid out as bound
-    (without `args`, None: `call` binds and `free_and_laid_out` checks in Python)."""
+    `guard`, which binds the tensor inputs `args` (rows as `Executable._args`) and the
+    float `scalars` (position, buffer address, dtype) and checks in the entry that the
+    arrays it writes are free and the fed ones laid out as bound (without `args`, None:
+    `call` binds and `free_and_laid_out` checks in Python)."""
 
     def __init__(self, table, fed: tuple, layouts: list, writes: list, results: list,
                  args: list | None, scalars: list, guard_slot: int):

@@ -45,8 +45,8 @@ REFCNT, TYPE, FLOAT, SIZE, ITEMS = 0, 8, 16, 16, 24
 DATA, NDIM, DIMS, DESCR, FLAGS = 16, 24, 32, 56, 64
 BINDABLE = 0x1 | 0x100  # NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED
 MAX_DIMS = 8  # an array with more keeps the Python checks
-# the head: inputs, scalars, objects (the sections' record counts), ndarray, float, list,
-# this call's inputs (a list's address)
+# the head: the record counts of the inputs, scalars and objects; the types list,
+# numpy.ndarray, float, numpy.float64 and numpy.float32; this call's inputs (a list)
 HEAD = 9
 LIST_T, ARRAY_T, FLOAT_T, FLOAT64_T, FLOAT32_T, ARGS = 3, 4, 5, 6, 7, 8  # in the head
 INPUT, SCALAR, OBJECT = 4 + MAX_DIMS, 3, 4 + MAX_DIMS  # record sizes
