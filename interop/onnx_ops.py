@@ -101,6 +101,24 @@ for _op, _name in BINARY.items():
     rule(_op)(functools.partial(_variadic, _name))
 
 
+COMPARE = {"Less": "lt", "LessOrEqual": "le", "Greater": "gt", "GreaterOrEqual": "ge",
+           "Equal": "eq"}
+
+
+def _compare(predicate: str, node: Node, a, b) -> Tensor:
+    a = tensor(a)
+    return a.trace.op("ember.cmp", a, tensor(b), predicate=predicate)
+
+
+for _op, _predicate in COMPARE.items():
+    rule(_op)(functools.partial(_compare, _predicate))
+
+
+@rule("Not")
+def _not(node, x):
+    return _compare("eq", node, x, np.bool_(False))
+
+
 @rule("Reciprocal")
 def _reciprocal(node, x):
     return 1.0 / tensor(x)
@@ -115,6 +133,13 @@ def _pow(node, x, y):
 @rule("Identity")
 def _identity(node, x):
     return x
+
+
+@rule("Softplus")
+def _softplus(node, x):
+    """log(1 + exp(x)) everywhere: ONNX's has no threshold above which it returns x, as
+    PyTorch's does from 20 on (a difference below f32's rounding, not f64's)."""
+    return F.softplus(tensor(x), 1.0, math.inf)
 
 
 @rule("LeakyRelu", attrs="alpha")

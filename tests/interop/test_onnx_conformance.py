@@ -25,11 +25,12 @@ import ember as em  # noqa: E402
 from ember.interop.onnx_import import load  # noqa: E402
 from ember.interop.onnx_ops import RULES  # noqa: E402
 
-OPS = ("Add Sub Mul Div Pow Neg Abs Erf Sqrt Exp Log Tanh Sigmoid Relu LeakyRelu Gelu Softmax "
-       "LogSoftmax Gemm MatMul Conv ConvTranspose MaxPool AveragePool GlobalAveragePool "
+OPS = ("Add Sub Mul Div Pow Neg Abs Erf Sqrt Exp Log Tanh Sigmoid Relu LeakyRelu Softplus Gelu "
+       "Softmax LogSoftmax Gemm MatMul Conv ConvTranspose MaxPool AveragePool GlobalAveragePool "
        "BatchNormalization LayerNormalization Dropout ReduceSum ReduceMean ReduceMax ReduceMin "
        "Reshape Transpose Flatten Concat Gather Sum Max Min Clip Where Squeeze Unsqueeze Expand "
-       "Slice Cast Split Identity Pad ArgMax Shape Constant").split()
+       "Slice Cast Split Identity Pad ArgMax Shape Constant Less LessOrEqual Greater "
+       "GreaterOrEqual Equal").split()  # Not's node tests are all opset 1
 BACKENDS = ("interpreter", "cpu")
 TOLERANCE = {"interpreter": (1e-5, 1e-6), "cpu": (1e-4, 1e-5)}  # (rtol, atol) in the dtype
 ROUNDED = {"test_averagepool_2d_ceil_last_window_starts_on_pad"}  # expected values to 4 digits
@@ -57,7 +58,8 @@ _CAST_TYPES = ["test_cast_" + n for n in """
 # reason -> the cases skipped for it (on every backend)
 EXPECTED_SKIPS = {
     "ONNX types ember has not (int8/16, unsigned, bfloat16, float8, 4- and 2-bit)": [
-        f"test_{op}_{t}" for op in ("add", "sub", "mul", "div", "max", "min")
+        f"test_{op}_{t}" for op in ("add", "sub", "mul", "div", "max", "min", "equal", "greater",
+                                    "greater_equal", "less", "less_equal")
         for t in _INTS.split()] + [
         "test_clip_default_int8_inbounds", "test_clip_default_int8_max",
         "test_clip_default_int8_min", "test_maxpool_2d_uint8", "test_pow_types_float32_uint32",
@@ -78,6 +80,7 @@ EXPECTED_SKIPS = {
         "test_training_dropout_default_mask", "test_training_dropout_mask",
         "test_training_dropout_zero_ratio", "test_training_dropout_zero_ratio_mask"],
     "opsets before 13": ["test_dropout_default_old", "test_dropout_random_old"],
+    "string tensors": ["test_equal_string", "test_equal_string_broadcast"],
     "sequence and optional values": ["test_identity_opt", "test_identity_sequence"],
     "max/min of bool tensors or over an empty axis": [
         "test_reduce_max_bool_inputs", "test_reduce_min_bool_inputs", "test_reduce_max_empty_set",

@@ -191,6 +191,16 @@ def test_core_ops_match_the_interpreter(name, tmp_path):
     np.testing.assert_allclose(got, em.compile(model, x, backend="interpreter")(x), **TOL)
 
 
+@pytest.mark.parametrize("name", list(FORWARDS))
+def test_core_ops_import_back(name, tmp_path):
+    """What ember exports, ember imports (comparisons, Not, Softplus included)."""
+    model, x = Fn(FORWARDS[name]), _x((3, 4))
+    path = tmp_path / f"{name}.onnx"
+    em.onnx.save(model, str(path), x)
+    got = em.compile(em.onnx.load(str(path)), x)(x)
+    np.testing.assert_allclose(got, em.compile(model, x, backend="interpreter")(x), **TOL)
+
+
 def _windows(w, x):
     img = x.reshape(1, 2, 2, 3)
     conv = F.conv2d(img, w, stride=(2, 1), padding=1, dilation=(1, 2), groups=2)

@@ -89,6 +89,29 @@ def test_transformer_block_matches_pytorch(backend):
                                atol=1e-5)
 
 
+class Activations(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(6, 6)
+
+    def forward(self, x):
+        h = 4 * self.fc(x)  # some past Softplus's threshold (20 in PyTorch; none in ONNX)
+        return (torch.nn.functional.softplus(h) + torch.sigmoid(h) * torch.tanh(h)
+                - torch.nn.functional.silu(h) + torch.nn.functional.leaky_relu(h, 0.1))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_activations_match_pytorch(dtype):
+    torch.manual_seed(2)
+    x = 3 * np.random.default_rng(3).standard_normal((16, 6)).astype(dtype)
+    model = Activations().to(torch.float64 if dtype == np.float64 else torch.float32).eval()
+    got = em.compile(em.onnx.load(export(model, x)), x)(x)
+    with torch.no_grad():
+        want = model(torch.from_numpy(x)).numpy()
+    tol = 1e-5 if dtype == np.float32 else 1e-8  # PyTorch's threshold moves f64 by 2e-9
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+
+
 def test_fine_tuning_the_imported_cnn_matches_pytorch():
     rng = np.random.default_rng(2)
     xs = rng.standard_normal((20, 8, 1, 8, 8)).astype(np.float32)
