@@ -174,16 +174,18 @@ def test_flags_frozen_state_and_counters_are_restored(tmp_path, data):
     assert step2.optimizer.schedule == step.optimizer.schedule
 
 
+def _tempered():
+    """`make()`'s run with a learnable temperature dividing the logits."""
+    model, step = make()
+    model.temperature = em.Param.from_array(np.array(1.5, np.float32))
+    step.loss_fn = lambda out, y: nn.functional.cross_entropy(out / model.temperature, y)
+    return model, step
+
+
 def test_a_0d_param_and_its_slots_resume_exactly(tmp_path, data):
     """A learnable temperature and its Adam moments are 0-d in the file as in the run."""
     path = str(tmp_path / "run.ckpt")
-    runs = []
-    for _ in range(2):
-        model, step = make()
-        model.temperature = em.Param.from_array(np.array(1.5, np.float32))
-        step.loss_fn = lambda out, y, m=model: nn.functional.cross_entropy(out / m.temperature,
-                                                                           y)
-        runs.append((model, step))
+    runs = [_tempered(), _tempered()]
     (a, step_a), (b, step_b) = runs
     run_fit(step_a, data, 1, save=path)
     step_b.load_checkpoint(path)
