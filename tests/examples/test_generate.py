@@ -78,7 +78,7 @@ def test_a_hundred_new_tokens_compile_two_graphs_and_buckets_are_shared(capsys):
     gen.generate(gen_example.encode("abcdefg")[None], 10)  # 7 tokens: bucket 8 again
     assert gen.compiles == 2 and "recompiling" not in capsys.readouterr().err
     gen.generate(gen_example.encode("abcdefghi")[None], 10)  # 9: bucket 16
-    assert gen.compiles == 3 and "inputs [1, 16]; was [1, 8]" in capsys.readouterr().err
+    assert gen.compiles == 3 and "inputs [1, 16] i64; was [1, 8] i64" in capsys.readouterr().err
     assert len(gen.decode._cache) == 1  # no hidden recompiles behind it
 
 
