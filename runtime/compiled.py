@@ -413,7 +413,9 @@ def _shape_and_dtype(x) -> tuple:
     if isinstance(x, TensorSpec):  # keyed as an array of its dtype is, so calls find it
         return x.shape, numpy_dtype(x.dtype)
     dtype = getattr(x, "dtype", None)
-    return np.shape(x), np.asarray(x).dtype if dtype is None else dtype
+    if not isinstance(dtype, np.dtype):  # a list, a scalar, a torch tensor (its own dtypes)
+        dtype = np.asarray(x).dtype
+    return np.shape(x), dtype
 
 
 class CompiledFunction(Compiled):

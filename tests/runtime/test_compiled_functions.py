@@ -111,3 +111,13 @@ def test_a_function_compiled_for_tensor_specs_runs_arrays_without_recompiling(ca
     f = em.compile(nn.Linear(4, 3), em.TensorSpec((2, 4), "f32"))
     f(np.zeros((2, 4), np.float32))
     assert len(f._cache) == 1 and "recompiling" not in capsys.readouterr().err
+
+
+def test_torch_tensors_run_the_graph_compiled_for_arrays(capsys):
+    """A torch tensor's dtype is torch's own: keyed as the array it converts to."""
+    torch = pytest.importorskip("torch")
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    f = em.compile(nn.Linear(4, 3), x)
+    want = f(x)
+    np.testing.assert_array_equal(f(torch.from_numpy(x)), want)
+    assert len(f._cache) == 1 and "recompiling" not in capsys.readouterr().err
