@@ -415,8 +415,11 @@ class Module:
     def _params(self, *kinds: str) -> list[Param]:
         return [p for _, p in self.all_params() if not kinds or p.kind in kinds]
 
-    def train(self) -> Module:
-        """Flags on (training behaviour), except in frozen modules; gradients untouched."""
+    def train(self, mode: bool = True) -> Module:
+        """Flags on (training behaviour), except in frozen modules; gradients untouched.
+        `train(False)` is `valid()`, as PyTorch's `train(mode)`."""
+        if not mode:
+            return self.valid()
         for p in self._params("flag"):
             if not p.frozen:
                 p.set_value(True)
@@ -427,6 +430,10 @@ class Module:
         for p in self._params("flag"):
             p.set_value(False)
         return self
+
+    def eval(self) -> Module:  # noqa: A003  (PyTorch's name for valid())
+        """`valid()`, under the name PyTorch users reach for."""
+        return self.valid()
 
     def freeze(self) -> Module:
         """No gradients and flags off, and `train()` leaves them off until `unfreeze()`."""

@@ -159,12 +159,20 @@ def _state(model):
     (["freeze", "unfreeze", "train"], True, True),
     (["no_grad"], False, True),
     (["no_grad", "valid", "train"], False, True),
+    (["eval"], True, False),  # PyTorch's names
+    (["eval", "train"], True, True),
 ])
 def test_state_transitions(steps, grad, flag):
     model = Model()
     for step in steps:
         assert getattr(model, step)() is model
     assert _state(model) == (grad, flag)
+
+
+def test_train_takes_pytorchs_mode():
+    model = Model()
+    assert model.train(False) is model and _state(model) == (True, False)
+    assert model.train(True) is model and _state(model) == (True, True)
 
 
 def test_freezing_a_submodule_survives_train_of_the_whole_model():
