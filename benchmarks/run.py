@@ -14,11 +14,13 @@ ratios are ember's speed over the other's (above 1: ember is faster). Rows:
   OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE unset, which some machines set to a slower
   kernel), PyTorch eager and torch.compile, and JAX jit when installed, timed in
   interleaved blocks; for the MLPs also the step's matmuls alone in numpy's BLAS, the
-  floor of any step that uses that BLAS; and the step's call path: its time over its
-  native call alone (buffers bound once) and over its kernels' time (the cycle counter's
-  span of each kernel: not the call, nor the input checks before the first kernel), the
-  three timed in interleaved blocks, each call on its own (the medians of calls, as the
-  kernels' are of runs);
+  floor of any step that uses that BLAS; and the step's call path: its Python alone (the
+  step timed with its native entry swapped for one that returns at once: a difference of
+  two medians would hold a large step's noise), and its time over its native call alone
+  (buffers bound once) and over its kernels' time (the cycle counter's span of each
+  kernel: not the call, nor the input checks before the first kernel), the three timed in
+  interleaved blocks, each call on its own (the medians of calls, as the kernels' are of
+  runs);
 - char-level GPT training steps (AdamW; benchmarks/gpt.py): config A (n_embd 64, 4 heads,
   2 layers) at T 64 and 256, config B (n_embd 128, 4 layers) at T 128, batch 16, against
   PyTorch eager and torch.compile on the same initial weights, interleaved;
@@ -28,6 +30,8 @@ ratios are ember's speed over the other's (above 1: ember is faster). Rows:
 from __future__ import annotations
 
 import argparse
+import ctypes
+import functools
 import importlib.util
 import json
 import os
@@ -406,6 +410,7 @@ def _one_step(rows: list, name: str) -> None:
     path = interleaved({"ember": lambda: step(x, y), "native call": exe.bound(args, params),
                         "kernels": kernels}, number, per_call=True)
     t_kernels = sum(t for _, t in kernels.seconds())
+    t_python = python_path(step, x, y, number)
     others = [("numpy (here)", lambda: numpy_step(name, init_params(name)))]
     try:
         import torch  # noqa: F401
@@ -440,7 +445,7 @@ def _one_step(rows: list, name: str) -> None:
     rows.append((f"step {label} ember", f"{t_em * 1e6:9.1f} us",
                  f"kernels {t_kernels * 1e6:.0f} us", f"{len(exe.plan.steps)} kernels",
                  f"compile {first:.2f} s"))
-    rows.append(("  its call path (Python)", f"{(t_step - t_call) * 1e6:9.1f} us",
+    rows.append(("  its call path (Python)", f"{t_python * 1e6:9.1f} us",
                  f"step {t_step * 1e6:.0f} / call {t_call * 1e6:.0f} us",
                  f"x{t_step / t_call:5.2f} native",
                  f"x{t_step / t_kernels:5.2f} kernels"))
@@ -451,6 +456,31 @@ def _one_step(rows: list, name: str) -> None:
     if t:
         rows.append(("  vs numpy (OPENBLAS_* unset)", f"{t * 1e6:9.1f} us",
                      f"x{t / t_em:5.2f}", "", ""))
+
+
+def python_path(step, x, y, number: int) -> float:
+    """The step's median time with its native entry swapped for one that returns at once
+    (nothing refused, nothing run): its Python and the ctypes call alone."""
+    exe = step._last.run
+    real, exe._entry = exe._entry, _noop_entry()[1]
+    try:
+        return interleaved({"python": lambda: step(x, y)}, number, per_call=True)["python"]
+    finally:
+        exe._entry = real
+
+
+@functools.cache
+def _noop_entry():
+    """(its module, kept alive; a ctypes `i64 (ptr)` that returns 0)."""
+    from llvmlite import ir
+
+    from ember.backends.cpu.jit import JitModule
+
+    mod = ir.Module("noop")
+    fn = ir.Function(mod, ir.FunctionType(ir.IntType(64), [ir.PointerType()]), "noop")
+    ir.IRBuilder(fn.append_basic_block()).ret(ir.Constant(ir.IntType(64), 0))
+    jit = JitModule(mod, name="noop", needs_pool=False)
+    return jit, jit.function("noop", ctypes.c_int64, ctypes.c_void_p)
 
 
 def _bound_arguments(step, *inputs) -> tuple[list, dict]:
