@@ -14,7 +14,8 @@ from ember.runtime.checkpoint import KEY, SHA_KEY, checksum
 
 # stand-ins that json.dumps cannot make: replaced by raw JSON text after dumping
 _DEEP, _HUGE = "\x00deep", "\x00huge"
-_RAW = {_DEEP: "[" * 5000 + "]" * 5000, _HUGE: "9" * 5000}  # past Python's recursion / digits
+_RAW = {_DEEP: "[" * 100_000 + "]" * 100_000,  # past the recursion limit (3.13 parses 5000)
+        _HUGE: "9" * 5000}  # past the digits limit
 ODD = [None, True, False, 0, -1, 1.5, 2 ** 64, -2 ** 63 - 1, 10 ** 30, 1e308, float("nan"),
        float("inf"), "", "x", "layers.0.weight", "0123456789abc", "\u00e9\u2603\U0001f600",
        "\ud800", "a\nb", [], {}, [1, "a"], {"a": {"b": [None]}}, [[[[[[[[0]]]]]]]], _DEEP, _HUGE]
