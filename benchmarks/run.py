@@ -30,8 +30,6 @@ ratios are ember's speed over the other's (above 1: ember is faster). Rows:
 from __future__ import annotations
 
 import argparse
-import ctypes
-import functools
 import importlib.util
 import json
 import os
@@ -44,7 +42,7 @@ from pathlib import Path
 
 import numpy as np
 import timing
-from timing import blas_info, calls_for, interleaved, machine, median_time
+from timing import blas_info, calls_for, interleaved, machine, median_time, python_path
 
 # torch.compile's pool of compile workers keeps starting in the background after the first
 # compile: on a small machine it steals the cores from whatever is timed next (PyTorch eager
@@ -456,31 +454,6 @@ def _one_step(rows: list, name: str) -> None:
     if t:
         rows.append(("  vs numpy (OPENBLAS_* unset)", f"{t * 1e6:9.1f} us",
                      f"x{t / t_em:5.2f}", "", ""))
-
-
-def python_path(step, x, y, number: int) -> float:
-    """The step's median time with its native entry swapped for one that returns at once
-    (nothing refused, nothing run): its Python and the ctypes call alone."""
-    exe = step._last.run
-    real, exe._entry = exe._entry, _noop_entry()[1]
-    try:
-        return interleaved({"python": lambda: step(x, y)}, number, per_call=True)["python"]
-    finally:
-        exe._entry = real
-
-
-@functools.cache
-def _noop_entry():
-    """(its module, kept alive; a ctypes `i64 (ptr)` that returns 0)."""
-    from llvmlite import ir
-
-    from ember.backends.cpu.jit import JitModule
-
-    mod = ir.Module("noop")
-    fn = ir.Function(mod, ir.FunctionType(ir.IntType(64), [ir.PointerType()]), "noop")
-    ir.IRBuilder(fn.append_basic_block()).ret(ir.Constant(ir.IntType(64), 0))
-    jit = JitModule(mod, name="noop", needs_pool=False)
-    return jit, jit.function("noop", ctypes.c_int64, ctypes.c_void_p)
 
 
 def _bound_arguments(step, *inputs) -> tuple[list, dict]:

@@ -1,9 +1,11 @@
 """How benchmarks/run.py times things and describes the machine: medians of repetitions,
-interleaved blocks (every contender sees the same drift of a shared VM), the FMA peak
-measured rather than read from /proc/cpuinfo, and numpy's BLAS."""
+interleaved blocks (every contender sees the same drift of a shared VM), a step's Python
+alone, the FMA peak measured rather than read from /proc/cpuinfo, and numpy's BLAS."""
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import os
 import statistics
 import subprocess
@@ -155,3 +157,28 @@ def interleaved(fns: dict, number: int, rounds: int | None = None,
                 fn()
             times[k].append((clock() - t) / number)
     return {k: statistics.median(v) for k, v in times.items()}
+
+
+def python_path(step, x, y, number: int) -> float:
+    """The step's median time with its native entry swapped for one that returns at once
+    (nothing refused, nothing run): its Python and the ctypes call alone."""
+    exe = step._last.run
+    real, exe._entry = exe._entry, _noop_entry()[1]
+    try:
+        return interleaved({"python": lambda: step(x, y)}, number, per_call=True)["python"]
+    finally:
+        exe._entry = real
+
+
+@functools.cache
+def _noop_entry():
+    """(its module, kept alive; a ctypes `i64 (ptr)` that returns 0)."""
+    from llvmlite import ir
+
+    from ember.backends.cpu.jit import JitModule
+
+    mod = ir.Module("noop")
+    fn = ir.Function(mod, ir.FunctionType(ir.IntType(64), [ir.PointerType()]), "noop")
+    ir.IRBuilder(fn.append_basic_block()).ret(ir.Constant(ir.IntType(64), 0))
+    jit = JitModule(mod, name="noop", needs_pool=False)
+    return jit, jit.function("noop", ctypes.c_int64, ctypes.c_void_p)
