@@ -34,7 +34,7 @@ from operator import attrgetter, is_
 import numpy as np
 
 from .buffers import aligned_empty
-from .guard import Guard, covers
+from .guard import FLOATS, Guard, covers
 
 _layout = attrgetter("shape", "dtype")
 _getrefcount = sys.getrefcount
@@ -128,7 +128,7 @@ class Feedback:
         for row in exe._scalars:
             if row[0] in feeds.values():  # a scalar of the optimizer's state
                 continue
-            if self._guarded and row[3] in (np.float32, np.float64):
+            if self._guarded and row[3] in FLOATS:
                 self._native_scalars.append((row[0], ctypes.addressof(row[1]), row[3]))
             else:
                 self._scalars.append(row)

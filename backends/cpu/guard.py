@@ -45,6 +45,7 @@ REFCNT, TYPE, FLOAT, SIZE, ITEMS = 0, 8, 16, 16, 24
 DATA, NDIM, DIMS, DESCR, FLAGS = 16, 24, 32, 56, 64
 BINDABLE = 0x1 | 0x100  # NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED
 MAX_DIMS = 8  # an array with more keeps the Python checks
+FLOATS = (np.dtype(np.float32), np.dtype(np.float64))  # the scalar dtypes a guard copies
 # the head: the record counts of the inputs, scalars and objects; the types list,
 # numpy.ndarray, float, numpy.float64 and numpy.float32; this call's inputs (a list)
 HEAD = 9
@@ -108,7 +109,7 @@ class Guard:
                  scalars: Sequence[tuple[int, int, np.dtype]],
                  held: Sequence[tuple[object, int]], laid_out: Sequence[np.ndarray]):
         if not covers([*(shape for *_, shape in inputs), *(a.shape for a in laid_out)]) \
-                or any(d not in (np.float32, np.float64) for *_, d in scalars):
+                or any(d not in FLOATS for *_, d in scalars):
             raise ValueError(f"no guard here: this interpreter's objects are not read "
                              f"natively, an array has over {MAX_DIMS} dimensions or a "
                              f"scalar is not a float")
@@ -260,4 +261,4 @@ def emit_guard(mod: ir.Module) -> ir.Function:
     return fn
 
 
-__all__ = ["MAX_DIMS", "Guard", "covers", "emit_guard", "native"]
+__all__ = ["FLOATS", "MAX_DIMS", "Guard", "covers", "emit_guard", "native"]
