@@ -16,8 +16,10 @@ input checks a backend may run natively (backends/input_checks.py).
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -125,6 +127,18 @@ class _LastKey:
         return self.state.unchanged(table) and self.settings_unchanged()
 
 
+def one_call_at_a_time(call: Callable) -> Callable:
+    """A compiled object's `__call__`, run by one thread at a time: a call rebinds the
+    params, feeds the buffers and tables of the native code and counts steps, none of which
+    two calls may interleave (two threads calling one step crashed in native code).
+    Different objects still run at once."""
+    @functools.wraps(call)
+    def serialized(self, *inputs):
+        with self._calls:
+            return call(self, *inputs)
+    return serialized
+
+
 class Compiled:
     """Shared machinery: specs → trace → pipeline → backend, cached by key.
 
@@ -152,6 +166,7 @@ class Compiled:
         self._last_key: _LastKey | None = None
         self.param_table = ParamTable(model)
         self.compiles = 0  # graphs compiled so far (a cache miss each)
+        self._calls = threading.RLock()  # held by a call (see `one_call_at_a_time`)
 
     # subclasses: the function to trace and the pipeline to run
     def traced_fn(self) -> Callable:
@@ -431,6 +446,7 @@ class CompiledFunction(Compiled):
     def pipeline(self):
         return inference_pipeline(self.linear)
 
+    @one_call_at_a_time
     def __call__(self, *inputs: np.ndarray):
         entry, _, outs = self.execute(inputs)
         outs = [to_host(o) for o in entry.split(outs)[0]]

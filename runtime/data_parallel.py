@@ -34,7 +34,7 @@ from ..frontend.param import random_seed
 from ..ir import Graph, has_trait, numpy_dtype
 from ..ir.printer import strip_locations
 from .backend import to_host
-from .compiled import Entry
+from .compiled import Entry, one_call_at_a_time
 from .distributed import Communicator
 from .params import param_values, state_key
 from .pipeline import SIMPLIFY, Stages, grad_pipeline
@@ -115,6 +115,7 @@ class DataParallelStep(TrainStep):
     def extra_inputs(self, entry: Entry, table: dict) -> list:
         return []
 
+    @one_call_at_a_time
     def __call__(self, *inputs: np.ndarray):
         table = self.param_table()
         entry = self.entry(inputs, table)

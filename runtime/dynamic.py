@@ -30,7 +30,7 @@ from ..frontend.module import Module
 from ..frontend.trace import TensorSpec
 from ..ir import Graph
 from ..passes.pad_mask import PadMaskError, refuse
-from .compiled import Compiled, CompiledFunction
+from .compiled import Compiled, CompiledFunction, one_call_at_a_time
 from .steps import GradFunction, TrainStep
 
 SMALLEST_BUCKET = 8
@@ -194,6 +194,7 @@ class Dynamic:
     _plan: Plan | None = None
     _arity: int | None = None  # how many inputs the caller passes
 
+    @one_call_at_a_time
     def __call__(self, *inputs):
         self._arity = len(inputs)
         self._plan = plan = self.dynamic.plan(inputs)

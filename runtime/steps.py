@@ -13,7 +13,7 @@ import numpy as np
 from ..frontend.module import Module
 from ..ir import Graph
 from .backend import to_host
-from .compiled import Compiled, Entry
+from .compiled import Compiled, Entry, one_call_at_a_time
 from .fast_path import BoundStep
 from .inputs import batch_sizes_agree, finite_inputs
 from .params import GradientsParams
@@ -110,6 +110,7 @@ class GradFunction(_Training):
     def pipeline(self):
         return grad_pipeline(self.linear, self.checkpoint, self.memory_budget)
 
+    @one_call_at_a_time
     def __call__(self, *inputs: np.ndarray) -> GradientsParams:
         entry, table, outs = self.execute(inputs)
         grads = self.finish(entry, table, outs)
@@ -154,6 +155,7 @@ class TrainStep(_Training):
         return (hyper_inputs(self.optimizer)
                 + state_inputs(self.optimizer, entry.update_layout, table))
 
+    @one_call_at_a_time
     def __call__(self, *inputs: np.ndarray):
         bound = self._repeating
         if bound is not None and not self.detect_anomaly:

@@ -14,7 +14,9 @@ then opens it; a claim is a compare-and-swap on the word seen, so a worker that 
 job while the next one was being written can never run it. The caller runs chunks too
 and returns once every chunk is done. A nested or concurrent call (another executable
 in another Python thread), a forked child (its workers did not survive the fork) and a
-machine without futexes run the loop on the calling thread instead: slower, never wrong.
+machine without futexes run the loop's chunks one after the other on the calling thread
+instead: slower, never wrong, and the same arithmetic (a chunk may own a partial sum, so
+running [0, n) as one chunk would reassociate it: results would depend on contention).
 """
 
 from __future__ import annotations
@@ -98,9 +100,7 @@ def _claim(mod: ir.Module, g: _Globals) -> ir.Function:
     swapped = b.cmpxchg(g.word, w, b.add(w, i64(1)), "acq_rel", "acquire")
     b.cbranch(b.extract_value(swapped, 1), run, head)
     b.position_at_end(run)
-    lo = b.udiv(b.mul(idx, n), chunks)
-    hi = b.udiv(b.mul(b.add(idx, i64(1)), n), chunks)
-    b.call(body, [ctx, lo, hi])
+    b.call(body, [ctx, *_bounds(b, idx, n, chunks)])
     b.atomic_rmw("add", g.done, i64(1), "release")
     b.branch(head)
     b.position_at_end(out)
@@ -169,6 +169,26 @@ def _pause(mod: ir.Module):
     return lambda b: b.call(pause, [])
 
 
+def _bounds(b: ir.IRBuilder, c, n, chunks):
+    """[lo, hi) of chunk c of [0, n) in `chunks` chunks: the split `claim` makes."""
+    return b.udiv(b.mul(c, n), chunks), b.udiv(b.mul(b.add(c, i64(1)), n), chunks)
+
+
+def _each_chunk(fn: ir.Function, b: ir.IRBuilder, run, n, chunks) -> None:
+    """`run(lo, hi)` for every chunk of [0, n) (at least one), in order."""
+    pre, head = b.block, fn.append_basic_block("chunk")
+    b.branch(head)
+    b.position_at_end(head)
+    c = b.phi(I64, "c")
+    c.add_incoming(i64(0), pre)
+    run(*_bounds(b, c, n, chunks))
+    nxt = b.add(c, i64(1))
+    c.add_incoming(nxt, b.block)
+    after = fn.append_basic_block("chunks.done")
+    b.cbranch(b.icmp_signed("<", nxt, chunks), head, after)
+    b.position_at_end(after)
+
+
 def _dispatch(mod, g, claim, syscall, worker, workers: int, futex: int) -> None:
     """`ember_parallel_for`: start the workers on first use, open the job, take chunks,
     wait for the rest; or run the whole loop here (see the module's docstring)."""
@@ -194,8 +214,8 @@ def _dispatch(mod, g, claim, syscall, worker, workers: int, futex: int) -> None:
                              "monotonic")
             b.cbranch(b.extract_value(took, 1), pooled, serial)
         b.branch(serial)
-    b.position_at_end(serial)
-    b.call(body, [ctx, i64(0), n])
+    b.position_at_end(serial)  # the same chunks, in order: the same arithmetic as pooled
+    _each_chunk(fn, b, lambda lo, hi: b.call(body, [ctx, lo, hi]), n, chunks)
     b.ret_void()
 
     b.position_at_end(pooled)

@@ -138,3 +138,34 @@ def test_a_child_forked_during_a_call_on_another_thread_can_call(monkeypatch):
         sys.setswitchinterval(interval)
         stop.set()
         t.join(30)
+
+
+def column_sum_exe(monkeypatch) -> cpu.Executable:
+    """Column sums of x [4096, 64] (a bias gradient), the rows split across 2 threads that
+    each sum their share into accumulators of their own, added after."""
+    monkeypatch.setattr(cpu_threads, "MIN_WORK", 64)
+    g = Graph("f", [TensorType((4096, 64), "f32")])
+    b = Builder(g.body)
+    b.create("func.return", [b.op("ember.reduce_sum", g.args[0], axes=[0], keepdims=False)])
+    exe = cpu.Executable(verify(PassManager(parse_pipeline("fuse")).run(g)), threads=2,
+                         use_cache=False)
+    assert "ember_parallel_for" in exe.llvm_ir
+    return exe
+
+
+@pytest.mark.skipif(not hasattr(os, "fork") or sys.platform != "linux", reason="needs fork")
+def test_a_loop_without_the_pool_runs_the_same_chunks_bit_for_bit(monkeypatch):
+    """A call that cannot have the pool (here: a forked child, whose workers are gone; a
+    concurrent call from another thread takes the same path) runs each chunk in turn, so
+    each thread's share still sums into its own accumulators: the same bits. It ran the
+    whole loop as one chunk, which added the other chunk's stale partial sums."""
+    exe = column_sum_exe(monkeypatch)
+    rng = np.random.default_rng(0)
+    x, y = (rng.standard_normal((4096, 64)).astype(np.float32) for _ in range(2))
+    exe([y])  # leaves partial sums of y in the scratch
+    want = exe([x])[0].copy()
+
+    def same():
+        assert np.array_equal(exe([x])[0], want)
+
+    in_child(same, "the forked child hung in a parallel loop")
