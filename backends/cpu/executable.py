@@ -371,15 +371,16 @@ class Executable:
         has now) nor a pooled result (a reference would keep the pool from recycling it)
         is held."""
         i, _, dtype, shape, t, what = row
+        laid_out = type(x) is np.ndarray and x.dtype is dtype and x.shape == shape \
+            and x.flags.c_contiguous  # numpy lets a caller set shape, dtype, strides in place
         known = self._pooled.get(id(x))
-        if known is not None and x.dtype is dtype and x.shape == shape:
+        if known is not None and laid_out:
             self._held.pop(i, None)
             return x, known[2]
         last = self._held.get(i)
-        if last is not None and last[0] is x and x.shape == shape and x.dtype is dtype:
+        if last is not None and last[0] is x and laid_out:
             return x, last[1]
-        if not (type(x) is np.ndarray and x.dtype is dtype and x.shape == shape
-                and x.flags.c_contiguous):
+        if not laid_out:
             self._held.pop(i, None)
             y = as_input(x, t, dtype, what)
             return y, _address(y)

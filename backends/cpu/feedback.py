@@ -27,6 +27,7 @@ entry.
 from __future__ import annotations
 
 import ctypes
+import math
 import sys
 from collections.abc import Mapping, Sequence
 from operator import attrgetter, is_
@@ -36,7 +37,19 @@ import numpy as np
 from .buffers import aligned_empty
 from .guard import FLOATS, Guard, covers
 
-_layout = attrgetter("shape", "dtype")
+_layout = attrgetter("shape", "dtype", "strides")  # numpy lets a caller set each in place
+
+
+def _bound_layout(row: tuple) -> tuple:
+    """The `_layout` of a C-contiguous array of an argument or param row's shape and dtype
+    (numpy's strides: the sizes of the dims after each, times the item's; all 0 when
+    empty)."""
+    shape, dtype = row[3], row[2]
+    strides = tuple(0 if 0 in shape else math.prod(shape[i + 1:]) * dtype.itemsize
+                    for i in range(len(shape)))
+    return shape, dtype, strides
+
+
 _getrefcount = sys.getrefcount
 
 # references to an array a turn writes, and to its owner (`.base`), while only the pool and
@@ -103,7 +116,7 @@ class Feedback:
         self._fed = list(feeds)
         fed_rows = [args[k] if k in args else params[k][1] for k in feeds.values()]
         self._in_slots = [row[0] for row in fed_rows]
-        self._fed_layouts = [(row[3], row[2]) for row in fed_rows]  # (shape, dtype)
+        self._fed_layouts = list(map(_bound_layout, fed_rows))
         self._out_slots = [exe._results[r][0] for r in self._fed]
         # what each call binds unless it is the object the last call bound
         self._args = [row for row in exe._args if row[1] not in feeds.values()]
@@ -113,12 +126,12 @@ class Feedback:
         self._args_lead = self._arg_pos == list(range(len(self._arg_pos)))
         self._params = [row for row in exe._params if row[1] not in feeds.values()]
         self._value_pos = [params[row[1]][0] for row in self._params]
-        self._layouts = [(row[3], row[2]) for row in self._params]
+        self._layouts = list(map(_bound_layout, self._params))
         self.binds_params = bool(self._params)  # else `call` reads no value
         self._held_args: list = [None] * len(self._args)
         # whether each turn has a guard (guard.py), and so the arguments the entry binds
         # and checks itself (their type, dtype, shape and layout) on a bound call
-        self._guarded = covers([*(shape for shape, _ in self._fed_layouts),
+        self._guarded = covers([*(shape for shape, *_ in self._fed_layouts),
                                 *(row[3] for row in self._args)])
         self.checks_args = frozenset(self._arg_pos) if self._guarded else frozenset()
         # the float scalars (an lr, a step count) the guard copies from the inputs, and

@@ -13,9 +13,10 @@ Python float, numpy.float64 or numpy.float32) into the scalar's buffer, as a dou
 rounded to a float (another type, an int included, is the general path's to convert). An
 object record `(address, refcount ceiling, dtype or 0, ndim, dims...)` refuses the call
 where someone else holds an array the call would write (its refcount above the ceiling)
-or, with a dtype, where the array's dtype, ndim or shape is no longer the record's (numpy
-lets a caller set both in place). Any failure refuses the call before a kernel runs, and
-the caller takes its general path, which converts or explains.
+or, with a dtype, where the array's dtype, ndim, shape or contiguity is no longer the
+record's (numpy lets a caller set shape, dtype and strides in place). Any failure refuses
+the call before a kernel runs, and the caller takes its general path, which converts or
+explains.
 
 The guard reads the objects' headers as CPython's and NumPy's C APIs do (`Py_REFCNT`,
 `Py_TYPE`, `PyFloat_AS_DOUBLE`, `PyArrayScalar_VAL`, `PyList_GET_SIZE`, `PyList_GET_ITEM`,
@@ -184,7 +185,10 @@ def emit_guard(mod: ir.Module) -> ir.Function:
             name)
 
     def same_layout(obj: ir.Value, row: ir.Value) -> None:
-        """Flag an array whose dtype, ndim or dims are not the record's."""
+        """Flag an array whose dtype, ndim or dims are not the record's, or that is not
+        C-contiguous and aligned (its strides, which numpy lets a caller set in place)."""
+        flags = b.and_(at(obj, FLAGS, I32), ir.Constant(I32, BINDABLE))
+        flag(b.icmp_unsigned("!=", flags, ir.Constant(I32, BINDABLE)))
         ndim = field(row, LAYOUT + 1)
         moved = b.or_(b.icmp_unsigned("!=", address(obj, DESCR), field(row, LAYOUT)),
                       b.icmp_unsigned("!=", b.sext(at(obj, NDIM, I32), I64), ndim))
@@ -222,8 +226,6 @@ def emit_guard(mod: ir.Module) -> ir.Function:
     def input_record(row: ir.Value) -> None:
         obj, _, afters = item(row, (ARRAY_T,), "input")
         same_layout(obj, row)
-        flags = b.and_(at(obj, FLAGS, I32), ir.Constant(I32, BINDABLE))
-        flag(b.icmp_unsigned("!=", flags, ir.Constant(I32, BINDABLE)))
         b.store(at(obj, DATA, PTR), b.gep(buffers, [field(row, 1)], inbounds=True,
                                          source_etype=PTR))
         for after in afters:

@@ -91,10 +91,16 @@ def _retype(a):
     a.dtype = np.int32  # the same bytes read as another dtype of the same size
 
 
-@pytest.mark.parametrize("change", [_reshape, _retype])
+def _restride(a):
+    a.strides = a.strides[::-1]  # its data read as the transpose
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # NumPy 2.4+: setting strides
+@pytest.mark.parametrize("change", [_reshape, _retype, _restride])
 def test_a_bound_call_refuses_a_fed_array_laid_out_anew_in_place(native, change):
-    """numpy lets a caller set an array's shape or dtype in place: a bound call fed such an
-    array runs nothing (the general call says what is wrong)."""
+    """numpy lets a caller set an array's shape, dtype or strides in place: a bound call
+    fed such an array runs nothing (the general call converts it or says what is
+    wrong)."""
     exe = _graph()
     run = exe.feedback({1: 1, 2: "w"}, scratch=(0,))
     x = np.ones((2, 3), np.float32)
@@ -102,10 +108,10 @@ def test_a_bound_call_refuses_a_fed_array_laid_out_anew_in_place(native, change)
     assert (run.turn.guard is not None) == native
     calls = exe.native_calls
     for fed in (s, w):
-        layout = fed.shape, fed.dtype
+        layout = fed.shape, fed.dtype, fed.strides
         change(fed)
         assert run.call(run.turn, [x], ()) is None
-        fed.dtype, fed.shape = layout[1], layout[0]
+        fed.dtype, fed.shape, fed.strides = layout[1], layout[0], layout[2]
     assert exe.native_calls == calls
     _, s, w = run.call(run.turn, [x], ())
     np.testing.assert_array_equal(w, np.full((2, 3), 4.0, np.float32))

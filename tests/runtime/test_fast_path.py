@@ -271,6 +271,32 @@ def test_an_updated_param_reshaped_in_place_is_refused():
     np.testing.assert_array_equal(weight.reshape(before.shape), before)
 
 
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # NumPy 2.4+: setting strides
+def test_a_param_whose_strides_are_set_in_place_is_read_as_numpy_reads_it():
+    """numpy lets a caller set a fed array's strides in place (here: the transpose of its
+    data): the next steps read the values numpy shows, as for a contiguous copy of them;
+    a step that kept the data pointer bound read the old layout."""
+    losses = []
+    for strided in (True, False):
+        em.seed(0)
+        model = Net()
+        step = em.compile_train_step(model, loss_and_metric, optim.SGD(lr=0.1),
+                                     backend="cpu")
+        data = batches(3)
+        for b in data:
+            step(*b)
+        weight = model.fc1.weight.val()
+        rows, cols = weight.shape
+        transposed = np.lib.stride_tricks.as_strided(weight, weight.shape,
+                                                     (4, 4 * rows)).copy()
+        if strided:
+            weight.strides = (4, 4 * rows)
+        else:
+            weight[...] = transposed
+        losses.append([step(*b) for b in data])
+    assert losses[0] == losses[1]
+
+
 @pytest.mark.parametrize("opt", [optim.SGD(lr=0.1, momentum=0.9), optim.AdamW(lr=1e-2)])
 def test_after_the_first_step_the_executable_binds_nothing_again(opt):
     """Params, buffers and optimizer state a step returned are bound by the executable's
