@@ -7,7 +7,6 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 
 def _count(least: int):
@@ -18,6 +17,19 @@ def _count(least: int):
             raise argparse.ArgumentTypeError(f"must be at least {least}, got {value}")
         return value
     parse.__name__ = "integer"  # argparse names the type in its message
+    return parse
+
+
+def _number(positive: bool = False):
+    """An argparse type: a finite float >= 0 (> 0 where `positive`)."""
+    def parse(text: str) -> float:
+        from ember.runtime.optim import setting
+
+        try:
+            return setting("the value", text, positive)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e).removeprefix("the value ")) from None
+    parse.__name__ = "number"
     return parse
 
 
@@ -135,6 +147,7 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 SPLIT_MARKER = re.compile(r"^[ \t]*// -----[ \t]*$", re.M)  # mlir-opt's --split-input-file
+MAX_TEXT = 1 << 28  # bytes of IR text `ember opt` reads (a model's graph is far smaller)
 
 
 def _opt(args: argparse.Namespace) -> int:
@@ -161,7 +174,9 @@ def _opt(args: argparse.Namespace) -> int:
         if args.file.endswith(".onnx"):
             inputs = [_onnx_graph(args.file, args.input_shape or [])]
         else:
-            data = sys.stdin.buffer.read() if args.file == "-" else Path(args.file).read_bytes()
+            from ember.files import read_limited
+
+            data = read_limited(args.file, MAX_TEXT, "input")
             text = decode(data)
             inputs = _chunks(text) if args.split_input_file else [text]
     except errors as e:
@@ -274,14 +289,15 @@ def main(argv: list[str] | None = None) -> int:
                    ".onnx classifier to fine-tune")
     t.add_argument("--data", default=None, help=".npz with x and y (default: digits)")
     t.add_argument("--optimizer", choices=("sgd", "adam", "adamw"), default="sgd")
-    t.add_argument("--lr", type=float, default=None, help="default: 0.05 for sgd, else 1e-3")
+    t.add_argument("--lr", type=_number(positive=True), default=None,
+                   help="default: 0.05 for sgd, else 1e-3")
     t.add_argument("--schedule", choices=("constant", "step", "cosine"), default="constant",
                    help="lr schedule over the run (step: x0.1 at each third)")
     t.add_argument("--warmup", type=_count(0), default=0, metavar="STEPS", help="linear lr warmup")
-    t.add_argument("--momentum", type=float, default=0.9, help="for sgd")
-    t.add_argument("--weight-decay", type=float, default=None,
+    t.add_argument("--momentum", type=_number(), default=0.9, help="for sgd")
+    t.add_argument("--weight-decay", type=_number(), default=None,
                    help="default: 0, or 1e-2 for adamw (PyTorch's)")
-    t.add_argument("--clip-norm", type=float, default=0.0,
+    t.add_argument("--clip-norm", type=_number(), default=0.0,
                    help="clip gradients to this global L2 norm (0: off)")
     t.add_argument("--epochs", type=_count(1), default=10, help="epochs in the whole run (resume "
                    "counts those already done)")

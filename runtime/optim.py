@@ -18,6 +18,8 @@ norm.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..frontend.param import Param, ParamId
@@ -25,17 +27,27 @@ from ..ir import numpy_dtype
 from .schedules import Constant, Cosine, LinearWarmup, Schedule, StepLR, as_schedule
 
 
+def setting(name: str, value, positive: bool = False, below_one: bool = False) -> float:
+    """`value` as a float, refused (ValueError) unless finite and >= 0 (> 0 where
+    `positive`, < 1 where `below_one`): an inf or NaN setting would train on NaN silently."""
+    v = float(value)
+    if not (math.isfinite(v) and (v > 0 if positive else v >= 0) and (v < 1 or not below_one)):
+        bounds = "> 0" if positive else ("in [0, 1)" if below_one else ">= 0")
+        raise ValueError(f"{name} must be a finite number {bounds}, got {value!r}")
+    return v
+
+
+def _schedule(lr: float | Schedule) -> Schedule:
+    return lr if isinstance(lr, Schedule) else as_schedule(setting("learning rate", lr, True))
+
+
 class Optimizer:
     kind = ""
 
     def __init__(self, lr: float | Schedule, weight_decay: float = 0.0, clip_norm: float = 0.0):
-        if not isinstance(lr, Schedule) and not lr > 0:
-            raise ValueError(f"learning rate must be positive, got {lr}")
-        if not clip_norm >= 0:
-            raise ValueError(f"clip_norm must be >= 0 (0: no clipping), got {clip_norm}")
-        self.schedule = as_schedule(lr)
-        self.weight_decay = float(weight_decay)
-        self.clip_norm = float(clip_norm)
+        self.schedule = _schedule(lr)
+        self.weight_decay = setting("weight_decay", weight_decay)
+        self.clip_norm = setting("clip_norm (0: no clipping)", clip_norm)
         self.state: dict[ParamId, dict[str, np.ndarray]] = {}
         self.step_count = 0  # updates applied so far: the schedule's position
 
@@ -46,7 +58,7 @@ class Optimizer:
 
     @lr.setter
     def lr(self, value: float | Schedule) -> None:
-        self.schedule = as_schedule(value)
+        self.schedule = _schedule(value)
 
     def options(self) -> dict:
         clip = {"clip_norm": self.clip_norm} if self.clip_norm else {}
@@ -96,7 +108,7 @@ class SGD(Optimizer):
         super().__init__(lr, weight_decay, clip_norm)
         if nesterov and momentum <= 0:
             raise ValueError("nesterov momentum needs momentum > 0")
-        self.momentum, self.nesterov = float(momentum), bool(nesterov)
+        self.momentum, self.nesterov = setting("momentum", momentum), bool(nesterov)
 
     def options(self) -> dict:
         return {"momentum": self.momentum, "nesterov": self.nesterov, **super().options()}
@@ -108,8 +120,9 @@ class Adam(Optimizer):
     def __init__(self, lr: float | Schedule = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 0.0, clip_norm: float = 0.0):
         super().__init__(lr, weight_decay, clip_norm)
-        self.beta1, self.beta2 = map(float, betas)
-        self.eps = float(eps)
+        self.beta1, self.beta2 = (setting(f"beta{i}", b, below_one=True)
+                                  for i, b in enumerate(betas, 1))
+        self.eps = setting("eps", eps)
 
     def options(self) -> dict:
         return {"beta1": self.beta1, "beta2": self.beta2, "eps": self.eps, **super().options()}

@@ -4,8 +4,11 @@ pass-name typos, errors with the source line and a caret, `--emit dot`."""
 from __future__ import annotations
 
 import io
+import os
 import re
 import sys
+import threading
+from pathlib import Path
 
 import pytest
 
@@ -50,6 +53,39 @@ def test_output_file_is_written_and_stdout_stays_empty(capsys, tmp_path):
     assert capsys.readouterr().out == ""
     assert dst.read_text().startswith("module {") and "nn.softmax" in dst.read_text()
     assert [p.name for p in dst.parent.iterdir()] == ["o.mlir"]  # no temporary left behind
+
+
+def test_output_keeps_what_the_target_is(capsys, tmp_path):
+    """-o replaces a regular file atomically, keeping its permissions; follows a symlink
+    (the link stays a link); writes into a device or FIFO in place (never replacing it)."""
+    src = tmp_path / "in.mlir"
+    src.write_text(SOFTMAX)
+    old = tmp_path / "old.mlir"
+    old.write_text("")
+    old.chmod(0o640)
+    link = tmp_path / "link.mlir"
+    link.symlink_to(old)
+    assert main(["opt", str(src), "-o", str(link)]) == 0
+    assert link.is_symlink() and "nn.softmax" in old.read_text()
+    assert old.stat().st_mode & 0o777 == 0o640
+    assert main(["opt", str(src), "-o", "/dev/null"]) == 0
+    assert Path("/dev/null").is_char_device()
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    read = []
+    reader = threading.Thread(target=lambda: read.append(fifo.read_text()))
+    reader.start()
+    assert main(["opt", str(src), "-o", str(fifo)]) == 0
+    reader.join(30)
+    assert fifo.is_fifo() and "nn.softmax" in read[0]
+
+
+def test_an_endless_input_is_refused_once_past_the_limit(capsys, monkeypatch):
+    import ember.__main__ as cli
+
+    monkeypatch.setattr(cli, "MAX_TEXT", 1 << 20)
+    assert main(["opt", "/dev/zero"]) == 1
+    assert "larger than 1,048,576 bytes" in capsys.readouterr().err
 
 
 def test_split_input_file_processes_each_chunk_and_reports_errors_per_chunk(capsys, tmp_path):

@@ -179,6 +179,19 @@ def test_counts_below_their_least_value_are_a_usage_error(capsys, flag, value):
     assert f"argument {flag}: must be at least" in err.splitlines()[-1]
 
 
+@pytest.mark.parametrize(("flag", "value"), [("--lr", "inf"), ("--lr", "0"), ("--momentum", "nan"),
+                                             ("--weight-decay", "-1e-4"), ("--clip-norm", "inf")])
+def test_settings_that_are_not_finite_numbers_are_a_usage_error(capsys, flag, value):
+    """An inf lr or a NaN momentum trained on NaN from the first step."""
+    from ember.__main__ import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(["train", f"{flag}={value}"])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and "Traceback" not in err
+    assert f"argument {flag}: must be a finite number" in err.splitlines()[-1]
+
+
 def test_ctrl_c_saves_and_exits_130_and_a_closed_pipe_is_not_an_error(tmp_path):
     import signal
     import sys

@@ -1,5 +1,7 @@
 """Optimizers against PyTorch, state keyed by ParamId, schedules, clipping, frozen params."""
 
+import math
+
 import numpy as np
 import pytest
 
@@ -249,3 +251,13 @@ def test_bad_optimizer_settings_are_rejected():
         optim.SGD(lr=0.1, clip_norm=-1.0)
     with pytest.raises(ValueError, match="total_steps"):
         optim.Cosine(0.1, total_steps=0)
+    for make, name in ((lambda: optim.SGD(lr=math.inf), "learning rate"),
+                       (lambda: optim.SGD(lr=0.1, momentum=math.nan), "momentum"),
+                       (lambda: optim.AdamW(weight_decay=-1.0), "weight_decay"),
+                       (lambda: optim.Adam(betas=(0.9, 1.0)), "beta2"),
+                       (lambda: optim.Adam(eps=math.nan), "eps")):
+        with pytest.raises(ValueError, match=f"{name} must be a finite number"):
+            make()
+    opt = optim.SGD(lr=0.1)
+    with pytest.raises(ValueError, match="learning rate"):
+        opt.lr = math.nan
