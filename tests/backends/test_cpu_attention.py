@@ -28,6 +28,9 @@ from ember.ir import Builder, Graph, TensorType, verify
 from ember.ir.dialects.kernel_attention import logical_shapes
 from ember.ir.opdef import InferenceError
 
+pytestmark = pytest.mark.slow  # a sweep of attention geometries
+
+
 RTOL = {"f32": 1e-5, "f64": 1e-12}
 NP = {"f32": np.float32, "f64": np.float64}
 LAYOUTS = ("heads", "contiguous", "broadcast", "transposed", "heads_out")

@@ -118,6 +118,7 @@ def random_graph(draw):
         -2, 2, s).astype(np.float32) for s in shapes]
 
 
+@pytest.mark.slow
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(random_graph())
 def test_random_graphs_fused_unfused_interpreter(case):
@@ -125,6 +126,7 @@ def test_random_graphs_fused_unfused_interpreter(case):
     four_ways(g, inputs)
 
 
+@pytest.mark.slow
 @settings(max_examples=25, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(random_graph())

@@ -50,6 +50,7 @@ MODELS = {"mlp": (Mlp, (512, 64)), "cnn": (Cnn, (16, 3, 16, 16)),
           "block": (Block, (16, 16, 32))}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", MODELS)
 def test_real_bytes_follow_the_plan_under_every_strategy(name, capsys):
     cls, shape = MODELS[name]

@@ -30,6 +30,9 @@ from ember.backends.errors import UnsupportedOpError
 from ember.backends.strides import contiguous_strides
 from ember.ir import Builder, Graph, TensorType, numpy_dtype, verify
 
+pytestmark = pytest.mark.slow  # nvcc compiles
+
+
 try:
     cuda.check_available()
     GPU_REASON = None

@@ -29,6 +29,8 @@ from ember.runtime.backend import BackendUnavailableError, get_backend
 from ember.runtime.models import Cnn, Mlp
 from ember.runtime.pipeline import Stages, training_pipeline
 
+pytestmark = pytest.mark.slow  # nvcc compiles
+
 
 def _nvrtc_reason() -> str | None:
     try:

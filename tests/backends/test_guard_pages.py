@@ -26,6 +26,9 @@ from ember.ir import Builder, Graph, TensorType, verify
 from ember.passes import PassManager, parse_pipeline
 from ember.runtime.models import Cnn
 
+pytestmark = pytest.mark.slow  # every kernel family under guard pages
+
+
 THREADS = 4
 DTYPES = ("f32", "f64")
 DEFAULTS = threads.MIN_WORK, gemm.THREAD_FLOPS  # the work above which loops, GEMMs split

@@ -19,6 +19,9 @@ import warnings
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.slow  # ONNX's whole node-test suite
+
+
 onnx = pytest.importorskip("onnx")
 
 import ember as em  # noqa: E402

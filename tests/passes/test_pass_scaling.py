@@ -1,10 +1,12 @@
-"""Passes scale linearly: each is timed on graphs of n and 4n ops and the growth ratio is
-checked (linear is 4, quadratic 16), so the test measures a slope, not a speed."""
+"""Passes scale linearly: each runs on graphs of n and 4n ops and the growth of its work is
+checked (linear is 4, quadratic 16). Work is counted, not timed: the Python lines the pass
+executes (and the calls it makes), which are the same on any machine under any load (a
+timed version failed on loaded CI machines). What a count cannot see is a loop inside C (a
+`list.remove` or `x in a_list` per op): such a pass still looks linear here."""
 
 from __future__ import annotations
 
-import gc
-import time
+import sys
 
 import numpy as np
 import pytest
@@ -56,50 +58,42 @@ TRAIN = "decompose,autodiff"
 STEP = TRAIN + ",optimizer{kind=adamw},canonicalize,cse,dce"
 
 
-def seconds(make, n: int, pipeline: str, before: str) -> float:
-    """The pass's time on a fresh graph of about n ops. The garbage collector is off while
-    the pass runs: its full collections walk every live object, the whole graph, so they
-    would add a quadratic term of their own to the pass's slope."""
+def work(make, n: int, pipeline: str, before: str) -> int:
+    """Python events (lines, calls, returns) the pass executes on a fresh graph of about n
+    ops."""
     g = make(n)
     if before:
         g = PassManager(parse_pipeline(before)).run(g)
     pm = PassManager(parse_pipeline(pipeline))
-    gc.collect()
-    gc.disable()
+    count = 0
+
+    def tracer(frame, event, arg):
+        nonlocal count
+        count += 1
+        return tracer
+
+    sys.settrace(tracer)
     try:
-        start = time.perf_counter()
         pm.run(g)
-        return time.perf_counter() - start
     finally:
-        gc.enable()
-
-
-def growth(make, n: int, pipeline: str, before: str, tries: int = 3) -> float:
-    """The pass's best time of `tries` on 4n ops over its best on n ops, the two sizes
-    taking turns, so that a burst of load on a shared machine falls on both, not on all
-    the runs of one."""
-    best = {n: float("inf"), 4 * n: float("inf")}
-    for _ in range(tries):
-        for m in best:
-            best[m] = min(best[m], seconds(make, m, pipeline, before))
-    return best[4 * n] / best[n]
+        sys.settrace(None)
+    return count
 
 
 @pytest.mark.parametrize("make, n, pipeline, before", [
-    (chain, 2000, "canonicalize", ""),
-    (params, 1000, "optimizer{kind=sgd}", "autodiff"),
-    (training, 2000, "optimizer{kind=adamw}", TRAIN),
-    (training, 2000, "canonicalize", TRAIN + ",optimizer{kind=adamw}"),
-    (training, 2000, "cse", TRAIN + ",optimizer{kind=adamw}"),
-    (training, 2000, "checkpoint{strategy=balanced}", TRAIN),
-    (training, 2000, "checkpoint{strategy=all}", TRAIN),
-    (training, 2000, "fuse", STEP),
-    (training, 2000, "plan-memory", STEP),
-    (training, 2000, "plan-memory", STEP + ",fuse"),
+    (chain, 500, "canonicalize", ""),
+    (params, 300, "optimizer{kind=sgd}", "autodiff"),
+    (training, 500, "optimizer{kind=adamw}", TRAIN),
+    (training, 500, "canonicalize", TRAIN + ",optimizer{kind=adamw}"),
+    (training, 500, "cse", TRAIN + ",optimizer{kind=adamw}"),
+    (training, 500, "checkpoint{strategy=balanced}", TRAIN),
+    (training, 500, "checkpoint{strategy=all}", TRAIN),
+    (training, 500, "fuse", STEP),
+    (training, 500, "plan-memory", STEP),
+    (training, 500, "plan-memory", STEP + ",fuse"),
 ], ids=lambda p: p if isinstance(p, str) else None)
-def test_pass_time_grows_linearly(make, n, pipeline, before):
-    """The bound, 8, is halfway between linear (4) and quadratic (16) on a log scale: a
-    loaded CI machine moved linear passes up to 6.8; a quadratic one measures 10-190.
-    (The memory planner is n log n: about 5 per 4x of the buffer operations it does.)"""
-    ratio = growth(make, n, pipeline, before)
-    assert ratio <= 8, f"{pipeline}: 4x the ops took {ratio:.1f}x the time"
+def test_pass_work_grows_linearly(make, n, pipeline, before):
+    """The bound, 6, is well above linear (4; the memory planner is n log n, about 5 per
+    4x of its buffer operations) and far below quadratic (16)."""
+    ratio = work(make, 4 * n, pipeline, before) / work(make, n, pipeline, before)
+    assert ratio <= 6, f"{pipeline}: 4x the ops took {ratio:.1f}x the work"

@@ -18,6 +18,9 @@ import ember as em
 from ember import nn, optim
 from ember.runtime.distributed import DistributedError, detect
 
+pytestmark = pytest.mark.slow  # real worker processes
+
+
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import dp_worker  # noqa: E402
