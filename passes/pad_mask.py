@@ -22,9 +22,12 @@ a padded axis raises `PadMaskError`, naming the op and the user's line, and the 
 compiles that length exactly instead: when unsure, refuse.
 
 It runs on the traced graph, before autodiff, so the backward pass differentiates the
-masked forward: every select gives a padded position a cotangent of exactly 0, which stays
-0 back through the ops before it as long as their padded positions hold finite values
-(the runtime pads inputs with zeros, so they hold what the model makes of zeros). It
+masked forward: every select gives a padded position a cotangent of exactly 0. Back through
+an op whose padded positions hold inf or NaN (the runtime pads inputs with zeros; a model
+takes `log` of them, or normalizes a zero row) that 0 becomes NaN, which a backward sum
+into a weight would spread to every real position: with `grads` (the runtime's choice for
+a graph it will differentiate) the ops whose backward sums padded positions into an
+operand that lacks them see zeros there and zero their padded results too. It
 records which result axes carry which dimension, for the runtime to cut them back:
 `ember.padded_results = [[result, axis, name, inner, bucket], ...]`.
 """
@@ -78,6 +81,7 @@ class Masker:
         for v, axis, name in marked:
             self.pads.setdefault(v, {})[int(axis)] = Pad(name, 1, v.type.shape[int(axis)])
         self._masks: dict[tuple, Value] = {}
+        self._filled: dict[Value, tuple] = {}  # selects `zeroed` made: their axes and fill
 
     def mask(self, b: Builder, v: Value, axes: Pads) -> Value:
         """i1, true at the real positions of `v` along `axes`, shaped to broadcast with it."""
@@ -97,11 +101,17 @@ class Masker:
         return out
 
     def zeroed(self, b: Builder, v: Value, axes: Pads, fill: float = 0.0) -> Value:
-        """`v` with `fill` at its padded positions along `axes`."""
+        """`v` with `fill` at its padded positions along `axes` (`v` itself when it is such
+        a select already)."""
         dtype = v.type.dtype
         if fill == -math.inf and not v.type.is_float:
             fill = np.iinfo(numpy_dtype(dtype)).min
-        return b.op("ember.select", self.mask(b, v, axes), v, const(b, fill, dtype))
+        key = (tuple(sorted(axes.items())), fill)
+        if self._filled.get(v) == key:
+            return v
+        out = b.op("ember.select", self.mask(b, v, axes), v, const(b, fill, dtype))
+        self._filled[out] = key
+        return out
 
     def count(self, b: Builder, v: Value, axes: list[int], dtype: str) -> Value:
         """How many real elements of `v` the reduction over `axes` sees, as `dtype`."""
@@ -344,12 +354,41 @@ RULES = {"ember.broadcast": elementwise, "ember.reshape": reshape,
          "ember.allreduce": first_operand}
 
 
+def sums_into_unpadded(op: Operation, ins: list, outs: list) -> bool:
+    """Whether the backward of `op` sums its padded positions into an operand that lacks
+    them: a weight or bias broadcast along a padded axis (its gradient sums over it), a
+    matmul's or linear's weight, a gathered table, a norm's affine."""
+    return any(outs) and any(
+        not pads and v.type.is_float and v.op is not None and v.op.name != "ember.constant"
+        for v, pads in zip(op.operands, ins))
+
+
+def guard_gradients(m: Masker, op: Operation, ins: list, outs: list, after: Builder) -> None:
+    """Zero the padded positions of `op`'s padded operands and of its padded results (the
+    uses read the zeroed copy), so that its backward sums only zeros over them: a
+    select's gradient is a select (a NaN or inf a padded position holds, from `log(0)` or
+    normalizing a zero row, never reaches a weight as 0 * inf)."""
+    before = Builder.before_op(op)
+    for i, (v, pads) in enumerate(zip(op.operands, ins)):
+        if pads and v.type.is_float:
+            op.set_operand(i, m.zeroed(before, v, pads))
+    for r, pads in zip(op.results, outs):
+        if pads and r.type.is_float:
+            uses = list(r.uses)
+            zeroed = m.zeroed(after, r, pads)
+            for user, i in uses:
+                user.set_operand(i, zeroed)
+            m.pads[zeroed] = pads
+
+
 @register_pass
 @dataclass(frozen=True)
 class PadMask(Pass):
-    """Mask the padding of symbolic dimensions out of every op that mixes positions."""
+    """Mask the padding of symbolic dimensions out of every op that mixes positions; with
+    `grads`, also out of the backward the graph will get (`guard_gradients`)."""
 
     name: ClassVar[str] = "pad-mask"
+    grads: bool = False
 
     def check(self, graph: Graph) -> None:
         if "ember.length_args" not in graph.attributes:
@@ -360,20 +399,24 @@ class PadMask(Pass):
 
     def apply(self, graph: Graph) -> Graph:
         m = Masker(graph)
-        for op in list(graph.body.ops):
+        ops = list(graph.body.ops)
+        for op, successor in zip(ops, ops[1:]):  # the return op ends the block
             ins = [m.pads.get(v) for v in op.operands]
             if op.name == "ember.gather":
                 ins = [ins[0] or {}, ins[1] or {}]  # constant indices are checked too
-            elif op.name == "func.return" or not any(ins):
+            elif not any(ins):
                 continue
             rule = RULES.get(op.name) or (elementwise if has_trait(op.name, "elementwise")
                                           else None)
             if rule is None:
                 raise refuse(op, "an op the pass does not know, on a padded operand")
             results = list(op.results)
-            for r, pads in zip(results, rule(m, op, ins)):
+            outs = rule(m, op, ins)
+            for r, pads in zip(results, outs):
                 if pads:
                     m.pads[r] = pads
+            if self.grads and op.parent is not None and sums_into_unpadded(op, ins, outs):
+                guard_gradients(m, op, ins, outs, Builder.before_op(successor))
         graph.attributes["ember.padded_results"] = [
             [i, axis, *pad] for i, v in enumerate(graph.return_op.operands)
             for axis, pad in sorted(m.pads.get(v, {}).items())]

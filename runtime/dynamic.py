@@ -119,6 +119,14 @@ class DynamicDims:
         padded = all(buckets.values()) and tuple(buckets.values()) not in self.refused
         return Plan(sizes, buckets, padded, tuple(over))
 
+    def smallest(self, bucket: int) -> int:
+        """The smallest size that pads up to `bucket`."""
+        sizes = self.bucket_sizes
+        if sizes is None:
+            return 1 if bucket <= SMALLEST_BUCKET else bucket // 2 + 1
+        i = sizes.index(bucket)
+        return 1 if i == 0 else sizes[i - 1] + 1
+
     def resized(self, specs: Sequence[TensorSpec], sizes: dict[str, int]) -> tuple:
         """`specs` with each symbolic dimension of size `sizes[name]`."""
         out = list(specs)
@@ -247,14 +255,26 @@ class Dynamic:
             return super()._trace(specs)
         other = {name: b - 1 - k if b - 1 - k > 0 else b + 1 + k
                  for k, (name, b) in enumerate(plan.buckets.items())}  # each its own
+        # and near the bucket's smallest: a branch on a size (`if x.shape[1] > 12`) that goes
+        # another way somewhere in the bucket goes another way at one of its ends
+        low = {name: max(1, self.dynamic.smallest(b) - k)
+               for k, (name, b) in enumerate(plan.buckets.items())}
+        tried = [other]
+        if any(low[n] not in (b, other[n]) for n, b in plan.buckets.items()) and \
+                len({(b, low[n]) for n, b in plan.buckets.items()}) == len(low):
+            tried.append(low)  # (unless sizes that would not tell the dims apart)
         try:
             graph = super()._trace(specs)
-            again = super()._trace(self.dynamic.resized(specs, other))
+            agains = []
+            for sizes in tried:
+                agains.append(super()._trace(self.dynamic.resized(specs, sizes)))
         except Exception as e:  # noqa: BLE001  (the exact sizes may trace: they get a try)
-            sizes = ", ".join(f"{n}={b} and {other[n]}" for n, b in plan.buckets.items())
+            sizes = ", ".join(f"{n}={b} and {' and '.join(str(t[n]) for t in tried)}"
+                              for n, b in plan.buckets.items())
             raise PadMaskError(f"pad-mask: the model does not trace at {sizes}: "
                                f"{type(e).__name__}: {e}") from None
-        follow_sizes(graph, again, {n: (b, other[n]) for n, b in plan.buckets.items()})
+        for again, t in zip(agains, tried):
+            follow_sizes(graph, again, {n: (b, t[n]) for n, b in plan.buckets.items()})
         first = len(specs) - len(plan.sizes)
         for k, name in enumerate(plan.sizes):
             graph.args[first + k].name = f"len_{name}"
@@ -266,8 +286,10 @@ class Dynamic:
         return graph
 
     def pipeline(self) -> list[str]:
-        padded = self._plan is not None and self._plan.padded
-        return ["pad-mask", *super().pipeline()] if padded else super().pipeline()
+        rest = super().pipeline()
+        if self._plan is None or not self._plan.padded:
+            return rest
+        return ["pad-mask{grads=true}" if "autodiff" in rest else "pad-mask", *rest]
 
 
 class DynamicFunction(Dynamic, CompiledFunction):
