@@ -63,10 +63,40 @@ def _launch(args: argparse.Namespace) -> int:
     env.setdefault("EMBER_NUM_THREADS", str(max(1, (cores or 1) // args.nproc)))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc_per_node={args.nproc}", "-m", "ember", *argv]
+    return _run_group(cmd, env)
+
+
+def _run_group(cmd: list[str], env: dict) -> int:
+    """Run `cmd` (torchrun) in a process group of its own, forwarding SIGINT, SIGTERM and
+    SIGHUP to the whole group (torchrun and every rank: Ctrl-C, twice to abort, works as
+    on one process), so that no signal to this process leaves ranks training as orphans;
+    on Linux the group's leader also gets SIGTERM should this process die unannounced."""
+    import signal
+
+    def die_with_parent() -> None:
+        if sys.platform.startswith("linux"):
+            import ctypes
+
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=die_with_parent)
+    got: list[int] = []
+
+    def forward(signum, frame) -> None:
+        got.append(signum)
+        try:
+            os.killpg(proc.pid, signum)
+        except ProcessLookupError:
+            pass
+
+    forwarded = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    previous = {sig: signal.signal(sig, forward) for sig in forwarded}
     try:
-        return subprocess.run(cmd, env=env).returncode
-    except KeyboardInterrupt:
-        return 130
+        code = proc.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 128 + got[0] if got and code != 0 else code
 
 
 def _train(args: argparse.Namespace) -> int:

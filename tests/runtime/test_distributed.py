@@ -3,8 +3,10 @@ against single-process training on the global batch."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -245,6 +247,52 @@ def test_ember_train_nproc_prints_once_and_resumes_bit_exactly(tmp_path):
     # one process on the global batch trains the same (the MLP has no dropout)
     single = ember_train("--epochs", "3", "--batch-size", "64")
     assert epoch3(single) == epoch3(straight)
+
+
+def _descendants(pid: int) -> set[int]:
+    """Every live process under `pid` (Linux /proc)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = set(), [pid]
+    while todo:
+        for c in children.get(todo.pop(), ()):
+            out.add(c)
+            todo.append(c)
+    return out
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_to_ember_train_nproc_ends_every_rank(sig):
+    """The signal reaches torchrun and the ranks (a process group of their own), not only
+    the launcher: SIGKILLing torchrun, or dying alone, left both ranks training."""
+    pytest.importorskip("torch.distributed")
+    proc = subprocess.Popen([sys.executable, "-m", "ember", "train", "--no-progress",
+                             "--nproc", "2", "--epochs", "100000"], env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert "epoch" in proc.stdout.readline() + proc.stdout.readline()  # ranks training
+        ranks = _descendants(proc.pid)
+        assert len(ranks) >= 3  # torchrun and two ranks
+        proc.send_signal(sig)
+        assert proc.wait(60) == 128 + sig
+        deadline = time.monotonic() + 30
+        while any(Path(f"/proc/{p}").exists() for p in ranks) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        left = [p for p in ranks if Path(f"/proc/{p}").exists()
+                and "Z" not in Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1][:3]]
+        assert not left, f"processes left running: {left}"
+    finally:
+        for p in _descendants(proc.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signal.SIGKILL)
+        proc.kill()
+        proc.wait()
 
 
 def test_the_data_parallel_example_runs_under_torchrun():
