@@ -206,8 +206,8 @@ class OnnxModule(Module):
             out = RULES[n.op_type].lower(n, *values)
         except OnnxImportError:
             raise
-        except (ShapeError, InferenceError, ValueError, TypeError) as e:
-            raise OnnxImportError(f"{n.where}: {e}") from None
+        except (ShapeError, InferenceError, ValueError, TypeError, IndexError, KeyError) as e:
+            raise OnnxImportError(f"{n.where}: {e}") from None  # a malformed node, named
         return list(out) if isinstance(out, tuple) else [out]
 
     def extra_repr(self) -> str:
@@ -216,10 +216,51 @@ class OnnxModule(Module):
                 f"opset={g.opset}")
 
 
+# what folding may make of a model's constants: elements of one result, and iterations of
+# a Loop (a model of a few hundred bytes could ask for gigabytes, or 2^40 iterations)
+MAX_FOLDED_ELEMENTS = 1 << 27
+MAX_FOLDED_ITERATIONS = 100_000
+
+
+def _fold_size(n: Node, values: list) -> str | None:
+    """Why folding `n` would take too much memory or time, judged before it runs from the
+    inputs that size its result (a shape, repeats, a range, a trip count); None if not."""
+    def ints(i):
+        return [int(v) for v in np.ravel(values[i])] if len(values) > i and \
+            values[i] is not None else None
+
+    op, count = n.op_type, None
+    try:
+        if op == "Loop":
+            trips = ints(0)
+            if trips is None or trips[0] > MAX_FOLDED_ITERATIONS:
+                return (f"it would loop {'until its condition' if trips is None else trips[0]}"
+                        f" times (at most {MAX_FOLDED_ITERATIONS:,} are folded)")
+        elif op == "ConstantOfShape":
+            count = int(np.prod(ints(0), dtype=object))
+        elif op == "Expand":
+            count = int(np.prod(np.broadcast_shapes(np.shape(values[0]), tuple(ints(1))),
+                                dtype=object))
+        elif op == "Tile":
+            count = np.size(values[0]) * int(np.prod(ints(1), dtype=object))
+        elif op == "Range":
+            start, limit, delta = (float(np.ravel(v)[0]) for v in values[:3])
+            count = max(0, int(np.ceil((limit - start) / delta))) if delta else None
+    except (TypeError, ValueError, OverflowError, IndexError):
+        return None  # malformed: the reference implementation says what is wrong
+    if count is not None and count > MAX_FOLDED_ELEMENTS:
+        return f"its result would have {count:,} elements (at most {MAX_FOLDED_ELEMENTS:,})"
+    return None
+
+
 def fold(plan: Plan, n: Node, values: list) -> list[np.ndarray]:
-    """Run one node on numpy values with ONNX's reference implementation (pure numpy)."""
+    """Run one node on numpy values with ONNX's reference implementation (pure numpy),
+    unless its result would be too large or its loop too long (`_fold_size`)."""
     from onnx.reference import ReferenceEvaluator
 
+    too_much = _fold_size(n, values)
+    if too_much is not None:
+        raise OnnxImportError(f"{n.where}: not folded at import: {too_much}")
     ev = plan.folders.get(n.index)
     try:
         if ev is None:

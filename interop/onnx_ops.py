@@ -518,6 +518,8 @@ def _expand(node, x, shape):
 @rule("Concat", attrs="axis")
 def _concat(node, *xs):
     xs = [tensor(x) for x in xs]
+    if len({x.ndim for x in xs}) > 1:
+        raise _fail(node, f"its inputs have different ranks {[x.ndim for x in xs]}")
     return concat(xs, _axis(node, attr(node, "axis"), xs[0].ndim))
 
 

@@ -10,6 +10,7 @@ never defined, or a cycle raises OnnxImportError before anything is built.
 from __future__ import annotations
 
 import graphlib
+import math
 import os
 from dataclasses import dataclass, field
 
@@ -140,13 +141,18 @@ def _with_external_data(tensor, base_dir: str | None):
     if not os.path.isfile(path):
         raise OnnxImportError(f"initializer {name!r}: external data file {location!r} is "
                               f"missing (looked in {base_dir})")
+    need = _byte_size(tensor)
     try:
         offset, length = int(info.get("offset", 0)), info.get("length")
         size = os.path.getsize(path)
-        length = size - offset if length is None else int(length)
+        length = (need if need is not None else size - offset) if length is None \
+            else int(length)
     except ValueError:
         raise OnnxImportError(f"initializer {name!r}: bad external data offset/length "
                               f"{info}") from None
+    if need is not None and length != need:
+        raise OnnxImportError(f"initializer {name!r}: its external data holds {length} bytes, "
+                              f"its shape {list(tensor.dims)} and type need {need}")
     if offset < 0 or length < 0 or offset + length > size:
         raise OnnxImportError(f"initializer {name!r}: external data [{offset}, "
                               f"{offset + length}) is outside {location!r} ({size} bytes)")
@@ -161,6 +167,21 @@ def _with_external_data(tensor, base_dir: str | None):
     inline.data_location = TensorProto.DEFAULT
     inline.raw_data = raw
     return inline
+
+
+def _byte_size(tensor) -> int | None:
+    """The bytes a tensor's shape and type take (None for types not one whole byte or more
+    an element): what is read of its external file, never the rest of it."""
+    from onnx import helper
+
+    try:
+        itemsize = helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+    except (KeyError, TypeError, ValueError):
+        return None
+    packed = {"INT4", "UINT4", "FLOAT4E2M1"}  # two elements a byte
+    if helper.tensor_dtype_to_string(tensor.data_type).removeprefix("TensorProto.") in packed:
+        return None
+    return math.prod(tensor.dims) * itemsize
 
 
 def _input(value_info) -> Input:

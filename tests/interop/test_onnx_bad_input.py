@@ -85,6 +85,61 @@ def test_external_data_is_read_from_the_models_folder(tmp_path):
     np.testing.assert_array_equal(m.initializers["w"].val(), np.full((3, 4), 2.0))
 
 
+def test_external_data_reads_only_its_tensors_bytes(tmp_path):
+    """With no length given, the bytes its shape and type need (it read to the end of the
+    file, however large); a length that disagrees with them is refused."""
+    (tmp_path / "weights.bin").write_bytes(np.full(12, 2.0, np.float32).tobytes() + bytes(4096))
+    onnx.save(_external("weights.bin"), tmp_path / "m.onnx")
+    np.testing.assert_array_equal(em.onnx.load(tmp_path / "m.onnx").initializers["w"].val(),
+                                  np.full((3, 4), 2.0))
+    model = _external("weights.bin")
+    model.graph.initializer[0].external_data.add(key="length", value="4144")
+    onnx.save(model, tmp_path / "long.onnx")
+    with pytest.raises(OnnxImportError, match="holds 4144 bytes, its shape \\[3, 4\\] and type "
+                                              "need 48"):
+        em.onnx.load(tmp_path / "long.onnx")
+
+
+def _const(name: str, value) -> object:
+    return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(
+        np.asarray(value), name))
+
+
+def test_folding_a_huge_constant_is_refused_before_it_allocates():
+    """181 bytes of ConstantOfShape asked for a 4 GiB array."""
+    model = _model([_const("shape", np.array([1 << 16, 1 << 14], np.int64)),
+                    helper.make_node("ConstantOfShape", ["shape"], ["big"]),
+                    helper.make_node("ReduceSum", ["big"], ["s"], keepdims=0),
+                    helper.make_node("Add", ["x", "s"], ["y"])])
+    with pytest.raises(OnnxImportError, match="ConstantOfShape\\): not folded at import: its "
+                                              "result would have 1,073,741,824 elements"):
+        em.compile(em.onnx.load(model), np.zeros((2, 3), np.float32), backend="interpreter")
+
+
+def test_folding_a_loop_of_2_to_the_40_trips_is_refused():
+    """A Loop over constants was run at import by ONNX's reference evaluator: for ever."""
+    scalar = [helper.make_tensor_value_info(n, t, []) for n, t in
+              (("i", TensorProto.INT64), ("c", TensorProto.BOOL), ("v", TensorProto.FLOAT))]
+    body = helper.make_graph([helper.make_node("Identity", ["c"], ["c_out"]),
+                              helper.make_node("Identity", ["v"], ["v_out"])], "body", scalar,
+                             [helper.make_tensor_value_info("c_out", TensorProto.BOOL, []),
+                              helper.make_tensor_value_info("v_out", TensorProto.FLOAT, [])])
+    model = _model([_const("trips", np.array(1 << 40, np.int64)), _const("go", np.array(True)),
+                    _const("v0", np.array(0.0, np.float32)),
+                    helper.make_node("Loop", ["trips", "go", "v0"], ["v"], body=body),
+                    helper.make_node("Add", ["x", "v"], ["y"])])
+    with pytest.raises(OnnxImportError, match="Loop\\): not folded at import: it would loop "
+                                              "1099511627776 times"):
+        em.compile(em.onnx.load(model), np.zeros((2, 3), np.float32), backend="interpreter")
+
+
+def test_a_concat_of_inputs_of_different_ranks():
+    model = _model([_const("row", np.ones(3, np.float32)),
+                    helper.make_node("Concat", ["x", "row"], ["y"], axis=1)])
+    with pytest.raises(OnnxImportError, match="Concat\\): its inputs have different ranks"):
+        em.compile(em.onnx.load(model), np.zeros((2, 3), np.float32), backend="interpreter")
+
+
 def test_an_undefined_input_name():
     model = _model([helper.make_node("Relu", ["nowhere"], ["y"], name="act")])
     with pytest.raises(OnnxImportError, match="node 0 'act' \\(Relu\\): input 'nowhere' is not "
