@@ -91,6 +91,18 @@ def _libc() -> ctypes.CDLL:
     return lib
 
 
+def data_address(x: np.ndarray) -> int:
+    """The data pointer of a contiguous array (ctypes' from_buffer is the fast way; it
+    needs a writable, non-empty buffer)."""
+    try:
+        return _addressof(_from_buffer(x))
+    except (TypeError, ValueError, BufferError):
+        return x.ctypes.data
+
+
+_addressof, _from_buffer = ctypes.addressof, ctypes.c_char.from_buffer
+
+
 def aligned_empty(t: TensorType, align: int = ALIGN) -> tuple[np.ndarray, int]:
     """An uninitialized array of type `t` starting on an `align`-byte boundary (ending at
     a guard page inside `guarded()`), and its address."""

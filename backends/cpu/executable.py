@@ -19,7 +19,7 @@ from ...ir import Graph, numpy_dtype, verify
 from ...ir.printer import print_graph
 from ..input_checks import InputCheckError, describe
 from . import blas, cache
-from .buffers import aligned_copy, aligned_empty, as_input, guarding, raw_bytes
+from .buffers import aligned_copy, aligned_empty, as_input, data_address, guarding, raw_bytes
 from .codegen import ENTRY, PROFILED, emit, plan
 from .feedback import Feedback
 from .jit import JitModule, fingerprint
@@ -366,8 +366,9 @@ class Executable:
     def _bind(self, x, row: tuple) -> tuple[np.ndarray, int]:
         """A tensor input or param as the native code reads it, and its address: an array
         this executable returned (the pool keeps it alive, so its id is its own) is
-        C-contiguous and aligned, its address known; so is the caller's array this slot
-        bound last (`_held`). Neither a converted copy (made again from what the caller
+        C-contiguous and aligned, its address known; the caller's array is kept alive while
+        bound (`_held`), its address read on every bind (`resize(refcheck=False)` moves its
+        data in place). Neither a converted copy (made again from what the caller
         has now) nor a pooled result (a reference would keep the pool from recycling it)
         is held."""
         i, _, dtype, shape, t, what = row
@@ -377,14 +378,11 @@ class Executable:
         if known is not None and laid_out:
             self._held.pop(i, None)
             return x, known[2]
-        last = self._held.get(i)
-        if last is not None and last[0] is x and laid_out:
-            return x, last[1]
         if not laid_out:
             self._held.pop(i, None)
             y = as_input(x, t, dtype, what)
-            return y, _address(y)
-        bound = self._held[i] = (x, _address(x))
+            return y, data_address(y)
+        bound = self._held[i] = (x, data_address(x))
         return bound
 
     def _take(self, i: int, pool: list) -> tuple:
@@ -499,13 +497,3 @@ class _Scalar:
         self.buf[()] = x
 
 
-def _address(x: np.ndarray) -> int:
-    """The data pointer of a contiguous array (ctypes' from_buffer is the fast way; it
-    needs a writable, non-empty buffer)."""
-    try:
-        return _addressof(_from_buffer(x))
-    except (TypeError, ValueError, BufferError):
-        return x.ctypes.data
-
-
-_addressof, _from_buffer = ctypes.addressof, ctypes.c_char.from_buffer

@@ -34,7 +34,7 @@ from operator import attrgetter, is_
 
 import numpy as np
 
-from .buffers import aligned_empty
+from .buffers import aligned_empty, data_address
 from .guard import FLOATS, Guard, covers
 
 _layout = attrgetter("shape", "dtype", "strides")  # numpy lets a caller set each in place
@@ -193,9 +193,7 @@ class Feedback:
                 if type(inputs) is not list:
                     inputs = list(inputs)  # what the guard reads (held until the call ends)
                 turn.guard.bind(inputs)
-            elif self._args and not all(map(is_, inputs if self._args_lead else
-                                            map(inputs.__getitem__, self._arg_pos),
-                                            self._held_args)):
+            elif self._args:  # (only where no guard can be: a few Python checks a call)
                 self._bind(inputs, self._args, self._arg_pos, self._held_args)
             if self._params:
                 params = list(map(values.__getitem__, self._value_pos))
@@ -224,8 +222,10 @@ class Feedback:
         tables = self.turn.table, self._other.table
         for k, (row, pos) in enumerate(zip(rows, positions)):
             x = source[pos]
-            if not params and x is held[k] is not None:
-                continue  # bound already (its shape is the caller's to check: a graph's key)
+            if not params and x is held[k] is not None \
+                    and tables[0][row[0]] == data_address(x):
+                continue  # bound already (its shape is the caller's to check: a graph's key;
+                # its data may have moved: `resize(refcheck=False)`)
             if x is None and params:
                 raise KeyError(f"no value for {row[5]}")
             bound, address = self.exe._bind(x, row)

@@ -117,6 +117,37 @@ def test_a_bound_call_refuses_a_fed_array_laid_out_anew_in_place(native, change)
     np.testing.assert_array_equal(w, np.full((2, 3), 4.0, np.float32))
 
 
+def test_an_input_resized_in_place_is_read_where_its_data_went(native):
+    """`x.resize(..., refcheck=False)` moves x's data and frees the old buffer: the next
+    call reads the new one (the Python checks bound x by identity, and read freed
+    memory)."""
+    exe = _graph()
+    run = exe.feedback({1: 1, 2: "w"}, scratch=(0,))
+    x = np.ones((2, 3), np.float32)
+    _start(run, x)
+    run.call(run.turn, [x], ())
+    x.resize((1 << 20,), refcheck=False)
+    squatter = np.ones(6, np.float32)  # takes the freed block, so x's data lands elsewhere
+    x.resize((2, 3), refcheck=False)
+    x[...] = 5.0
+    loss, *_ = run.call(run.turn, [x], ())
+    assert float(loss) == 30.0 and squatter.sum() == 6
+
+
+def test_a_compiled_function_reads_an_input_resized_in_place():
+    g = Graph("f", [TensorType((1000,), "f32")])
+    b = Builder(g.body)
+    b.create("func.return", [b.op("ember.neg", g.args[0])])
+    exe = cpu.Executable(verify(g), use_cache=False)
+    x = np.ones(1000, np.float32)
+    exe([x])
+    x.resize((1 << 20,), refcheck=False)
+    squatter = np.ones(1000, np.float32)  # noqa: F841  (takes the freed block)
+    x.resize((1000,), refcheck=False)
+    x[...] = 5.0
+    np.testing.assert_array_equal(exe([x])[0], np.full(1000, -5.0, np.float32))
+
+
 def test_the_entry_binds_the_tensor_inputs_it_checks():
     """With the guard, a bound call's entry reads each tensor input's data from the object
     it is given, after checking it is a C-contiguous ndarray of the dtype and shape bound:
