@@ -231,7 +231,12 @@ def _opt(args: argparse.Namespace) -> int:
     elif not failed:
         from ember.files import write_atomically
 
-        write_atomically(args.output, result.encode())
+        try:
+            write_atomically(args.output, result.encode())
+        except OSError as e:
+            print(f"ember opt: error: cannot write {args.output}: {e.strerror or e}",
+                  file=sys.stderr)
+            return 1
     return 1 if failed else 0
 
 

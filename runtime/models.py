@@ -6,10 +6,12 @@ class may set it too), otherwise [N, 64].
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import math
 import os
+import traceback
 
 from ..frontend import nn
 
@@ -74,7 +76,30 @@ def load_model(spec: str, input_shape: tuple[int, ...] | int, d_out: int) -> nn.
             raise ValueError(f"model {spec!r} takes images [C, H, W] per example, the data "
                              f"has rows of {list(shape)}: reshape x to [N, C, H, W]")
         return BUILTIN[spec](shape, d_out=d_out)
-    return _user_class(spec)()
+    cls = _user_class(spec)
+    with _user_code(f"{cls.__name__}() from {spec.rpartition(':')[0]}"):
+        return cls()
+
+
+class UserCodeError(ValueError):
+    """The user's model file raised while loading or constructing its class."""
+
+
+@contextlib.contextmanager
+def _user_code(what: str):
+    """Run the user's code: what it raises becomes one UserCodeError naming `what`, the
+    error and the innermost line of the user's file it came from (the CLI prints one line
+    instead of a traceback through ember)."""
+    try:
+        yield
+    except Exception as e:  # noqa: BLE001  (anything a user's file may raise)
+        frames = [f for f in traceback.extract_tb(e.__traceback__)
+                  if not f.filename.startswith(_HERE)]
+        at = f" ({frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+        raise UserCodeError(f"{what} raised {type(e).__name__}: {e}{at}") from e
+
+
+_HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # ember's own files
 
 
 @functools.cache
@@ -87,7 +112,8 @@ def _user_class(spec: str) -> type:
         raise FileNotFoundError(f"model file {path} does not exist")
     mod_spec = importlib.util.spec_from_file_location("ember_user_model", path)
     module = importlib.util.module_from_spec(mod_spec)
-    mod_spec.loader.exec_module(module)
+    with _user_code(f"loading {path}"):
+        mod_spec.loader.exec_module(module)
     if not hasattr(module, cls):
         raise ValueError(f"{path} has no class {cls}")
     return getattr(module, cls)

@@ -80,6 +80,15 @@ def test_output_keeps_what_the_target_is(capsys, tmp_path):
     assert fifo.is_fifo() and "nn.softmax" in read[0]
 
 
+def test_an_output_that_cannot_be_written_is_one_line(capsys, tmp_path):
+    src = tmp_path / "in.mlir"
+    src.write_text(SOFTMAX)
+    assert main(["opt", str(src), "-o", "/proc/no/such/dir/o.mlir"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("ember opt: error: cannot write /proc/no/such/dir/o.mlir: ")
+    assert "Traceback" not in err and len(err.splitlines()) == 1
+
+
 def test_an_endless_input_is_refused_once_past_the_limit(capsys, monkeypatch):
     import ember.__main__ as cli
 

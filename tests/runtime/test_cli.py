@@ -192,6 +192,22 @@ def test_settings_that_are_not_finite_numbers_are_a_usage_error(capsys, flag, va
     assert f"argument {flag}: must be a finite number" in err.splitlines()[-1]
 
 
+@pytest.mark.parametrize(("source", "said"), [
+    ("raise RuntimeError('boom')\n", "loading {path} raised RuntimeError: boom ({path}:1)"),
+    ("import ember\nclass M(ember.nn.Module):\n    def __init__(self):\n"
+     "        super().__init__()\n        raise KeyError('w')\n",
+     "M() from {path} raised KeyError: 'w' ({path}:5)")])
+def test_a_model_file_that_raises_is_one_line_naming_its_line(capsys, tmp_path, source, said):
+    from ember.__main__ import main
+
+    path = tmp_path / "model.py"
+    path.write_text(source)
+    assert main(["train", "--model", f"{path}:M", "--epochs", "1"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert err.splitlines()[-1] == "ember train: error: " + said.format(path=path)
+
+
 def test_ctrl_c_saves_and_exits_130_and_a_closed_pipe_is_not_an_error(tmp_path):
     import signal
     import sys
