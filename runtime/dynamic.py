@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -31,6 +31,7 @@ from ..frontend.trace import TensorSpec
 from ..ir import Graph
 from ..passes.pad_mask import PadMaskError, refuse
 from .compiled import Compiled, CompiledFunction, one_call_at_a_time
+from .params import state_key
 from .steps import GradFunction, TrainStep
 
 SMALLEST_BUCKET = 8
@@ -70,7 +71,10 @@ class DynamicDims:
                 raise ValueError(f"buckets must be increasing positive sizes, got {buckets}")
         self.dims = {int(i): {int(a): n for a, n in axes.items()} for i, axes in dims.items()}
         self.bucket_sizes = buckets
-        self.refused: set[tuple] = set()  # the buckets pad-mask could not make exact
+        # the buckets pad-mask could not make exact, with the model state and settings
+        # (flags, requires_grad, optimizer) that made them so: in eval mode a BatchNorm
+        # masks that training's batch statistics cannot
+        self.refused: set[tuple] = set()
 
     @classmethod
     def of(cls, specs: Sequence, dynamic_dims: dict | None,
@@ -116,7 +120,7 @@ class DynamicDims:
                 sizes[name], seen[name] = n, (i, axis)
         buckets = {name: self.bucket(n) if n else None for name, n in sizes.items()}
         over = [f"{name}={n}" for name, n in sizes.items() if n and buckets[name] is None]
-        padded = all(buckets.values()) and tuple(buckets.values()) not in self.refused
+        padded = all(buckets.values())
         return Plan(sizes, buckets, padded, tuple(over))
 
     def smallest(self, bucket: int) -> int:
@@ -205,13 +209,18 @@ class Dynamic:
     @one_call_at_a_time
     def __call__(self, *inputs):
         self._arity = len(inputs)
-        self._plan = plan = self.dynamic.plan(inputs)
+        plan = self.dynamic.plan(inputs)
+        refusal = (tuple(plan.buckets.values()), state_key(self.param_table()),
+                   self.key_extra())
+        if plan.padded and refusal in self.dynamic.refused:
+            plan = replace(plan, padded=False)
+        self._plan = plan
         if not plan.padded:
             return super().__call__(*inputs)
         try:
             out = super().__call__(*self.dynamic.pad(plan, inputs))
         except PadMaskError as e:
-            self.dynamic.refused.add(tuple(plan.buckets.values()))
+            self.dynamic.refused.add(refusal)
             notice(f"{self.kind}: compiling each length of bucket "
                    f"{', '.join(f'{n}={b}' for n, b in plan.buckets.items())} exactly: {e}")
             return self(*inputs)

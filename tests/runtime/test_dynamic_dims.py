@@ -304,6 +304,32 @@ def test_a_model_that_branches_on_a_size_inside_a_bucket_compiles_exactly(capsys
         capsys.readouterr().err
 
 
+class Normed(nn.Module):
+    """BatchNorm over [B, C, T]: training's batch statistics cannot be masked, eval's can."""
+
+    def __init__(self):
+        super().__init__()
+        self.bn, self.fc = nn.BatchNorm1d(4), nn.Linear(4, 3)
+
+    def forward(self, x):
+        return self.fc(self.bn(x).mean(axis=2))
+
+
+def test_a_bucket_refused_in_one_model_state_is_padded_in_another(capsys):
+    """Refused in training, the bucket stayed refused after model.eval(): every length
+    compiled exactly."""
+    model = Normed()
+    grad = em.compile_grad(model, nn.functional.cross_entropy, backend="interpreter",
+                           dynamic_dims={0: {2: "T"}})
+    y = np.array([0, 1])
+    grad(np.ones((2, 4, 10), np.float32), y)
+    assert "batch statistics over a padded axis" in capsys.readouterr().err
+    model.eval()
+    for t in (11, 12, 13):
+        grad(np.ones((2, 4, t), np.float32), y)
+    assert grad.compiles == 2  # length 10 exactly, then bucket 16 for the rest
+
+
 def test_bad_specs():
     with pytest.raises(ValueError, match="buckets must be increasing"):
         em.compile(MeanPool(), em.TensorSpec((3, "T", 6)), buckets=(16, 8))
