@@ -117,6 +117,15 @@ class DataParallelStep(TrainStep):
 
     @one_call_at_a_time
     def __call__(self, *inputs: np.ndarray):
+        # first, and on every step: what each rank brings (a rank whose batch shapes or
+        # optimizer settings differ would otherwise wait in another collective until the
+        # timeout, or train a replica that silently drifts away)
+        opt = self.optimizer
+        self.comm.check_same(
+            "the step (batch shapes, optimizer settings)",
+            repr(([(np.shape(x), str(getattr(x, "dtype", type(x)))) for x in inputs],
+                  opt.config(), opt.lr, opt.step_count)),
+            "every rank passes batches of the same shapes to the same optimizer settings")
         table = self.param_table()
         entry = self.entry(inputs, table)
         flat = self._flat.get(id(entry))

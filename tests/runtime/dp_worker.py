@@ -6,6 +6,8 @@ test_distributed.py: trains on its shard and writes its final params to OUT/rank
 --case dropout: with a Dropout layer. --case syncbn: BatchNorm1d(sync=True).
 --case die: rank 1 exits after 3 steps.
 --case mismatch: rank 1 builds a wider model.
+--case lr: rank 1 changes its learning rate after 3 steps.
+--case batch: rank 1 passes a shorter batch at step 5.
 """
 
 from __future__ import annotations
@@ -55,6 +57,10 @@ def train(case: str, comm, rank: int, world_size: int, steps: int = STEPS,
         for xb, yb in loader:
             if case == "die" and rank == 1 and done == 3:
                 os._exit(3)
+            if case == "lr" and rank == 1 and done == 3:
+                opt.lr = 0.1
+            if case == "batch" and rank == 1 and done == 5:
+                xb, yb = xb[:-1], yb[:-1]
             step(xb, yb)
             done += 1
             if done == steps:

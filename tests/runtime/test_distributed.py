@@ -85,6 +85,19 @@ def test_a_rank_that_dies_ends_the_run_with_an_error_not_a_hang(tmp_path):
     assert not (tmp_path / "rank0.npz").exists()
 
 
+@pytest.mark.parametrize(("case", "step"), [("lr", 4), ("batch", 6)])
+def test_ranks_that_differ_later_fail_together_at_that_step(tmp_path, case, step):
+    """An lr changed on one rank trained replicas that drifted apart silently; a shorter
+    batch on one rank waited in mismatched collectives until the timeout, then blamed a
+    dead peer. Both now fail at once, on every rank, naming the ranks."""
+    start = time.monotonic()
+    run = torchrun(case, tmp_path, timeout=120)
+    assert run.returncode != 0 and time.monotonic() - start < 60
+    assert ("the step (batch shapes, optimizer settings) differs between ranks: rank 0 "
+            "and rank(s) [1]") in run.stderr, run.stderr[-3000:]
+    assert not (tmp_path / "rank0.npz").exists()
+
+
 def test_ranks_with_different_models_fail_together_naming_the_ranks(tmp_path):
     run = torchrun("mismatch", tmp_path, timeout=120)
     assert run.returncode != 0
