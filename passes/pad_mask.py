@@ -334,6 +334,8 @@ def gather(m: Masker, op: Operation, ins: list) -> list:
         raise refuse(op, f"its constant indices (from padded sizes, as an arange) reach past "
                          f"the {table.type.shape[0]} rows of the table")
     pads = dict(ins[1] or {})
+    if pads:  # padded indices read row 0: what a model makes of padding (idx - 1) may not
+        op.set_operand(1, m.zeroed(Builder.before_op(op), idx, pads))  # be a row at all
     for axis, pad in (ins[0] or {}).items():
         if axis == 0:
             raise refuse(op, "the gathered table's rows are padded")

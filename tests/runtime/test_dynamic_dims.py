@@ -330,6 +330,28 @@ def test_a_bucket_refused_in_one_model_state_is_padded_in_another(capsys):
     assert grad.compiles == 2  # length 10 exactly, then bucket 16 for the rest
 
 
+class Shifted(nn.Module):
+    """Embeds idx - 1: the zero padding becomes -1, no row of the table."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb, self.fc = nn.Embedding(20, 8), nn.Linear(8, 3)
+
+    def forward(self, idx):
+        return self.fc(self.emb(idx - 1).mean(axis=1))
+
+
+@pytest.mark.parametrize("backend", ["interpreter", "cpu"])
+def test_index_arithmetic_on_padding_stays_inside_the_table(backend):
+    """The padded positions of a gather's indices read row 0 (they raised IndexError)."""
+    model = Shifted()
+    f = em.compile(model, em.TensorSpec((2, "T"), "i64"), backend=backend)
+    idx = np.random.default_rng(0).integers(1, 20, (2, 11))
+    np.testing.assert_allclose(f(idx), em.compile(model, idx, backend=backend)(idx),
+                               rtol=1e-6)
+    assert f.compiles == 1
+
+
 def test_bad_specs():
     with pytest.raises(ValueError, match="buckets must be increasing"):
         em.compile(MeanPool(), em.TensorSpec((3, "T", 6)), buckets=(16, 8))
