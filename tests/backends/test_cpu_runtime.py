@@ -170,7 +170,9 @@ def test_a_kernel_timer_runs_one_profiled_call_at_a_time():
     wall = time.perf_counter() - start
     times = timer.seconds()
     assert len(times) == len(timer._exe.plan.steps)
-    assert 0 < sum(t for _, t in times) < 2 * wall / 5  # per run, with the counter rated
+    # per run, with the counter rated: a wrong rate or unit is off by orders of magnitude,
+    # which a margin of 50 still sees whatever the machine's load does to `wall`
+    assert 0 < sum(t for _, t in times) < 50 * wall / 5
 
 
 def test_big_results_are_recycled_only_when_released():
