@@ -58,13 +58,8 @@ TRAIN = "decompose,autodiff"
 STEP = TRAIN + ",optimizer{kind=adamw},canonicalize,cse,dce"
 
 
-def work(make, n: int, pipeline: str, before: str) -> int:
-    """Python events (lines, calls, returns) the pass executes on a fresh graph of about n
-    ops."""
-    g = make(n)
-    if before:
-        g = PassManager(parse_pipeline(before)).run(g)
-    pm = PassManager(parse_pipeline(pipeline))
+def events(fn) -> int:
+    """Python events (lines, calls, returns) that `fn()` executes."""
     count = 0
 
     def tracer(frame, event, arg):
@@ -74,10 +69,27 @@ def work(make, n: int, pipeline: str, before: str) -> int:
 
     sys.settrace(tracer)
     try:
-        pm.run(g)
+        fn()
     finally:
         sys.settrace(None)
     return count
+
+
+def work(make, n: int, pipeline: str, before: str) -> int:
+    """The events of the pass on a fresh graph of about n ops."""
+    g = make(n)
+    if before:
+        g = PassManager(parse_pipeline(before)).run(g)
+    pm = PassManager(parse_pipeline(pipeline))
+    return events(lambda: pm.run(g))
+
+
+def test_the_count_sees_a_quadratic_loop():
+    """What the bound below relies on: a loop over pairs grows 16x for 4x the items."""
+    def pairs(n):
+        return sum(1 for i in range(n) for j in range(n) if i < j)
+
+    assert events(lambda: pairs(400)) / events(lambda: pairs(100)) > 15
 
 
 @pytest.mark.parametrize("make, n, pipeline, before", [
