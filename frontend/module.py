@@ -282,6 +282,13 @@ class Module:
 
     def __setattr__(self, name: str, value) -> None:
         if not isinstance(getattr(type(self), name, None), property):
+            if isinstance(self.__dict__.get(name), Param) and not (
+                    value is None or isinstance(value, (Param, Module))):
+                raise TypeError(
+                    f"cannot assign a {type(value).__name__} to {type(self).__name__}.{name}, "
+                    f"a parameter (a Param or None expected; as a constant it would no "
+                    f"longer train): `.{name}.set_value(array)` (or `.{name}.data = array`) "
+                    f"gives it a new value, em.Param.from_array(array) a new parameter")
             if _hides(value):
                 raise TypeError(f"{type(self).__name__}.{name}: a {type(value).__name__} that "
                                 "holds a Module or Param is never visited; use a list, tuple or "

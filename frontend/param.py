@@ -261,6 +261,15 @@ class Param:
         self._rebind(np.asarray(a, dtype=numpy_dtype(self.dtype), order="C"), None)
         return self
 
+    @property
+    def data(self) -> np.ndarray:
+        """PyTorch's spelling: the value (`val()`); assigning sets it (`set_value`)."""
+        return self.val()
+
+    @data.setter
+    def data(self, a) -> None:
+        self.set_value(a)
+
     def _rebind(self, value: np.ndarray | None, device) -> np.ndarray | None:
         """The Param's methods rebind its value here, counted (`Edits.values`); a bound
         training step rebinds its Params itself and counts once for all of them. While

@@ -138,3 +138,29 @@ def test_a_host_rebinding_retires_the_device_value(rebind):
         p.val()
         p._value = new
     assert p.device_value() is None and p.val() is new and dev.copies <= 1
+
+
+def test_an_array_assigned_over_a_param_is_refused_and_data_sets_the_value():
+    """`lin.weight = array` made the weight a constant (training then moved only the
+    bias), and `lin.weight.data = array` set an attribute nothing read: PyTorch refuses
+    the first and sets the value with the second, and so does ember."""
+    from ember import optim
+
+    lin = nn.Linear(3, 2)
+    with pytest.raises(TypeError, match="cannot assign a ndarray to Linear.weight, a "
+                                        "parameter .*set_value"):
+        lin.weight = np.zeros((3, 2), np.float32)
+    assert isinstance(lin.weight, em.Param)
+    pid = lin.weight.id
+    lin.weight.data = np.ones((3, 2))
+    assert lin.weight.id == pid and lin.weight.data.dtype == np.float32
+    np.testing.assert_array_equal(lin.weight.val(), np.ones((3, 2)))
+    with pytest.raises(ValueError, match="does not match its shape"):
+        lin.weight.data = np.ones((2, 3))
+    step = em.compile_train_step(lin, lambda out, y: (out * out).mean(), optim.SGD(lr=0.5),
+                                 backend="interpreter")
+    x = np.ones((4, 3), np.float32)
+    step(x, x[:, :2])
+    assert not np.array_equal(lin.weight.val(), np.ones((3, 2)))  # it trains
+    lin.bias = None  # an optional param may still be dropped
+    assert lin.bias is None
