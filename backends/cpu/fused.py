@@ -448,8 +448,8 @@ class FusedEmitter:
                 d = self.shape.index[a["dim"]]
                 r = i64(0) if d is None else self.idx[d]
             elif name == "kernel.dropout":
-                x, step, index = (self.value(u) for u in op.operands)
-                r = dropout(b, x, step, index, a, v.type.dtype, a.get("numel", 0))
+                x, step, *coords = (self.value(u) for u in op.operands)
+                r = dropout(b, x, step, coords, a, v.type.dtype, a.get("rows", 0))
             elif name == "kernel.reduce":  # a column accumulator, read at this q
                 t = S.REG[v.type.dtype]
                 r = b.load(elem(b, self.acc[op], t, self.q_offset()), typ=t)

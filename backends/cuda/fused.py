@@ -79,9 +79,10 @@ class Body:
             elif s.name == "kernel.index":
                 e = f"(long long){index(s.attributes['dim'])}"
             elif s.name == "kernel.dropout":
-                e = dropout(*(names.get(x, "0") for x in s.operands), s.attributes,
-                            r.type.dtype, s.attributes.get("numel", 0))
-                # p = 0: step and index were not computed
+                x, step, *coords = (names.get(u, "0") for u in s.operands)
+                e = dropout(x, step, coords, s.attributes, r.type.dtype,
+                            s.attributes.get("rows", 0))
+                # p = 0: step and the coordinates were not computed
             else:
                 src = s.operands[1 if s.name == "kernel.select" else 0].type.dtype
                 e = expr(s.name, s.attributes, [names[x] for x in s.operands], src)

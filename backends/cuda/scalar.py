@@ -69,7 +69,7 @@ __device__ __forceinline__ unsigned int ember_mix32(unsigned int x) {
 __device__ __forceinline__ unsigned int ember_dropout_hash(unsigned int seed, unsigned int key,
                                                            unsigned int step,
                                                            unsigned int index) {
-  return ember_mix32(seed ^ ember_mix32(key ^ ember_mix32(step ^ ember_mix32(index))));
+  return ember_mix32(seed ^ ember_mix32(key ^ ember_mix32(step ^ index)));
 }
 
 // Reductions: one warp, then one block (the result is valid in warp 0, lane 0).
@@ -262,18 +262,22 @@ def expr(name: str, attrs: dict, args: list[str], dtype: str) -> str:
     _unsupported(name, dtype)
 
 
-def dropout(x: str, step: str, index: str, attrs: dict, dtype: str, numel: int) -> str:
-    """One element of `ember.dropout` (`kernel.dropout`) of `numel` elements: kept with
-    probability 1 - p by the counter hash of (seed, key, step, shard * numel + flat index),
-    then scaled by 1 / (1 - p) rounded to the dtype, as `backends/interpreter/rng.py`.
-    keep = (h >> 8) >= ceil(p * 2**24), exactly."""
+def dropout(x: str, step: str, coords: list[str], attrs: dict, dtype: str, rows: int) -> str:
+    """One element of `ember.dropout` (`kernel.dropout`) at `coords` of a result whose first
+    dimension is `rows`: kept with probability 1 - p by the counter hash of (seed, key, step,
+    the coordinates, the first offset by shard * rows), then scaled by 1 / (1 - p) rounded to
+    the dtype, as `backends/interpreter/rng.py`. keep = (h >> 8) >= ceil(p * 2**24),
+    exactly."""
     p = float(attrs["p"])
     if p == 0:
         return x
     keep = math.ceil(p * 2**24)
     seed, key = (int(attrs[k]) & 0xFFFFFFFF for k in ("seed", "key"))
-    index = f"({index}) + ((long long)({step}) >> 32) * {numel}LL"
-    h = f"ember_dropout_hash({seed}u, {key}u, (unsigned int){step}, (unsigned int)({index}))"
+    index = "0u"
+    for k, c in enumerate(coords):
+        c = f"({c}) + ((long long)({step}) >> 32) * {rows}LL" if k == 0 else c
+        index = f"ember_mix32({index} ^ (unsigned int)({c}))"
+    h = f"ember_dropout_hash({seed}u, {key}u, (unsigned int){step}, {index})"
     return f"(({h} >> 8) >= {keep}u ? {x} / {literal(dtype, 1.0 - p)} : {literal(dtype, 0)})"
 
 

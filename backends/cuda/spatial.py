@@ -42,7 +42,8 @@ def _dropout(lw, op: Operation) -> None:
     ins = [Operand(t.dtype, tuple(contiguous_strides(t.shape))), Operand("i64", (0,) * t.rank)]
 
     def body(vals, i):
-        return [], [dropout(vals[0], vals[1], i, a, t.dtype, t.size)]
+        coords = [coordinate(i, t.shape, k) for k in range(t.rank)]
+        return [], [dropout(vals[0], vals[1], coords, a, t.dtype, t.shape[0] if t.rank else 0)]
 
     out = lw.result(op.result)
     lw.launch(map_kernel(lw.name(op), t.shape, out_operands([t.dtype], t.shape), ins, body,

@@ -56,16 +56,13 @@ def run_body(op: Operation, args: list[np.ndarray], shape) -> list[np.ndarray]:
     raise ValueError(f"{op.name} body has no kernel.yield")
 
 
-def _dropout(a, x, step, index):
-    """`ember.dropout` elementwise, given each element's flat index (see rng.py)."""
+def _dropout(a, x, step, *coords):
+    """`ember.dropout` elementwise, given each element's coordinates (see rng.py)."""
     x = np.asarray(x)
     if a["p"] == 0:
         return x
-    shard = np.asarray(step).astype(np.int64) >> 32
-    idx = (np.asarray(index) + shard * a.get("numel", 0)).astype(np.uint64).astype(np.uint32)
-    s, k = (np.uint32(int(a[n]) & 0xFFFFFFFF) for n in ("seed", "key"))
-    t = np.asarray(step).astype(np.uint64).astype(np.uint32)
-    h = rng.mix32(s ^ rng.mix32(k ^ rng.mix32(t ^ rng.mix32(idx))))
+    h = rng.hash_of(rng.coordinate_hash(coords, a.get("rows", 0), step), a["seed"], a["key"],
+                    step)
     keep = (h >> np.uint32(8)).astype(np.float64) * 2.0 ** -24 >= a["p"]
     return np.where(keep, x / x.dtype.type(1.0 - a["p"]), x.dtype.type(0))
 

@@ -1,16 +1,19 @@
 """The counter-based generator behind `ember.dropout`: the definition every backend matches.
 
     mix(x): x ^= x >> 16; x *= 0x7feb352d; x ^= x >> 15; x *= 0x846ca68b; x ^= x >> 16
-    h = mix(seed32 ^ mix(key32 ^ mix(step32 ^ mix(index32))))       (uint32, wrapping)
+    index = 0; for each axis k in order: index = mix(index ^ c_k)          (uint32, wrapping)
+    h = mix(seed32 ^ mix(key32 ^ mix(step32 ^ index)))
     u = (h >> 8) * 2**-24;  keep = u >= p;  y = keep ? x / (1 - p) : 0
 
-seed32, key32, step32 are the low 32 bits of the op's `seed`, `key` and the `rng` operand
-(the step counter); index32 is the low 32 bits of shard * numel + the element's row-major
-flat index, where shard is the `rng` operand's high 32 bits (rng >> 32) and numel the
-result's size. A data-parallel rank passes its rank as the shard, so its slice of the
-global batch draws the mask one process would draw for those rows. `1 - p` is computed
-in float64 and rounded to x's dtype before the division. Equivalently, in integers:
-keep = (h >> 8) >= ceil(p * 2**24).
+c_k is the element's coordinate along axis k (its low 32 bits), the first one offset by
+shard * rows: shard is the `rng` operand's high 32 bits (rng >> 32), rows the result's
+first dimension, so a data-parallel rank (its rank as the shard) draws, for its slice of
+the global batch, the mask one process would draw for those rows. seed32, key32, step32
+are the low 32 bits of the op's `seed`, `key` and the `rng` operand (the step counter).
+The mask depends on an element's coordinates, not on the other axes' sizes: a graph
+padded to a bucket (runtime/dynamic.py) draws, at every real position, the mask an exact
+compile draws. `1 - p` is computed in float64 and rounded to x's dtype before the
+division. Equivalently, in integers: keep = (h >> 8) >= ceil(p * 2**24).
 """
 
 from __future__ import annotations
@@ -30,12 +33,32 @@ def mix32(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> np.uint32(16))
 
 
+def coordinate_hash(coords, rows: int, step: int | np.ndarray) -> np.ndarray:
+    """The index of elements at `coords` (one array per axis, broadcasting together), in a
+    result whose first dimension is `rows`, for the `rng` operand `step` (its shard)."""
+    index = np.uint32(0)
+    for k, c in enumerate(coords):
+        c = np.asarray(c).astype(np.int64)
+        if k == 0:
+            c = c + (np.asarray(step).astype(np.int64) >> 32) * rows
+        index = mix32(index ^ c.astype(np.uint64).astype(np.uint32))
+    return np.asarray(index, np.uint32)
+
+
+def hash_of(index: np.ndarray, seed: int, key: int, step) -> np.ndarray:
+    """h of elements whose coordinates hash to `index`."""
+    s, k = (np.uint32(int(v) & _MASK) for v in (seed, key))
+    t = np.asarray(step).astype(np.uint64).astype(np.uint32)
+    return mix32(s ^ mix32(k ^ mix32(t ^ index)))
+
+
 def dropout_hash(shape, seed: int, key: int, step: int) -> np.ndarray:
     """h (uint32) for every element of a tensor of `shape`."""
-    n = int(np.prod(shape, dtype=np.int64))
-    index = (np.arange(n, dtype=np.uint64) + np.uint64((int(step) >> 32) * n)).astype(np.uint32)
-    s, k, t = (np.uint32(int(v) & _MASK) for v in (seed, key, step))
-    return mix32(s ^ mix32(k ^ mix32(t ^ mix32(index)))).reshape(shape)
+    shape = tuple(shape)
+    coords = [np.arange(n).reshape((n,) + (1,) * (len(shape) - k - 1))
+              for k, n in enumerate(shape)]
+    index = coordinate_hash(coords, shape[0] if shape else 0, step)
+    return np.broadcast_to(hash_of(index, seed, key, step), shape)
 
 
 def dropout_keep(shape, p: float, seed: int, key: int, step: int) -> np.ndarray:

@@ -112,23 +112,23 @@ class KIndex(OpDef):
 
 @register
 class KDropout(OpDef):
-    """`kernel.dropout(x, step, index) {p, seed, key, numel}`: `ember.dropout` of one
-    element, `index` being its row-major flat index in the dropout's result (i64) of
-    `numel` elements, `step` the rng (its high 32 bits: the shard, see rng.py)."""
+    """`kernel.dropout(x, step, c_0, ..., c_n-1) {p, seed, key, rows}`: `ember.dropout` of
+    one element, `c_k` its coordinate along axis k of the dropout's result (i64), `rows`
+    that result's first dimension, `step` the rng (its high 32 bits: the shard, rng.py)."""
 
     name = "kernel.dropout"
     traits = frozenset({"pure", "random", "scalar_operands"})
-    arity = (3, 3)
+    arity = (2, None)
     attrs = {"p": float, "seed": int, "key": int}
-    optional_attrs = {"numel": int}
+    optional_attrs = {"rows": int}
 
     @classmethod
     def infer(cls, operand_types, attrs):
         _scalars(cls.name, operand_types)
-        x, step, index = operand_types
-        if not x.is_float or step.dtype != "i64" or index.dtype != "i64":
-            raise InferenceError(f"kernel.dropout takes (float, i64, i64), got ({x}, {step}, "
-                                 f"{index})")
+        x, step, *coords = operand_types
+        if not x.is_float or step.dtype != "i64" or any(c.dtype != "i64" for c in coords):
+            raise InferenceError(f"kernel.dropout takes (float, i64, i64...), got "
+                                 f"({', '.join(map(str, operand_types))})")
         return [x]
 
 

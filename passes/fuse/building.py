@@ -180,17 +180,11 @@ class _Kernel:
                     r = self.add("kernel.div", [r, self.const(n, op.result.type.dtype)])
         elif name == "ember.dropout":
             shape = op.result.type.shape
-            flat = None
-            for d, st in zip(g.vdims[op.result], contiguous(shape)):
-                if d is None:
-                    continue
-                i = self.add("kernel.index", [], {"dim": self.to_k[d]}, "i64")
-                if st != 1:
-                    i = self.add("kernel.mul", [i, self.const(st, "i64")])
-                flat = i if flat is None else self.add("kernel.add", [flat, i])
-            flat = flat if flat is not None else self.const(0, "i64")
-            keep = {**{k: a[k] for k in ("p", "seed", "key")}, "numel": math.prod(shape)}
-            r = self.add("kernel.dropout", [ins[0], ins[1], flat], keep)
+            coords = [self.add("kernel.index", [], {"dim": self.to_k[d]}, "i64")
+                      if d is not None else self.const(0, "i64")
+                      for d in g.vdims[op.result]]
+            keep = {**{k: a[k] for k in ("p", "seed", "key")}, "rows": shape[0] if shape else 0}
+            r = self.add("kernel.dropout", [ins[0], ins[1], *coords], keep)
         elif name == "ember.one_hot":
             rd = g.vdims[op.result][-1]
             idx = (self.add("kernel.index", [], {"dim": self.to_k[rd]}, "i64") if rd is not None

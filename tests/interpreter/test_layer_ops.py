@@ -68,14 +68,15 @@ def _mix_py(x):
 
 def test_dropout_hash_matches_the_contract_in_plain_python():
     # seed and key: their low 32 bits count; the step's low 32 bits are the step, its high
-    # bits the shard, whose mask starts at flat index shard * numel
+    # bits the shard, which offsets the first coordinate by shard * rows
     seed, key, step = 0x1_2345_6789, 7, (256 << 32) + 3
     h = rng.dropout_hash((3, 5), seed, key, step)
     m = 0xFFFFFFFF
-    for i in range(15):
-        index = (256 * 15 + i) & m
-        want = _mix_py((seed & m) ^ _mix_py((key & m) ^ _mix_py((step & m) ^ _mix_py(index))))
-        assert int(h.reshape(-1)[i]) == want
+    for r in range(3):
+        for c in range(5):
+            index = _mix_py(_mix_py(0 ^ ((256 * 3 + r) & m)) ^ c)
+            want = _mix_py((seed & m) ^ _mix_py((key & m) ^ _mix_py((step & m) ^ index)))
+            assert int(h[r, c]) == want
     assert h.dtype == np.uint32
 
 

@@ -352,6 +352,30 @@ def test_index_arithmetic_on_padding_stays_inside_the_table(backend):
     assert f.compiles == 1
 
 
+class Dropped(nn.Module):
+    """Dropout over [B, T, C], then a mean over T."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc, self.drop, self.head = nn.Linear(6, 8), nn.Dropout(0.5), nn.Linear(8, 3)
+
+    def forward(self, x):
+        return self.head(self.drop(self.fc(x)).mean(axis=1))
+
+
+@pytest.mark.parametrize("backend", ["interpreter", "cpu"])
+def test_dropout_under_padding_draws_the_exact_compiles_mask(backend):
+    """The mask hashes each element's coordinates, not its flat index in the padded shape
+    (the second row of a padded batch drew another row's mask)."""
+    model = Dropped()
+    x, y = floats(11), np.array([0, 2, 1])
+    loss = nn.functional.cross_entropy
+    padded = em.compile_grad(model, loss, backend=backend, dynamic_dims={0: {1: "T"}})
+    got, want = padded(x, y), em.compile_grad(model, loss, backend=backend)(x, y)
+    for pid, g in want.items():
+        np.testing.assert_allclose(got[pid], g, rtol=1e-5, atol=1e-7)
+
+
 def test_bad_specs():
     with pytest.raises(ValueError, match="buckets must be increasing"):
         em.compile(MeanPool(), em.TensorSpec((3, "T", 6)), buckets=(16, 8))
