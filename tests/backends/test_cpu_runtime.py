@@ -377,3 +377,17 @@ def test_a_feedback_run_never_writes_one_buffer_for_two_results():
         assert a is not c or i == 1
     np.testing.assert_array_equal(a, np.full(4, 6, np.float32))
     np.testing.assert_array_equal(c, np.full(4, 2, np.float32))
+
+
+def test_a_compile_llvm_could_not_finish_in_memory_is_a_memory_error(monkeypatch):
+    """LLVM aborts the process when an allocation fails inside it (seen under `ulimit -v`:
+    'LLVM ERROR: out of memory', exit 134); the room it needs is reserved first, and a
+    process that cannot map it gets a MemoryError it can catch."""
+    from ember.backends.cpu import jit
+
+    monkeypatch.setattr(jit, "LLVM_BASE_BYTES", 1 << 60)  # more than any process may map
+    g = Graph("f", [TensorType((3,), "f32")])
+    b = Builder(g.body)
+    b.create("func.return", [b.op("ember.neg", g.args[0])])
+    with pytest.raises(MemoryError, match="compiling @.* needs about .* MiB"):
+        cpu.Executable(verify(g), use_cache=False)
