@@ -173,6 +173,16 @@ def test_grad_equals_exact_shapes():
         np.testing.assert_allclose(got[pid], g, rtol=1e-5, atol=1e-7)
 
 
+def padded_grads_equal_exact(model, backend: str, x, y) -> None:
+    """Cross-entropy gradients of `model` on (x, y) with axis 1 of x symbolic (padded to
+    its bucket) equal an exact-shape compile's."""
+    loss = nn.functional.cross_entropy
+    padded = em.compile_grad(model, loss, backend=backend, dynamic_dims={0: {1: "T"}})
+    got, want = padded(x, y), em.compile_grad(model, loss, backend=backend)(x, y)
+    for pid, g in want.items():
+        np.testing.assert_allclose(got[pid], g, rtol=1e-5, atol=1e-7)
+
+
 class Normalized(nn.Module):
     """Normalizes each token's features: a padded (zero) token gives 0 * inf = NaN."""
 
@@ -192,16 +202,11 @@ def test_padding_a_model_turns_into_nan_stays_out_of_the_gradients(backend):
     their zero cotangent and summed it into proj's weight: NaN in every element."""
     em.seed(3)
     model = Normalized()
-    x, y = floats(11), np.array([0, 2, 1])
-    loss = nn.functional.cross_entropy
-    padded = em.compile_grad(model, loss, backend=backend, dynamic_dims={0: {1: "T"}})
-    got, want = padded(x, y), em.compile_grad(model, loss, backend=backend)(x, y)
-    for pid, g in want.items():
-        np.testing.assert_allclose(got[pid], g, rtol=1e-5, atol=1e-7)
-    step = em.compile_train_step(model, loss, optim.SGD(lr=0.1), backend=backend,
-                                 dynamic_dims={0: {1: "T"}})
+    padded_grads_equal_exact(model, backend, floats(11), np.array([0, 2, 1]))
+    step = em.compile_train_step(model, nn.functional.cross_entropy, optim.SGD(lr=0.1),
+                                 backend=backend, dynamic_dims={0: {1: "T"}})
     for t in (11, 13, 9):
-        assert np.isfinite(step(floats(t), y))
+        assert np.isfinite(step(floats(t), np.array([0, 2, 1])))
     assert all(np.isfinite(p.val()).all() for p in model.parameters())
 
 
@@ -368,12 +373,7 @@ def test_dropout_under_padding_draws_the_exact_compiles_mask(backend):
     """The mask hashes each element's coordinates, not its flat index in the padded shape
     (the second row of a padded batch drew another row's mask)."""
     model = Dropped()
-    x, y = floats(11), np.array([0, 2, 1])
-    loss = nn.functional.cross_entropy
-    padded = em.compile_grad(model, loss, backend=backend, dynamic_dims={0: {1: "T"}})
-    got, want = padded(x, y), em.compile_grad(model, loss, backend=backend)(x, y)
-    for pid, g in want.items():
-        np.testing.assert_allclose(got[pid], g, rtol=1e-5, atol=1e-7)
+    padded_grads_equal_exact(model, backend, floats(11), np.array([0, 2, 1]))
 
 
 def test_bad_specs():
