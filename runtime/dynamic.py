@@ -210,9 +210,7 @@ class Dynamic:
     def __call__(self, *inputs):
         self._arity = len(inputs)
         plan = self.dynamic.plan(inputs)
-        refusal = (tuple(plan.buckets.values()), state_key(self.param_table()),
-                   self.key_extra())
-        if plan.padded and refusal in self.dynamic.refused:
+        if plan.padded and self.dynamic.refused and self._refusal(plan) in self.dynamic.refused:
             plan = replace(plan, padded=False)
         self._plan = plan
         if not plan.padded:
@@ -220,11 +218,15 @@ class Dynamic:
         try:
             out = super().__call__(*self.dynamic.pad(plan, inputs))
         except PadMaskError as e:
-            self.dynamic.refused.add(refusal)
+            self.dynamic.refused.add(self._refusal(plan))
             notice(f"{self.kind}: compiling each length of bucket "
                    f"{', '.join(f'{n}={b}' for n, b in plan.buckets.items())} exactly: {e}")
             return self(*inputs)
         return self.cut_results(out, plan)
+
+    def _refusal(self, plan: Plan) -> tuple:
+        """What a refused bucket is refused for: its sizes, the model state, the settings."""
+        return (tuple(plan.buckets.values()), state_key(self.param_table()), self.key_extra())
 
     def cut_results(self, out, plan: Plan):
         """The results of a padded call cut back to the real sizes (a tuple's items by
@@ -275,7 +277,7 @@ class Dynamic:
         try:
             graph = super()._trace(specs)
             agains = []
-            for sizes in tried:
+            for sizes in tried:  # (a loop: super() without arguments fails in a comprehension)
                 agains.append(super()._trace(self.dynamic.resized(specs, sizes)))
         except Exception as e:  # noqa: BLE001  (the exact sizes may trace: they get a try)
             sizes = ", ".join(f"{n}={b} and {' and '.join(str(t[n]) for t in tried)}"
