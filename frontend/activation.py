@@ -56,9 +56,9 @@ class Sigmoid(Module):
 
 
 class Softmax(Module):
-    def __init__(self, axis: int = -1):
+    def __init__(self, dim: int = -1, *, axis: int | None = None):  # torch's dim, numpy's axis
         super().__init__()
-        self.axis = axis
+        self.axis = dim if axis is None else axis
 
     def forward(self, x):
         return F.softmax(x, self.axis)

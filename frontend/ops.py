@@ -99,12 +99,7 @@ def where(condition, a, b) -> Tensor:
 
 def clamp(x, min=None, max=None) -> Tensor:  # noqa: A002  (torch.clamp's names)
     """x limited to [min, max] (either may be None), as torch.clamp: max wins if min > max."""
-    x = _t(x)
-    if min is None and max is None:
-        raise x.trace.error("clamp: give min, max or both")
-    if min is not None:
-        x = maximum(x, min)
-    return x if max is None else minimum(x, max)
+    return _t(x).clamp(min, max)
 
 
 def broadcast_to(x, shape) -> Tensor:
@@ -139,14 +134,14 @@ def _along(name: str, x, axis: int, dtype) -> Tensor:
     return x.trace.op(name, x, axis=_axis(axis, x))
 
 
-def softmax(x, axis: int = -1, dtype=None) -> Tensor:
-    """Softmax along `axis`, computed in `dtype` when given."""
-    return _along("nn.softmax", x, axis, dtype)
+def softmax(x, dim: int = -1, dtype=None, *, axis: int | None = None) -> Tensor:
+    """Softmax along `dim` (torch's name; numpy's `axis` too), in `dtype` when given."""
+    return _along("nn.softmax", x, dim if axis is None else axis, dtype)
 
 
-def log_softmax(x, axis: int = -1, dtype=None) -> Tensor:
-    """Log-softmax along `axis`, computed in `dtype` when given."""
-    return _along("nn.log_softmax", x, axis, dtype)
+def log_softmax(x, dim: int = -1, dtype=None, *, axis: int | None = None) -> Tensor:
+    """Log-softmax along `dim` (or `axis`), computed in `dtype` when given."""
+    return _along("nn.log_softmax", x, dim if axis is None else axis, dtype)
 
 
 

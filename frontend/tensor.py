@@ -25,6 +25,23 @@ def scalar_axes(x: Tensor, axis) -> None:
             raise x.trace.error(f"axis {a} is out of range for a 0-d tensor (0 or -1, as torch)")
 
 
+def _spelled(x: Tensor, axis, keepdims, dim, keepdim) -> tuple:
+    """(axis, keepdims) from numpy's spelling or torch's (`dim`, `keepdim`), not both."""
+    if dim is not None:
+        if axis is not None:
+            raise x.trace.error("give axis or dim, not both")
+        axis = dim
+    return axis, keepdims if keepdim is None else keepdim
+
+
+def _axis(x: Tensor, d: int, ndim: int | None = None) -> int:
+    """Dim `d` (negative counts from the end) of a tensor of rank `ndim` (x's)."""
+    n = x.ndim if ndim is None else ndim
+    if not -n <= d < n:
+        raise x.trace.error(f"dim {d} is out of range for {list(x.shape)}")
+    return d % n
+
+
 def matmul(a: Tensor, b: Tensor) -> Tensor:
     """torch.matmul: a 1-D operand is a row on the left or a column on the right, and that
     dim is removed from the result; batch dims broadcast (`ember.matmul` needs rank >= 2)."""
@@ -98,19 +115,77 @@ class Tensor:
             return self.reshape(1)._reduce(name, 0, False)
         return self.trace.op(name, self, axes=axes_list(axis, self.ndim), keepdims=bool(keepdims))
 
-    def sum(self, axis=None, keepdims=False):
-        return self._reduce("ember.reduce_sum", axis, keepdims)
+    # Reductions take numpy's spelling (axis, keepdims) and torch's (dim, keepdim).
+    def sum(self, axis=None, keepdims=False, *, dim=None, keepdim=None):
+        return self._reduce("ember.reduce_sum", *_spelled(self, axis, keepdims, dim, keepdim))
 
-    def mean(self, axis=None, keepdims=False):
-        return self._reduce("ember.reduce_mean", axis, keepdims)
+    def mean(self, axis=None, keepdims=False, *, dim=None, keepdim=None):
+        return self._reduce("ember.reduce_mean", *_spelled(self, axis, keepdims, dim, keepdim))
 
     def max(self, axis=None, keepdims=False):
         """Over an empty axis there is no max: rejected (as torch and numpy do) rather than
-        left to backends that would disagree (-inf on cpu, an error on the interpreter)."""
+        left to backends that would disagree (-inf on cpu, an error on the interpreter).
+        (numpy's max: the values; torch's max(dim) also returns indices: use `amax`.)"""
         empty = [a for a in axes_list(axis, self.ndim) if 0 <= a < self.ndim and not self.shape[a]]
         if empty:
             raise self.trace.error(f"max: axis {empty[0]} of {list(self.shape)} is empty")
         return self._reduce("ember.reduce_max", axis, keepdims)
+
+    def amax(self, dim=None, keepdim=False):
+        """torch.amax: the largest values along `dim`."""
+        return self.max(dim, keepdim)
+
+    def amin(self, dim=None, keepdim=False):
+        """torch.amin: the smallest values along `dim` (the max of the negation, negated)."""
+        return -(-self).max(dim, keepdim)
+
+    def var(self, dim=None, keepdim=False, *, correction=1):
+        """torch.var: the mean squared deviation over `dim`, divided by N - correction."""
+        axes = axes_list(dim, self.ndim) if self.ndim else []
+        n = math.prod(self.shape[a] for a in axes)
+        d = self - self.mean(dim, keepdims=True)
+        return (d * d).sum(dim, keepdim) / max(n - correction, 0)
+
+    def std(self, dim=None, keepdim=False, *, correction=1):
+        """torch.std: the square root of `var`."""
+        return self.var(dim, keepdim, correction=correction).sqrt()
+
+    # Shapes, as torch spells them.
+    def size(self, dim=None):
+        """torch's `size()`: the shape, or the size of one dim."""
+        return tuple(self.shape) if dim is None else self.shape[_axis(self, dim)]
+
+    def dim(self) -> int:
+        return self.ndim
+
+    def numel(self) -> int:
+        return self.value.type.size
+
+    def view(self, *shape) -> Tensor:
+        """torch's `view`: a reshape (ember's tensors are values: there is no storage to
+        share, and no copy is made where a reshape needs none)."""
+        return self.reshape(*shape)
+
+    def unsqueeze(self, dim: int) -> Tensor:
+        d = _axis(self, dim, self.ndim + 1)
+        return self.reshape(self.shape[:d] + (1,) + self.shape[d:])
+
+    def squeeze(self, dim=None) -> Tensor:
+        """Without `dim`, every size-1 dim goes; with it, that one if its size is 1."""
+        dims = [i for i, n in enumerate(self.shape) if n == 1] if dim is None else \
+            [d for d in axes_list(dim, self.ndim) if self.shape[d] == 1]
+        return self.reshape(tuple(n for i, n in enumerate(self.shape) if i not in dims))
+
+    def flatten(self, start_dim: int = 0, end_dim: int = -1) -> Tensor:
+        if self.ndim == 0:
+            return self.reshape(1)
+        a, b = _axis(self, start_dim), _axis(self, end_dim)
+        return self.reshape(self.shape[:a] + (math.prod(self.shape[a:b + 1]),)
+                            + self.shape[b + 1:])
+
+    def unflatten(self, dim: int, sizes) -> Tensor:
+        d = _axis(self, dim)
+        return self.reshape(self.shape[:d] + tuple(sizes) + self.shape[d + 1:])
 
     def reshape(self, *shape) -> Tensor:
         """`reshape(2, -1)` or `reshape((2, -1))`; one -1 takes what is left."""
@@ -127,15 +202,54 @@ class Tensor:
         return self.trace.op("ember.reshape", self, shape=shape)
 
     def transpose(self, *perm) -> Tensor:
-        """`transpose()` reverses the axes; `transpose(1, 0, 2)` or `transpose((1, 0, 2))`."""
+        """torch's `transpose(d0, d1)` swaps two dims (negative ones too); numpy's
+        `transpose()` reverses the axes, `transpose(1, 0, 2)` or `transpose((1, 0, 2))`
+        permutes them."""
+        if len(perm) == 2 and all(isinstance(p, int) for p in perm):
+            a, b = (_axis(self, p) for p in perm)
+            order = list(range(self.ndim))
+            order[a], order[b] = b, a
+            perm = (order,)
         if len(perm) == 1 and not isinstance(perm[0], int):
             perm = perm[0]
         perm = [int(p) for p in perm] or list(reversed(range(self.ndim)))
         return self.trace.op("ember.transpose", self, perm=perm)
 
+    def permute(self, *dims) -> Tensor:
+        """torch's `permute(2, 0, 1)` (or a tuple): dims in their new order."""
+        dims = dims[0] if len(dims) == 1 and not isinstance(dims[0], int) else dims
+        return self.trace.op("ember.transpose", self, perm=[_axis(self, d) for d in dims])
+
     @property
     def T(self) -> Tensor:
         return self.transpose()
+
+    @property
+    def mT(self) -> Tensor:
+        """The last two dims swapped (torch's batched matrix transpose)."""
+        return self.transpose(-2, -1)
+
+    def expand(self, *sizes) -> Tensor:
+        """torch's `expand`: broadcast to `sizes`, -1 keeping a dim's size."""
+        sizes = sizes[0] if len(sizes) == 1 and not isinstance(sizes[0], int) else sizes
+        lead = len(sizes) - self.ndim
+        shape = [self.shape[i - lead] if n == -1 else n for i, n in enumerate(sizes)]
+        return self.trace.op("ember.broadcast", self, shape=[int(n) for n in shape])
+
+    def masked_fill(self, mask, value) -> Tensor:
+        """`value` where `mask` (a comparison's result) holds, else self, broadcast."""
+        mask = self.trace.lift(mask)
+        if mask.dtype != "i1":
+            raise self.trace.error(f"masked_fill: the mask must be a boolean tensor (a "
+                                   f"comparison), got {mask.dtype}")
+        return self.trace.op("ember.select", mask, self.trace.lift(value, self.dtype), self)
+
+    def clamp(self, min=None, max=None) -> Tensor:  # noqa: A002  (torch's names)
+        """Limited to [min, max] (either may be None; max wins where min > max)."""
+        if min is None and max is None:
+            raise self.trace.error("clamp: give min, max or both")
+        x = self if min is None else self._binary("ember.max", min)
+        return x if max is None else x._binary("ember.min", max)
 
     def astype(self, dtype) -> Tensor:
         dtype = dtype if dtype in DTYPES else dtype_of(dtype)
