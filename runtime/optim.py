@@ -41,10 +41,40 @@ def _schedule(lr: float | Schedule) -> Schedule:
     return lr if isinstance(lr, Schedule) else as_schedule(setting("learning rate", lr, True))
 
 
+_UNSET = object()  # an lr not given (PyTorch's spelling puts the params first)
+
+
+def _params_and_lr(params, lr, default: float):
+    """(the ParamIds PyTorch's first argument names, or None; the lr). `SGD(0.1)` (ember's
+    spelling, lr first) and `SGD(model.parameters(), lr=0.1)` (PyTorch's) both work; param
+    groups work when they add no settings of their own."""
+    if params is None or isinstance(params, (int, float, Schedule)):
+        if params is not None and lr is not _UNSET:
+            raise TypeError("give the learning rate once: SGD(lr=0.1) or "
+                            "SGD(model.parameters(), lr=0.1)")
+        lr = params if params is not None else lr
+        return None, default if lr is _UNSET else lr
+    items = list(params)
+    if items and all(isinstance(g, dict) for g in items):
+        own = sorted({k for g in items for k in g} - {"params"})
+        if own:
+            raise NotImplementedError(f"param groups with settings of their own ({', '.join(own)})"
+                                      " are not supported: one optimizer's settings apply to "
+                                      "every param")
+        items = [p for g in items for p in g["params"]]
+    if not all(isinstance(p, Param) for p in items):
+        raise TypeError("an optimizer's first argument is the learning rate or the params "
+                        "(model.parameters()), got "
+                        + ", ".join(sorted({type(p).__name__ for p in items})))
+    return frozenset(p.id for p in items), default if lr is _UNSET else lr
+
+
 class Optimizer:
     kind = ""
 
-    def __init__(self, lr: float | Schedule, weight_decay: float = 0.0, clip_norm: float = 0.0):
+    def __init__(self, lr: float | Schedule, weight_decay: float = 0.0, clip_norm: float = 0.0,
+                 params: frozenset | None = None):
+        self.param_ids = params  # the params PyTorch's spelling named (None: all)
         self.schedule = _schedule(lr)
         self.weight_decay = setting("weight_decay", weight_decay)
         self.clip_norm = setting("clip_norm (0: no clipping)", clip_norm)
@@ -103,9 +133,10 @@ class Optimizer:
 class SGD(Optimizer):
     kind = "sgd"
 
-    def __init__(self, lr: float | Schedule = 1e-2, momentum: float = 0.0,
+    def __init__(self, params=None, lr: float | Schedule = _UNSET, momentum: float = 0.0,
                  weight_decay: float = 0.0, nesterov: bool = False, clip_norm: float = 0.0):
-        super().__init__(lr, weight_decay, clip_norm)
+        params, lr = _params_and_lr(params, lr, 1e-2)
+        super().__init__(lr, weight_decay, clip_norm, params)
         if nesterov and momentum <= 0:
             raise ValueError("nesterov momentum needs momentum > 0")
         self.momentum, self.nesterov = setting("momentum", momentum), bool(nesterov)
@@ -117,9 +148,11 @@ class SGD(Optimizer):
 class Adam(Optimizer):
     kind = "adam"
 
-    def __init__(self, lr: float | Schedule = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-8, weight_decay: float = 0.0, clip_norm: float = 0.0):
-        super().__init__(lr, weight_decay, clip_norm)
+    def __init__(self, params=None, lr: float | Schedule = _UNSET,
+                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 0.0, clip_norm: float = 0.0):
+        params, lr = _params_and_lr(params, lr, 1e-3)
+        super().__init__(lr, weight_decay, clip_norm, params)
         self.beta1, self.beta2 = (setting(f"beta{i}", b, below_one=True)
                                   for i, b in enumerate(betas, 1))
         self.eps = setting("eps", eps)
@@ -131,9 +164,10 @@ class Adam(Optimizer):
 class AdamW(Adam):
     kind = "adamw"
 
-    def __init__(self, lr: float | Schedule = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-8, weight_decay: float = 1e-2, clip_norm: float = 0.0):
-        super().__init__(lr, betas, eps, weight_decay, clip_norm)
+    def __init__(self, params=None, lr: float | Schedule = _UNSET,
+                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 1e-2, clip_norm: float = 0.0):
+        super().__init__(params, lr, betas, eps, weight_decay, clip_norm)
 
 
 OPTIMIZERS = {"sgd": SGD, "adam": Adam, "adamw": AdamW}

@@ -118,6 +118,21 @@ class GradFunction(_Training):
         return GradientsParams({table[pid].id: to_host(g) for pid, g in zip(ids, grads)})
 
 
+def _check_covers(model: Module, optimizer) -> None:
+    """A step updates every param that requires grad: an optimizer given only some of them
+    (PyTorch's `SGD(model.head.parameters())`) would train the others silently."""
+    ids = getattr(optimizer, "param_ids", None)
+    if ids is None:
+        return
+    left = [path for path, p in model.named_parameters() if p.requires_grad and p.id not in ids]
+    if left:
+        raise ValueError(f"the optimizer was given {len(ids)} params, but the step updates "
+                         f"every param that requires grad, and {len(left)} of them are not "
+                         f"among those ({', '.join(left[:3])}{', ...' if len(left) > 3 else ''}):"
+                         f" freeze them (e.g. model.backbone.freeze()) or pass "
+                         f"model.parameters()")
+
+
 class TrainStep(_Training):
     """`em.compile_train_step(...)`: forward, backward and update as one compiled graph.
 
@@ -132,6 +147,7 @@ class TrainStep(_Training):
                  linear: str = "split", checkpoint: str = "none",
                  memory_budget: int | None = None, detect_anomaly: bool = False):
         super().__init__(model, loss_fn, backend, linear, detect_anomaly)
+        _check_covers(model, optimizer)
         self.optimizer = optimizer
         self.checkpoint, self.memory_budget = checkpoint, memory_budget
         self._repeating: BoundStep | None = None  # the last call's, tried first (`repeat`)

@@ -108,7 +108,9 @@ def update_graph(opt, table: dict, ids: list[str], scale: float = 1.0) -> Graph:
 
 def apply_update(opt, model, grads) -> None:
     table = param_table(model)
-    ids = [pid for pid, p in table.items() if p.id in grads and p.requires_grad]
+    only = getattr(opt, "param_ids", None)  # PyTorch's spelling named these params
+    ids = [pid for pid, p in table.items()
+           if p.id in grads and p.requires_grad and (only is None or p.id in only)]
     if not ids:
         return
     dtype = table[ids[0]].dtype

@@ -261,3 +261,32 @@ def test_bad_optimizer_settings_are_rejected():
     opt = optim.SGD(lr=0.1)
     with pytest.raises(ValueError, match="learning rate"):
         opt.lr = math.nan
+
+
+def test_pytorchs_spelling_with_the_params_first():
+    """`optim.AdamW(model.parameters(), lr=1e-3)` raised 'got multiple values for argument
+    lr'. The params are taken; a compiled step updates every param that requires grad, so
+    a subset is refused there (it would train the others silently), while `opt.step` with
+    gradients updates only the params it was given, as PyTorch's does."""
+    em.seed(0)
+    model = Net()
+    x, y = digits().x_train[:16], digits().y_train[:16]
+    ours = em.compile_train_step(model, nn.functional.cross_entropy,
+                                 optim.AdamW(model.parameters(), lr=1e-3), backend="cpu")
+    assert np.isfinite(ours(x, y))
+    assert optim.SGD(0.1).lr == 0.1 and optim.Adam([{"params": model.parameters()}]).lr == 1e-3
+    with pytest.raises(ValueError, match="given 2 params.*2 of them are not among those "
+                                         "\\(fc1.weight, fc1.bias\\): freeze them"):
+        em.compile_train_step(model, nn.functional.cross_entropy,
+                              optim.SGD(model.fc2.parameters(), lr=0.1), backend="cpu")
+    with pytest.raises(NotImplementedError, match="settings of their own \\(lr\\)"):
+        optim.SGD([{"params": model.parameters(), "lr": 0.1}])
+    with pytest.raises(TypeError, match="give the learning rate once"):
+        optim.SGD(0.1, 0.2)
+    head = optim.SGD(model.fc2.parameters(), lr=0.5)
+    before = {k: v.copy() for k, v in model.state_dict().items()}
+    head.step(model, em.compile_grad(model, nn.functional.cross_entropy,
+                                     backend="interpreter")(x, y))
+    after = model.state_dict()
+    assert all(np.array_equal(after[k], before[k]) for k in ("fc1.weight", "fc1.bias"))
+    assert not np.array_equal(after["fc2.weight"], before["fc2.weight"])
