@@ -78,12 +78,12 @@ def _take(x: Tensor, axis: int, index: np.ndarray, valid: np.ndarray, fill) -> T
     pool and conv ops cannot express, as one gather (its gradient a scatter_add)."""
     t, rest = x.trace, [a for a in range(x.ndim) if a != axis]
     at = t.lift(np.clip(index, 0, x.shape[axis] - 1).astype(np.int64))
-    g = t.op("ember.gather", x.transpose(axis, *rest), at, axis=0)
+    g = t.op("ember.gather", x.transpose([axis, *rest]), at, axis=0)
     if not valid.all():
         mask = t.lift(valid.reshape(valid.shape + (1,) * len(rest)))
         g = t.op("ember.select", mask, g, t.lift(fill, x.dtype))
     k = index.ndim
-    return g.transpose(*range(k, k + axis), *range(k), *range(k + axis, g.ndim))
+    return g.transpose([*range(k, k + axis), *range(k), *range(k + axis, g.ndim)])
 
 
 Padding = tuple[tuple[int, int], tuple[int, int]]
@@ -547,7 +547,7 @@ def scaled_dot_product_attention(q, k, v, causal: bool = False, scale: float | N
     if causal:
         raise ValueError("scaled_dot_product_attention: give attn_mask or causal, not both "
                          "(as torch)")
-    s = (q @ k.transpose(*range(k.ndim - 2), k.ndim - 1, k.ndim - 2)) * scale
+    s = (q @ k.mT) * scale
     return softmax(_masked_scores(s, t.lift(attn_mask)), -1) @ v
 
 

@@ -12,7 +12,7 @@ from .tensor import Tensor
 def _class_last(x: Tensor) -> Tensor:
     """[N, C, d1, ...] as [N, d1, ..., C]: the class axis where one_hot puts it, so that
     spatial inputs are per-position classifications with no reshape of the labels."""
-    return x if x.ndim <= 2 else x.transpose(0, *range(2, x.ndim), 1)
+    return x if x.ndim <= 2 else x.transpose([0, *range(2, x.ndim), 1])
 
 
 def _labels(scores: Tensor, labels: Tensor, what: str) -> None:
