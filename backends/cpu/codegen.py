@@ -302,7 +302,8 @@ def _segment(mod: ir.Module, p: Plan, fns: list, first: int, name: str,
     fn.attributes.add("noinline")  # inlined back, the entry would be one function again
     fn.args[0].add_attribute("noalias")
     b = ir.IRBuilder(fn.append_basic_block("entry"))
-    steps = list(enumerate(zip(p.steps, fns)))[first:first + SEGMENT]
+    last = first + SEGMENT
+    steps = list(enumerate(zip(p.steps[first:last], fns[first:last]), first))
     used = {s for _, (st, _) in steps for s in (*st.outs, *st.ins, st.scratch) if s is not None}
     ptrs = _pointers(b, fn.args[0], sorted(used))
     for k, (st, kernel) in steps:

@@ -121,9 +121,6 @@ class Feedback:
         # what each call binds unless it is the object the last call bound
         self._args = [row for row in exe._args if row[1] not in feeds.values()]
         self._arg_pos = [row[1] for row in self._args]
-        # the tensor arguments lead the inputs (a step's batch, then its scalars): then
-        # they are read without their positions
-        self._args_lead = self._arg_pos == list(range(len(self._arg_pos)))
         self._params = [row for row in exe._params if row[1] not in feeds.values()]
         self._value_pos = [params[row[1]][0] for row in self._params]
         self._layouts = list(map(_bound_layout, self._params))

@@ -63,8 +63,7 @@ def _dropout(a, x, step, *coords):
         return x
     h = rng.hash_of(rng.coordinate_hash(coords, a.get("rows", 0), step), a["seed"], a["key"],
                     step)
-    keep = (h >> np.uint32(8)).astype(np.float64) * 2.0 ** -24 >= a["p"]
-    return np.where(keep, x / x.dtype.type(1.0 - a["p"]), x.dtype.type(0))
+    return rng.scaled(x, rng.kept(h, a["p"]), a["p"])
 
 
 def place(v: np.ndarray, m: list[int], t: TensorType) -> np.ndarray:

@@ -61,10 +61,19 @@ def dropout_hash(shape, seed: int, key: int, step: int) -> np.ndarray:
     return np.broadcast_to(hash_of(index, seed, key, step), shape)
 
 
+def kept(h: np.ndarray, p: float) -> np.ndarray:
+    """Which elements of hash `h` are kept: u = (h >> 8) 2^-24 >= p."""
+    return (h >> np.uint32(8)).astype(np.float64) * 2.0**-24 >= p
+
+
+def scaled(x: np.ndarray, keep: np.ndarray, p: float) -> np.ndarray:
+    """Kept elements of x scaled by 1 / (1 - p) (rounded to x's dtype first), others 0."""
+    return np.where(keep, x / x.dtype.type(1.0 - p), x.dtype.type(0))
+
+
 def dropout_keep(shape, p: float, seed: int, key: int, step: int) -> np.ndarray:
     """The keep mask (bool) of `ember.dropout` for one step."""
-    u = (dropout_hash(shape, seed, key, step) >> np.uint32(8)).astype(np.float64) * 2.0**-24
-    return u >= p
+    return kept(dropout_hash(shape, seed, key, step), p)
 
 
 def dropout(x: np.ndarray, p: float, seed: int, key: int, step: int) -> np.ndarray:
@@ -72,5 +81,4 @@ def dropout(x: np.ndarray, p: float, seed: int, key: int, step: int) -> np.ndarr
     x = np.asarray(x)
     if p == 0:
         return x.copy()
-    keep = dropout_keep(x.shape, p, seed, key, step)
-    return np.where(keep, x / x.dtype.type(1.0 - p), x.dtype.type(0))
+    return scaled(x, dropout_keep(x.shape, p, seed, key, step), p)
