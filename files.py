@@ -68,10 +68,14 @@ def write_atomically(path: str, data: bytes) -> None:
 
 
 def _new_mode() -> int:
-    """The mode open() gives a new file: 0o666 less the process's umask (read by setting
-    it, the only way; set back at once)."""
-    mask = os.umask(0o22)
-    os.umask(mask)
+    """The mode open() gives a new file: 0o666 less the process's umask, read from Linux's
+    /proc (setting the umask to read it, elsewhere, changes it for every thread a moment)."""
+    try:
+        with open("/proc/self/status") as f:
+            mask = next(int(line.split()[1], 8) for line in f if line.startswith("Umask:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        mask = os.umask(0o22)
+        os.umask(mask)
     return 0o666 & ~mask
 
 

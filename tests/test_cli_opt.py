@@ -80,6 +80,18 @@ def test_output_keeps_what_the_target_is(capsys, tmp_path):
     assert fifo.is_fifo() and "nn.softmax" in read[0]
 
 
+def test_a_new_output_gets_the_mode_the_umask_gives(tmp_path):
+    """Not the temporary file's 0600: what open() would have made of it."""
+    src = tmp_path / "in.mlir"
+    src.write_text(SOFTMAX)
+    old = os.umask(0o027)
+    try:
+        assert main(["opt", str(src), "-o", str(tmp_path / "new.mlir")]) == 0
+    finally:
+        os.umask(old)
+    assert (tmp_path / "new.mlir").stat().st_mode & 0o777 == 0o640
+
+
 def test_an_output_that_cannot_be_written_is_one_line(capsys, tmp_path):
     src = tmp_path / "in.mlir"
     src.write_text(SOFTMAX)
