@@ -52,14 +52,14 @@ def compile_grad(model: Module, loss_fn: Callable, backend: str = "cpu",
                  checkpoint: str = "none", memory_budget: int | None = None,
                  linear: str = "split", detect_anomaly: bool = False,
                  dynamic_dims: dict | None = None,
-                 buckets: tuple[int, ...] | None = None) -> GradFunction:
+                 buckets: tuple[int, ...] | None = None, n_inputs: int = 1) -> GradFunction:
     """`fn(x, y)` returning em.GradientsParams of `loss_fn(model(x), y)`; compiles on first
-    call. `checkpoint` and `memory_budget` as for `compile_train_step` (the budget is the
-    planned peak of the gradient graph); `dynamic_dims` and `buckets` as for `compile`
-    (indices count x, y, ...)."""
-    checkpoint = _strategy(checkpoint, memory_budget)
-    options = dict(backend=backend, linear=linear, checkpoint=checkpoint,
-                   memory_budget=memory_budget, detect_anomaly=detect_anomaly)
+    call. `n_inputs`, `checkpoint` and `memory_budget` as for `compile_train_step` (the
+    budget is the planned peak of the gradient graph): `fn(x, mask, y)` with `n_inputs=2`
+    differentiates `loss_fn(model(x, mask), y)`; `dynamic_dims` and `buckets` as for
+    `compile` (indices count every argument: x, y, ...)."""
+    options = _training_options(backend, linear, checkpoint, memory_budget, detect_anomaly,
+                                n_inputs)
     dynamic = DynamicDims.of((), dynamic_dims, buckets)
     if dynamic is not None:
         return DynamicGradFunction(model, loss_fn, dynamic, **options)
@@ -72,8 +72,14 @@ def compile_train_step(model: Module, loss_fn: Callable, optimizer: Optimizer,
                        detect_anomaly: bool = False,
                        data_parallel: bool | Communicator = False,
                        dynamic_dims: dict | None = None,
-                       buckets: tuple[int, ...] | None = None) -> TrainStep:
+                       buckets: tuple[int, ...] | None = None,
+                       n_inputs: int = 1) -> TrainStep:
     """`step(x, y)`: forward, backward and update in one compiled graph; returns the loss.
+
+    `n_inputs`: how many leading arguments of each call go to the model; the rest go to
+    the loss function: `step(x, mask, y)` with `n_inputs=2` trains `loss_fn(model(x, mask),
+    y)`. Every argument with a first axis shares the batch size (the error names the
+    argument: its index and role, model input k or loss argument k).
 
     `checkpoint`: which activations the backward recomputes instead of keeping (see
     `checkpoint_strategies()`: "none", "all", "balanced", "min-cut"); `memory_budget`
@@ -86,13 +92,14 @@ def compile_train_step(model: Module, loss_fn: Callable, optimizer: Optimizer,
     `em.distributed.init`) or a Communicator: each rank passes its shard of the global
     batch and the gradients are averaged across ranks before the update (runtime/
     data_parallel.py), so the run equals single-process training on the global batch.
-    `dynamic_dims`, `buckets`: symbolic dimensions of x, y, ... as for `compile`
-    (`{0: {1: "T"}, 1: {1: "T"}}`: tokens and targets of any length T); the loss, the
-    gradients and so the updated params equal those of an exact-shape step.
+    `dynamic_dims`, `buckets`: symbolic dimensions of the call's arguments (model inputs
+    and loss arguments alike, by position) as for `compile` (`{0: {1: "T"}, 1: {1: "T"}}`:
+    tokens and targets of any length T; `{0: {1: "T"}, 1: {1: "T"}, 2: {1: "T"}}` adds an
+    attention mask with `n_inputs=2`); the loss, the gradients and so the updated params
+    equal those of an exact-shape step.
     """
-    checkpoint = _strategy(checkpoint, memory_budget)
-    options = dict(backend=backend, linear=linear, checkpoint=checkpoint,
-                   memory_budget=memory_budget, detect_anomaly=detect_anomaly)
+    options = _training_options(backend, linear, checkpoint, memory_budget, detect_anomaly,
+                                n_inputs)
     dynamic = DynamicDims.of((), dynamic_dims, buckets)
     if dynamic is not None:
         if data_parallel is not False:
@@ -109,6 +116,15 @@ def compile_train_step(model: Module, loss_fn: Callable, optimizer: Optimizer,
         raise TypeError(f"data_parallel must be True, False or a Communicator "
                         f"(em.distributed.init()), got {data_parallel!r}")
     return DataParallelStep(model, loss_fn, optimizer, data_parallel, **options)
+
+
+def _training_options(backend: str, linear: str, checkpoint: str, memory_budget: int | None,
+                      detect_anomaly: bool, n_inputs: int) -> dict:
+    """The options a gradient function or training step is built with, the checkpoint
+    strategy checked (steps.py checks `n_inputs`: a bad one fails here too, not at the
+    first call)."""
+    return dict(backend=backend, linear=linear, checkpoint=_strategy(checkpoint, memory_budget),
+                memory_budget=memory_budget, detect_anomaly=detect_anomaly, n_inputs=n_inputs)
 
 
 def _strategy(checkpoint: str, memory_budget: int | None) -> str:

@@ -85,7 +85,9 @@ class FlatBuffers:
 
 class DataParallelStep(TrainStep):
     """`compile_train_step(..., data_parallel=True | communicator)`: a TrainStep whose
-    gradients are averaged across the ranks of `comm` before the update."""
+    gradients are averaged across the ranks of `comm` before the update. Each rank passes
+    its rows of every argument, the model's inputs and the loss function's alike
+    (`n_inputs`)."""
 
     def __init__(self, model: Module, loss_fn: Callable, optimizer, comm: Communicator,
                  **options):

@@ -2,16 +2,19 @@
 
 A symbolic dimension is named in a spec, `em.TensorSpec((16, "T"), "i64")`, or by
 `dynamic_dims={input index: {axis: "T"}}` (for example arrays and for functions compiled
-on first call). At each call every symbolic dimension's size is read from the inputs
-(inputs sharing a name must agree), rounded up to its bucket (a power of two, at least 8,
-unless `buckets=` lists the sizes) and the inputs are zero-padded to it; the graph is
-keyed by the padded shapes, so lengths 33..64 share one. The real sizes ride along as
-hidden `tensor<i64>` inputs, one per name, and the `pad-mask` pass (passes/pad_mask.py)
-masks every op that would mix padded positions into real ones; the results that carry a
-padded axis are cut back to the real size. Python sees only the bucket's sizes while
-tracing, so each padded graph is traced twice, at the bucket and at other sizes: what
-differs besides shapes (a value computed from `x.shape`) is refused, and constants whose
-axes follow a size (`np.arange(x.shape[1])`) are marked for the pass (`follow_sizes`).
+on first call; a training step's indices count all of a call's arguments, the model's
+inputs and the loss function's alike: `{0: {1: "T"}, 1: {1: "T"}, 2: {1: "T"}}` for
+`step(tokens, mask, targets)` with `n_inputs=2`). At each call every symbolic dimension's
+size is read from the inputs (inputs sharing a name must agree), rounded up to its bucket
+(a power of two, at least 8, unless `buckets=` lists the sizes) and the inputs are
+zero-padded to it; the graph is keyed by the padded shapes, so lengths 33..64 share one.
+The real sizes ride along as hidden `tensor<i64>` inputs, one per name, and the
+`pad-mask` pass (passes/pad_mask.py) masks every op that would mix padded positions into
+real ones; the results that carry a padded axis are cut back to the real size. Python
+sees only the bucket's sizes while tracing, so each padded graph is traced twice, at the
+bucket and at other sizes: what differs besides shapes (a value computed from `x.shape`)
+is refused, and constants whose axes follow a size (`np.arange(x.shape[1])`) are marked
+for the pass (`follow_sizes`).
 
 Where padding cannot be exact, the length compiles as it is, with a one-line notice: a
 size above the largest bucket (once per such size), or a bucket whose graph has an op the
@@ -245,8 +248,13 @@ class Dynamic:
         """The (padded) shapes of the caller's inputs, without the hidden lengths."""
         return super().shapes_text(specs[:self._arity])
 
+    def check_new_inputs(self, inputs: tuple) -> None:
+        """The checks of the caller's (padded) inputs, without the hidden lengths."""
+        super().check_new_inputs(inputs[:self._arity])
+
     def profile(self, *inputs, **options):
         """`Compiled.profile` of the graph a call on `inputs` runs."""
+        self._arity = len(inputs)
         self._plan = plan = self.dynamic.plan(inputs)
         return super().profile(*(self.dynamic.pad(plan, inputs) if plan.padded else inputs),
                                **options)

@@ -73,12 +73,41 @@ def check_labels(labels: tuple, inputs: tuple) -> None:
                              f"[0, {c}){skipped} (the model's output has {c} classes)")
 
 
-def batch_sizes_agree(inputs: tuple) -> None:
-    rows = [np.shape(x)[0] if np.ndim(x) else None for x in inputs]
-    if len({r for r in rows if r is not None}) > 1:
-        names = ["x"] + [f"y{'' if i == 1 else i}" for i in range(1, len(rows))]
-        listed = ", ".join(f"{n} has {r}" for n, r in zip(names, rows) if r is not None)
-        raise ValueError(f"inputs disagree on the batch size (rows): {listed}")
+def model_input_count(n_inputs) -> int:
+    """`n_inputs` of a gradient function or training step, checked: how many leading
+    arguments of each call go to the model (the rest go to the loss function)."""
+    if isinstance(n_inputs, bool) or not isinstance(n_inputs, (int, np.integer)):
+        raise TypeError(f"n_inputs must be an int (how many leading arguments of each call "
+                        f"go to the model), got {n_inputs!r}")
+    if n_inputs < 1:
+        raise ValueError(f"n_inputs must be at least 1 (the model takes the first n_inputs "
+                         f"arguments of each call), got {n_inputs}")
+    return int(n_inputs)
+
+
+def argument_role(i: int, n_inputs: int) -> str:
+    """What argument `i` of a call is: "model input k" or "loss argument k"."""
+    return f"model input {i}" if i < n_inputs else f"loss argument {i - n_inputs}"
+
+
+def check_arguments(inputs: tuple, n_inputs: int) -> None:
+    """The call gives the model its `n_inputs` arguments, and every argument that has a
+    batch axis (the first) has the same number of rows; the error names the arguments
+    that differ from the first one's by index and role, and both sizes."""
+    if len(inputs) < n_inputs:
+        raise ValueError(f"n_inputs={n_inputs}: the model takes the first {n_inputs} arguments "
+                         f"of each call and the loss function the rest, but the call passes "
+                         f"{len(inputs)}")
+    rows = {i: np.shape(x)[0] for i, x in enumerate(inputs) if np.ndim(x)}
+    if len(set(rows.values())) <= 1:
+        return
+    first, n = next(iter(rows.items()))
+
+    def named(i: int) -> str:
+        return f"argument {i} ({argument_role(i, n_inputs)}) has {rows[i]}"
+
+    listed = ", ".join(named(i) for i, r in rows.items() if r != n)
+    raise ValueError(f"inputs disagree on the batch size (rows): {listed}, but {named(first)}")
 
 
 def finite_inputs(inputs: tuple) -> None:

@@ -1,7 +1,10 @@
 """Compiled gradient functions and training steps: a loss over the model's forward, its
 gradients (`GradFunction`) or forward, backward and the optimizer's update in one graph
 (`TrainStep`), on `Compiled`'s cache and checks (compiled.py). A training step's call
-path once bound is fast_path.py's."""
+path once bound is fast_path.py's.
+
+A call's first `n_inputs` arguments (1 unless given) are the model's, the rest the loss
+function's: `step(x, mask, y)` with `n_inputs=2` is `loss_fn(model(x, mask), y)`."""
 
 from __future__ import annotations
 
@@ -15,26 +18,29 @@ from ..ir import Graph
 from .backend import to_host
 from .compiled import Compiled, Entry, one_call_at_a_time
 from .fast_path import BoundStep
-from .inputs import batch_sizes_agree, finite_inputs
+from .inputs import check_arguments, finite_inputs, model_input_count
 from .params import GradientsParams
 from .pipeline import grad_pipeline, training_pipeline
 from .update import SettingsWatch, hyper_inputs, state_inputs, write_back
 
 
 class _Training(Compiled):
-    """What gradient and training steps share: a loss function, input checks, metrics."""
+    """What gradient and training steps share: a loss function, how a call's arguments
+    divide between the model and the loss (`n_inputs`), input checks, metrics."""
 
     training = True
 
     def __init__(self, model: Module, loss_fn: Callable, backend: str, linear: str,
-                 detect_anomaly: bool):
+                 detect_anomaly: bool, n_inputs: int = 1):
         super().__init__(model, backend, linear, detect_anomaly)
         self.loss_fn = loss_fn
+        self.n_inputs = model_input_count(n_inputs)
         self.loss: float | None = None
         self.metrics: tuple = ()  # what loss_fn returned after the loss, from the last call
 
     def traced_fn(self):
-        return lambda x, *targets: self.loss_fn(self.model(x), *targets)
+        k = self.n_inputs
+        return lambda *args: self.loss_fn(self.model(*args[:k]), *args[k:])
 
     def _trace(self, specs: tuple) -> Graph:
         graph = super()._trace(specs)
@@ -48,11 +54,12 @@ class _Training(Compiled):
         super().check_inputs(entry, inputs)
 
     def check_new_inputs(self, inputs: tuple) -> None:
-        batch_sizes_agree(inputs)  # before tracing, so the error is this one
+        check_arguments(inputs, self.n_inputs)  # before tracing, so the error is this one
 
     def settings(self) -> list[str]:
+        shown = [f"n_inputs={self.n_inputs}"] if self.n_inputs != 1 else []
         strategy = getattr(self, "checkpoint", "none")  # set by each subclass
-        return [f"checkpoint={strategy!r}"] if strategy != "none" else []
+        return shown + ([f"checkpoint={strategy!r}"] if strategy != "none" else [])
 
     def finish(self, entry: Entry, table: dict, outs: list) -> list:
         """Check the loss, keep loss and metrics, write buffers; returns the tail."""
@@ -97,14 +104,16 @@ class _Training(Compiled):
 
 
 class GradFunction(_Training):
-    """`em.compile_grad(model, loss_fn)`: call(x, y) returns GradientsParams."""
+    """`em.compile_grad(model, loss_fn)`: call(x, y) returns GradientsParams (call(x,
+    mask, y) with `n_inputs=2`)."""
 
     kind = "grad"
 
     def __init__(self, model: Module, loss_fn: Callable, backend: str = "cpu",
                  linear: str = "split", checkpoint: str = "none",
-                 memory_budget: int | None = None, detect_anomaly: bool = False):
-        super().__init__(model, loss_fn, backend, linear, detect_anomaly)
+                 memory_budget: int | None = None, detect_anomaly: bool = False,
+                 n_inputs: int = 1):
+        super().__init__(model, loss_fn, backend, linear, detect_anomaly, n_inputs)
         self.checkpoint, self.memory_budget = checkpoint, memory_budget
 
     def pipeline(self):
@@ -145,8 +154,9 @@ class TrainStep(_Training):
 
     def __init__(self, model: Module, loss_fn: Callable, optimizer, backend: str = "cpu",
                  linear: str = "split", checkpoint: str = "none",
-                 memory_budget: int | None = None, detect_anomaly: bool = False):
-        super().__init__(model, loss_fn, backend, linear, detect_anomaly)
+                 memory_budget: int | None = None, detect_anomaly: bool = False,
+                 n_inputs: int = 1):
+        super().__init__(model, loss_fn, backend, linear, detect_anomaly, n_inputs)
         _check_covers(model, optimizer)
         self.optimizer = optimizer
         self.checkpoint, self.memory_budget = checkpoint, memory_budget
