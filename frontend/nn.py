@@ -13,11 +13,13 @@ from .conv import Conv1d, Conv2d, ConvTranspose2d
 from .dropout import Dropout
 from .embedding import Embedding
 from .linear import Linear, Sequential
-from .module import Module
+from .module import Module, ModuleDict, ModuleList
 from .norm import BatchNorm1d, BatchNorm2d, GroupNorm, LayerNorm, RMSNorm
+from .param import Parameter
 from .pool import AdaptiveAvgPool2d, AvgPool2d, MaxPool2d
 
 __all__ = ["AdaptiveAvgPool2d", "AvgPool2d", "BatchNorm1d", "BatchNorm2d", "Conv1d", "Conv2d",
-           "ConvTranspose2d", "Dropout", "Embedding", "Flatten", "GELU", "GroupNorm",
-           "LayerNorm", "LeakyReLU", "Linear", "MaxPool2d", "Module", "MultiHeadAttention",
-           "RMSNorm", "ReLU", "SiLU", "Sequential", "Sigmoid", "Softmax", "Tanh", "functional"]
+           "ConvTranspose2d", "Dropout", "Embedding", "Flatten", "GELU", "GroupNorm", "LayerNorm",
+           "LeakyReLU", "Linear", "MaxPool2d", "Module", "ModuleDict", "ModuleList",
+           "MultiHeadAttention", "Parameter", "RMSNorm", "ReLU", "SiLU", "Sequential", "Sigmoid",
+           "Softmax", "Tanh", "functional"]

@@ -144,6 +144,30 @@ class DeviceValue:
         return self.host
 
 
+_TORCH_FLOATS = ("torch.float16", "torch.float32", "torch.float64")  # those numpy has
+
+
+def _is_torch_tensor(v) -> bool:
+    """A torch.Tensor (a torch Parameter too), told without importing torch."""
+    return any(c.__name__ == "Tensor" and c.__module__ == "torch" for c in type(v).__mro__)
+
+
+def as_array(v) -> np.ndarray:
+    """A value given for a Param (an array, a torch tensor, numbers) as a numpy array of
+    real numbers; ValueError or TypeError for anything else. A torch tensor is detached
+    and copied to the host first (numpy refuses one that requires grad or lives on a GPU),
+    and bf16 or float8 widened to f32 (numpy has neither)."""
+    if _is_torch_tensor(v):
+        v = v.detach().cpu()
+        if v.is_floating_point() and str(v.dtype) not in _TORCH_FLOATS:
+            v = v.float()
+        v = v.numpy()
+    a = np.asarray(v)
+    if a.dtype.kind not in "biuf":
+        raise ValueError(f"a {type(v).__name__} of {a.dtype}, not an array of real numbers")
+    return a
+
+
 def _default_kind(dtype: str) -> str:
     return "float" if dtype in FLOAT_DTYPES else "bool" if dtype == "i1" else "int"
 
@@ -248,13 +272,14 @@ class Param:
     def set_value(self, a) -> Param:
         """Rebind this Param's value (the runtime's updates, loaded records); same shape.
 
-        `a` is kept without a copy when its dtype and layout already fit: don't mutate it.
+        `a`: an array, a torch tensor or numbers (`as_array`). It is kept without a copy
+        when its dtype and layout already fit: don't mutate it.
         """
         if (type(a) is np.ndarray and a.shape == self.shape and a.flags.c_contiguous
                 and a.dtype == _NUMPY_DTYPES[self.dtype]):  # a compiled step's result
             self._rebind(a, None)
             return self
-        a = np.asarray(a)
+        a = as_array(a)
         if a.shape != self.shape:
             raise ValueError(f"param {self.id}: value of shape {list(a.shape)} does not match "
                              f"its shape {list(self.shape)}")
@@ -263,7 +288,8 @@ class Param:
 
     @property
     def data(self) -> np.ndarray:
-        """PyTorch's spelling: the value (`val()`); assigning sets it (`set_value`)."""
+        """PyTorch's spelling: the value (`val()`); assigning an array or a torch tensor
+        sets it (`set_value`)."""
         return self.val()
 
     @data.setter
@@ -325,6 +351,12 @@ class Param:
                 f"kind={self.kind}, device={self.device}{grad}, {state})")
 
 
+def Parameter(data, requires_grad: bool = True) -> Param:  # noqa: N802  (torch's name)
+    """torch's `nn.Parameter(tensor)`: a Param holding a copy of `data` (an array, a torch
+    tensor, `em.zeros(1, 1, d)`), trained unless `requires_grad=False`."""
+    return Param.from_array(as_array(data), requires_grad)
+
+
 def _forward(name):
     def method(self, *args, **kwargs):
         return getattr(self.tensor(), name)(*args, **kwargs)
@@ -334,7 +366,9 @@ def _forward(name):
 
 
 for _name in ("add radd sub rsub mul rmul truediv rtruediv matmul rmatmul pow rpow neg lt le gt "
-              "ge").split():
+              "ge getitem").split():
     setattr(Param, f"__{_name}__", _forward(f"__{_name}__"))
-for _name in "reshape transpose sum mean max exp log relu sigmoid tanh sqrt abs astype".split():
+for _name in ("reshape transpose sum mean max exp log relu sigmoid tanh sqrt abs astype min amax "
+              "amin argmax argmin var std cumsum view unsqueeze squeeze flatten unflatten permute "
+              "expand repeat split chunk unbind masked_fill clamp").split():
     setattr(Param, _name, _forward(_name))

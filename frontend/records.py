@@ -11,16 +11,17 @@ so optimizer state keyed by id stays attached. Values are data: NaN and Inf load
 they are. The readers of damaged files at the end are shared with training checkpoints.
 
 `load_torch` imports a PyTorch state dict (Linear weights transposed, norm `weight`/`bias`
-as `gamma`/`beta`, Sequential's `layers.` segment dropped, `num_batches_tracked` reported
-and ignored); a file is only ever read through `torch.load(weights_only=True)`, and a
-damaged one, or a value that is not an array of numbers, is a RecordError too.
+as `gamma`/`beta`, Sequential's `layers.` segment dropped, MultiheadAttention's stacked
+`in_proj_weight` split into ember's three projections, `num_batches_tracked` reported and
+ignored); a file is only ever read through `torch.load(weights_only=True)`, and a damaged
+one, or a value that is not an array of numbers, is a RecordError too.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -30,10 +31,11 @@ from safetensors.numpy import save as _serialize
 
 from ..files import write_atomically
 from ..ir import numpy_dtype
+from .attention import MultiHeadAttention
 from .linear import Linear, Sequential
 from .module import Module
 from .norm import BatchNorm, GroupNorm, LayerNorm, RMSNorm
-from .param import ParamId
+from .param import ParamId, as_array
 
 _IDS = "ember.param_ids"  # metadata key: JSON {path: ParamId string}
 # the safetensors dtypes ember has (BF16, F8_*, U8, ... have no ember dtype)
@@ -225,53 +227,149 @@ class TorchImport:
 
 
 _NORMS = (LayerNorm, RMSNorm, GroupNorm, BatchNorm)
+_QKV = ("query", "key", "value")  # stacked in this order in MultiheadAttention's in_proj
 
 
-def _torch_names(model: Module) -> dict[str, tuple[str, bool]]:
-    """PyTorch key -> (ember path, transpose?) for every record of the model."""
+def _torch_names(model: Module) -> tuple[dict[str, list[str]], set[str]]:
+    """PyTorch key -> the ember paths its tensor fills (several: split evenly along dim 0,
+    in order), and the paths of Linear weights, whose PyTorch layout is transposed."""
     modules = dict(model.named_modules())
-    out = {}
-    for path, _ in model._records():
+    names: dict[str, list[str]] = {}
+    transposed = set()
+    for path, _ in model._records():  # visit order: an attention's query, key, value
         owner_path, _, name = path.rpartition(".")
-        owner = modules.get(owner_path)
-        if isinstance(owner, _NORMS):
-            name = {"gamma": "weight", "beta": "bias"}.get(name, name)
-        parts = owner_path.split(".") if owner_path else []
-        torch_parts, prefix = [], ""
-        for i, seg in enumerate(parts):  # Sequential's `layers` is not a torch key segment
-            if not (seg == "layers" and isinstance(modules.get(prefix), Sequential)):
-                torch_parts.append(seg)
-            prefix = ".".join(parts[:i + 1])
-        key = ".".join(torch_parts + [name])
-        out[key] = (path, isinstance(owner, Linear) and name == "weight")
-    return out
+        names.setdefault(_torch_key(owner_path, name, modules), []).append(path)
+        if isinstance(modules.get(owner_path), Linear) and name == "weight":
+            transposed.add(path)
+    return names, transposed
 
 
-def _apply_key_map(key: str, key_map) -> str | None:
+def _torch_key(owner_path: str, name: str, modules: dict[str, Module]) -> str:
+    """The PyTorch key of the record `name` of the module at `owner_path`: norms' `gamma`
+    and `beta` are `weight` and `bias`, Sequential's `layers` is no key segment, and an
+    attention's query/key/value projections are MultiheadAttention's `in_proj_weight` and
+    `in_proj_bias`, its output projection `out_proj`."""
+    if isinstance(modules.get(owner_path), _NORMS):
+        name = {"gamma": "weight", "beta": "bias"}.get(name, name)
+    parts = owner_path.split(".") if owner_path else []
+    segments = [seg for i, seg in enumerate(parts)
+                if not (seg == "layers" and isinstance(modules.get(".".join(parts[:i])),
+                                                       Sequential))]
+    if parts and isinstance(modules.get(".".join(parts[:-1])), MultiHeadAttention):
+        if parts[-1] in _QKV:
+            segments[-1:], name = [], f"in_proj_{name}"
+        elif parts[-1] == "output":
+            segments[-1] = "out_proj"
+    return ".".join(segments + [name])
+
+
+def _apply_key_map(key: str, key_map) -> list[str]:
+    """The keys `key` is renamed to: none (dropped), one, or several (split)."""
     if key_map is None:
-        return key
-    if callable(key_map):
-        return key_map(key)
-    for old in sorted(key_map, key=len, reverse=True):  # longest prefix first
-        if key.startswith(old):
-            return None if key_map[old] is None else key_map[old] + key[len(old):]
-    return key
+        new = key
+    elif callable(key_map):
+        new = key_map(key)
+    else:
+        new = key
+        for old in sorted(key_map, key=len, reverse=True):  # longest prefix first
+            if key.startswith(old):
+                new = _renamed(key_map[old], key[len(old):])
+                break
+    if new is None:
+        return []
+    if isinstance(new, str):
+        return [new]
+    if isinstance(new, (list, tuple)) and all(isinstance(k, str) for k in new):
+        return list(new)
+    raise TypeError(f"key_map gave {new!r} for {key!r}: a key, a list of keys, or None")
 
 
-_TORCH_FLOATS = ("torch.float16", "torch.float32", "torch.float64")  # those numpy has
+def _renamed(prefix, rest: str):
+    """What a prefix key_map's value makes of a key: None, or each new prefix + the rest."""
+    if prefix is None:
+        return None
+    if isinstance(prefix, str):
+        return prefix + rest
+    return [p + rest for p in prefix]
 
 
-def _to_numpy(v) -> np.ndarray:
-    """A state dict value as an array of numbers; ValueError or TypeError for anything else."""
-    if hasattr(v, "detach"):  # a torch tensor
-        v = v.detach().cpu()
-        if v.is_floating_point() and str(v.dtype) not in _TORCH_FLOATS:  # bf16, float8
-            v = v.float()
-        v = v.numpy()
-    a = np.asarray(v)
-    if a.dtype.kind not in "biuf":
-        raise ValueError(f"a {type(v).__name__} of {a.dtype}, not an array of real numbers")
-    return a
+class _Import:
+    """One `load_torch`: the values it will set, by ember path, and every problem found
+    (so that all are reported together, and nothing is set unless there is none)."""
+
+    def __init__(self, model: Module, key_map):
+        self.model, self.key_map = model, key_map
+        self.targets = dict(model._records())
+        self.names, self.transposed = _torch_names(model)
+        self.values: dict[str, np.ndarray] = {}
+        self.sources: dict[str, str] = {}  # path -> the PyTorch key that gave it
+        self.split: set[str] = set()  # paths given a part of a PyTorch tensor
+        self.problems: list[str] = []
+        self.report = TorchImport()
+
+    def add(self, key, v) -> None:
+        """Take one state dict entry: rename it, convert it, place it (or its parts)."""
+        if not isinstance(key, str):
+            self.problems.append(f"a key that is not a string: {shown(repr(key))}")
+            return
+        keys = _apply_key_map(key, self.key_map)
+        if not keys:
+            self.report.ignored[key] = "dropped by key_map"
+            return
+        if any(k.rsplit(".", 1)[-1] == "num_batches_tracked" for k in keys):
+            self.report.ignored[key] = "BatchNorm's num_batches_tracked (ember uses momentum only)"
+            return
+        try:
+            a = as_array(v)
+        except (ValueError, TypeError) as e:
+            self.problems.append(f"at {key}: {e}")
+            return
+        for new, part in zip(keys, self._parts(key, a, len(keys))):
+            self._place(key, new, part, split=len(keys) > 1)
+
+    def _parts(self, key: str, a: np.ndarray, n: int) -> list[np.ndarray]:
+        """`a` split evenly along dim 0 into `n` parts (none, and a problem, if it can't be)."""
+        if n == 1:
+            return [a]
+        if a.ndim == 0 or a.shape[0] % n:
+            self.problems.append(f"at {key}: {list(a.shape)} does not split evenly along dim 0 "
+                                 f"into {n} parts")
+            return []
+        return np.split(a, n)
+
+    def _place(self, key: str, new: str, a: np.ndarray, split: bool) -> None:
+        """Set the path(s) that the renamed key `new` names: an ember path, or a PyTorch
+        key (MultiheadAttention's in_proj_weight names three)."""
+        paths = self.names.get(new) or ([new] if new in self.targets else [])
+        if not paths:
+            self.problems.append(f"unexpected: {key}" + (f" (as {new})" if new != key else ""))
+            return
+        for path, part in zip(paths, self._parts(key, a, len(paths))):
+            if path in self.values:
+                self.problems.append(f"{path} is given twice, by {self.sources[path]} and {key}")
+            self.values[path] = part.T if path in self.transposed and part.ndim == 2 else part
+            self.sources[path] = key
+            if split or len(paths) > 1:
+                self.split.add(path)
+
+    def check(self, strict: bool) -> None:
+        """Raise RecordError listing every problem, shapes and (when strict) missing paths."""
+        for p, a in self.values.items():
+            if a.shape != self.targets[p].shape:
+                part = f" (a part of {self.sources[p]})" if p in self.split else ""
+                self.problems.append(f"mismatch at {p}: PyTorch has {list(a.shape)}{part}, the "
+                                     f"model has {list(self.targets[p].shape)}")
+        if strict and (missing := [p for p in self.targets if p not in self.values]):
+            self.problems.append(f"missing: {listing(missing)}")
+        if self.problems:
+            raise RecordError(f"cannot import PyTorch weights into {type(self.model).__name__}: "
+                              + "; ".join(self.problems) + " (the model is unchanged)")
+
+    def apply(self) -> TorchImport:
+        for p, a in self.values.items():
+            self.targets[p].set_value(a.astype(numpy_dtype(self.targets[p].dtype)))
+            self.report.loaded.append(p)
+        return self.report
 
 
 def _read_torch(path: str):
@@ -296,16 +394,30 @@ def _reason(e: Exception) -> str:
     return one_line(lines[-1]) if lines else "no message"
 
 
-def load_torch(model: Module, state_dict_or_file, key_map: Mapping[str, str | None]
-               | Callable[[str], str | None] | None = None, strict: bool = True) -> TorchImport:
+KeyMap = (Mapping[str, str | Sequence[str] | None]
+          | Callable[[str], str | Sequence[str] | None] | None)
+
+
+def load_torch(model: Module, state_dict_or_file, key_map: KeyMap = None,
+               strict: bool = True) -> TorchImport:
     """Import PyTorch weights into `model`; returns a TorchImport report.
 
     `state_dict_or_file`: a state dict (tensors or arrays) or a file that
-    `torch.load(weights_only=True)` reads. `key_map` renames PyTorch keys first: a dict of
-    prefixes (`{"encoder.": "enc."}`, None drops the key) or a callable; a renamed key may
-    be an ember path or a PyTorch-style key. Linear weights are transposed ([out, in] ->
-    [d_in, d_out]); `num_batches_tracked` is ignored and reported. Problems (shape,
-    unknown keys, missing paths when strict) raise RecordError and change nothing.
+    `torch.load(weights_only=True)` reads. Linear weights are transposed ([out, in] ->
+    [d_in, d_out]); norms' `weight`/`bias` are `gamma`/`beta`; a `torch.nn.
+    MultiheadAttention`'s `in_proj_weight` [3E, E] and `in_proj_bias` [3E] (q, k, v
+    stacked along dim 0) are split into a MultiHeadAttention's `query`, `key` and `value`,
+    its `out_proj` is `output`; `num_batches_tracked` is ignored and reported.
+
+    `key_map` renames PyTorch keys first: a dict of prefixes (`{"encoder.": "enc."}`) or a
+    callable on the whole key. Each gives, per key, None (the key is dropped), a new key,
+    or a list of keys: the tensor is then split evenly along dim 0 into that many parts,
+    in order, as PyTorch stacks fused weights (`{"attn.c_attn.": ["attn.q.", "attn.k.",
+    "attn.v."]}` splits a fused qkv Linear's weight and bias; an uneven split is done on
+    the state dict beforehand). A new key may be an ember path or a PyTorch-style key;
+    either way its value is in PyTorch's layout, so a Linear weight (or a part of one)
+    is transposed. Problems (shapes, unknown keys, missing paths when strict) raise
+    RecordError and change nothing.
     """
     if isinstance(state_dict_or_file, (str, os.PathLike)):
         state = _read_torch(os.fspath(state_dict_or_file))
@@ -313,45 +425,11 @@ def load_torch(model: Module, state_dict_or_file, key_map: Mapping[str, str | No
         state = state_dict_or_file
     if not isinstance(state, Mapping):
         raise RecordError(f"load_torch needs a state dict, got a {type(state).__name__}")
-    names = _torch_names(model)
-    paths = {p for p, _ in model._records()}
-    report, values, problems = TorchImport(), {}, []
+    job = _Import(model, key_map)
     for key, v in state.items():
-        if not isinstance(key, str):
-            problems.append(f"a key that is not a string: {shown(repr(key))}")
-            continue
-        new = _apply_key_map(key, key_map)
-        if new is None:
-            report.ignored[key] = "dropped by key_map"
-            continue
-        if new.rsplit(".", 1)[-1] == "num_batches_tracked":
-            report.ignored[key] = "BatchNorm's num_batches_tracked (ember uses momentum only)"
-            continue
-        path, transpose = (new, False) if new in paths and new not in names else names.get(
-            new, (None, False))
-        if path is None:
-            problems.append(f"unexpected: {key}" + (f" (as {new})" if new != key else ""))
-            continue
-        try:
-            a = _to_numpy(v)
-        except (ValueError, TypeError) as e:
-            problems.append(f"at {key}: {e}")
-            continue
-        values[path] = a.T if transpose and a.ndim == 2 else a
-    targets = dict(model._records())
-    for p, a in values.items():
-        if a.shape != targets[p].shape:
-            problems.append(f"mismatch at {p}: PyTorch has {list(a.shape)}, the model has "
-                            f"{list(targets[p].shape)}")
-    if strict and (missing := [p for p in targets if p not in values]):
-        problems.append(f"missing: {listing(missing)}")
-    if problems:
-        raise RecordError(f"cannot import PyTorch weights into {type(model).__name__}: "
-                          + "; ".join(problems) + " (the model is unchanged)")
-    for p, a in values.items():
-        targets[p].set_value(a.astype(numpy_dtype(targets[p].dtype)))
-        report.loaded.append(p)
-    return report
+        job.add(key, v)
+    job.check(strict)
+    return job.apply()
 
 
 __all__ = ["RecordError", "TorchImport", "load", "load_torch", "save"]

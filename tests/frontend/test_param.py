@@ -140,27 +140,89 @@ def test_a_host_rebinding_retires_the_device_value(rebind):
     assert p.device_value() is None and p.val() is new and dev.copies <= 1
 
 
-def test_an_array_assigned_over_a_param_is_refused_and_data_sets_the_value():
-    """`lin.weight = array` made the weight a constant (training then moved only the
-    bias), and `lin.weight.data = array` set an attribute nothing read: PyTorch refuses
-    the first and sets the value with the second, and so does ember."""
+def _trains(lin):
+    """Whether a training step moves `lin.weight` (a constant in its place would not)."""
     from ember import optim
 
-    lin = nn.Linear(3, 2)
-    with pytest.raises(TypeError, match="cannot assign a ndarray to Linear.weight, a "
-                                        "parameter .*set_value"):
-        lin.weight = np.zeros((3, 2), np.float32)
-    assert isinstance(lin.weight, em.Param)
-    pid = lin.weight.id
-    lin.weight.data = np.ones((3, 2))
-    assert lin.weight.id == pid and lin.weight.data.dtype == np.float32
-    np.testing.assert_array_equal(lin.weight.val(), np.ones((3, 2)))
-    with pytest.raises(ValueError, match="does not match its shape"):
-        lin.weight.data = np.ones((2, 3))
+    before = lin.weight.val().copy()
     step = em.compile_train_step(lin, lambda out, y: (out * out).mean(), optim.SGD(lr=0.5),
                                  backend="interpreter")
-    x = np.ones((4, 3), np.float32)
-    step(x, x[:, :2])
-    assert not np.array_equal(lin.weight.val(), np.ones((3, 2)))  # it trains
+    x = np.ones((4, lin.d_in), np.float32)
+    step(x, x[:, :lin.d_out])
+    return not np.array_equal(lin.weight.val(), before)
+
+
+def test_an_array_assigned_over_a_param_sets_its_value():
+    """`lin.weight = array` made the weight a constant (training then moved only the
+    bias), and `lin.weight.data = array` set an attribute nothing read: both set the
+    value of the same Param now, which goes on training."""
+    lin = nn.Linear(3, 2)
+    pid = lin.weight.id
+    lin.weight = np.ones((3, 2))
+    assert isinstance(lin.weight, em.Param) and lin.weight.id == pid
+    assert lin.weight.val().dtype == np.float32
+    np.testing.assert_array_equal(lin.weight.val(), np.ones((3, 2)))
+    lin.weight.data = np.full((3, 2), 2.0)
+    assert lin.weight.id == pid and lin.weight.data.dtype == np.float32
+    np.testing.assert_array_equal(lin.weight.val(), np.full((3, 2), 2.0))
+    assert _trains(lin)
     lin.bias = None  # an optional param may still be dropped
     assert lin.bias is None
+
+
+def test_a_torch_tensor_assigned_over_a_param_sets_its_value():
+    torch = pytest.importorskip("torch")
+    lin = nn.Linear(3, 2)
+    pid = lin.weight.id
+    t = torch.nn.Parameter(torch.arange(6.0).reshape(3, 2))  # requires grad: numpy refuses it
+    lin.weight = t
+    assert lin.weight.id == pid
+    np.testing.assert_array_equal(lin.weight.val(), t.detach().numpy())
+    lin.bias.data = torch.ones(2, dtype=torch.bfloat16)  # numpy has no bf16
+    np.testing.assert_array_equal(lin.bias.val(), np.ones(2, np.float32))
+    lin.weight = torch.zeros(3, 2, dtype=torch.float64)
+    assert lin.weight.val().dtype == np.float32 and not lin.weight.val().any()
+    lin.load_state_dict({"weight": t, "bias": torch.full((2,), 3.0, dtype=torch.bfloat16)})
+    np.testing.assert_array_equal(lin.bias.val(), np.full(2, 3.0, np.float32))
+    assert _trains(lin)
+
+
+def test_a_value_of_another_shape_or_not_numbers_is_refused_and_changes_nothing():
+    lin = nn.Linear(3, 2)
+    before = lin.weight.val().copy()
+    with pytest.raises(ValueError, match=r"cannot assign a value of shape \[2, 3\] to "
+                                         r"Linear.weight, a parameter of shape \[3, 2\] "
+                                         r"\(ember's Linear weights are \[d_in, d_out\]"):
+        lin.weight = np.ones((2, 3))
+    with pytest.raises(ValueError, match=r"shape \[4\] to Linear.bias, a parameter of shape "
+                                         r"\[2\]$"):
+        lin.bias = np.ones(4)
+    with pytest.raises(TypeError, match="cannot assign a str to Linear.weight, a parameter: "
+                                        ".*not an array of real numbers"):
+        lin.weight = "ones"
+    with pytest.raises(ValueError, match=r"shape \[2, 3\] does not match its shape \[3, 2\]"):
+        lin.weight.data = np.ones((2, 3))
+    np.testing.assert_array_equal(lin.weight.val(), before)
+    torch = pytest.importorskip("torch")
+    with pytest.raises(ValueError, match=r"shape \[2, 3\] to Linear.weight, a parameter of "
+                                         r"shape \[3, 2\]"):
+        lin.weight = torch.nn.Linear(3, 2).weight  # PyTorch's layout: [out, in]
+    with pytest.raises(ValueError, match="does not match its shape"):
+        lin.weight.data = torch.ones(2, 3)
+    np.testing.assert_array_equal(lin.weight.val(), before)
+
+
+def test_a_param_or_module_assigned_over_a_param_replaces_it():
+    lin = nn.Linear(3, 2)
+    new = em.Param.from_array(np.zeros((3, 5), np.float32))
+    lin.weight = new
+    assert lin.weight is new
+
+
+def test_a_bool_assigned_over_a_flag_sets_the_mode_as_pytorchs_training_attribute():
+    drop = nn.Dropout(0.5)
+    flag = drop.training
+    drop.training = False
+    assert drop.training is flag and not bool(drop.training)
+    drop.training = True
+    assert bool(drop.training)
