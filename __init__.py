@@ -5,9 +5,13 @@ from importlib import metadata as _metadata
 
 from . import ir  # noqa: F401
 from .frontend import init, nn
+from .frontend.creation import arange, full, ones, zeros
+from .frontend.joining import cat, chunk, split, stack, unbind
 from .frontend.module import ModuleMapper, ModuleVisitor, ParamGroup
+from .frontend.ops import where
 from .frontend.param import Param, ParamId, seed
 from .frontend.records import RecordError, load, load_torch, save
+from .frontend.selection import argmax, argmin, cumsum, tril, triu
 from .frontend.tensor import Tensor
 from .frontend.trace import ShapeError, TensorSpec, trace
 from .interop import onnx
@@ -41,10 +45,12 @@ def _version() -> str:
 __version__ = _version()
 
 __all__ = ["AnomalyError", "CheckpointError", "DataLoader", "ExecutionError", "GradientsParams",
-           "ModuleMapper", "ModuleVisitor", "Param", "ParamGroup", "ParamId",
-           "RecordError", "ShapeError", "Tensor", "TensorSpec", "checkpoint_strategies",
-           "compile", "compile_grad", "compile_train_step", "distributed", "init", "ir",
-           "load", "load_torch", "nn", "onnx", "optim", "save", "seed", "summary", "trace"]
+           "ModuleMapper", "ModuleVisitor", "Param", "ParamGroup", "ParamId", "RecordError",
+           "ShapeError", "Tensor", "TensorSpec", "arange", "argmax", "argmin", "cat",
+           "checkpoint_strategies", "chunk", "compile", "compile_grad", "compile_train_step",
+           "cumsum", "distributed", "full", "init", "ir", "load", "load_torch", "nn", "ones",
+           "onnx", "optim", "save", "seed", "split", "stack", "summary", "trace", "tril", "triu",
+           "unbind", "where", "zeros"]
 
 # `import ember.nn`, `from ember.nn import functional`, `import ember.optim` work as in
 # PyTorch, though the modules live in frontend/ and runtime/ (the layering's homes)

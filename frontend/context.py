@@ -22,6 +22,11 @@ def current():
     return t
 
 
+def lift(x):
+    """x (a Tensor, Param, array or scalar) as a Tensor of the trace being recorded."""
+    return current().lift(x)
+
+
 def enter(trace):
     return _ACTIVE.set(trace)
 

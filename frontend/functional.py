@@ -21,6 +21,7 @@ from .. import ir
 from . import context
 from .config import number, positive
 from .config import pair as _pair
+from .indexing import window
 from .losses import (  # nn.functional's losses
     binary_cross_entropy_with_logits,
     cross_entropy,
@@ -108,10 +109,55 @@ def conv_padding(padding, kernel: tuple[int, int], stride: tuple[int, int],
 
 def _crop(x: Tensor, axis: int, start: int, length: int) -> Tensor:
     """x[start : start + length] along `axis`, zeros past x's end (a slice or a padding)."""
-    if (start, length) == (0, x.shape[axis]):
+    amounts = [(0, 0)] * x.ndim
+    amounts[axis] = (-start, start + length - x.shape[axis])
+    return _pad(x, amounts, "constant", 0.0)
+
+
+PAD_MODES = {"constant": None, "reflect": "reflect", "replicate": "edge", "circular": "wrap"}
+
+
+def pad(x, pad, mode: str = "constant", value: float = 0.0) -> Tensor:
+    """torch's F.pad: `pad` gives (before, after) amounts from the last dim backwards
+    ((left, right, top, bottom, ...)); a negative amount crops. "constant" fills with
+    `value` (one `ember.unslice`, its gradient a slice); "reflect", "replicate" and
+    "circular" repeat x's own elements (a gather per padded dim)."""
+    x = _t(x)
+    if mode not in PAD_MODES:
+        raise ValueError(f"pad: mode must be one of {', '.join(PAD_MODES)}, got {mode!r}")
+    if len(pad) % 2 or len(pad) // 2 > x.ndim:
+        raise x.trace.error(f"pad: {list(pad)} needs an even count of amounts, two per dim "
+                            f"from the last, for at most the {x.ndim} dims of {list(x.shape)}")
+    amounts = [(0, 0)] * x.ndim
+    for k in range(len(pad) // 2):
+        amounts[x.ndim - 1 - k] = (int(pad[2 * k]), int(pad[2 * k + 1]))
+    return _pad(x, amounts, mode, value)
+
+
+def _pad(x: Tensor, amounts: list[tuple[int, int]], mode: str, value) -> Tensor:
+    """x padded by (before, after) per dim: crops (negative amounts) as one slice, then the
+    growth by `mode`."""
+    keep = [n - max(-b, 0) - max(-a, 0) for n, (b, a) in zip(x.shape, amounts)]
+    if min(keep, default=0) < 0:
+        raise x.trace.error(f"pad: {amounts} crops more than all of {list(x.shape)}")
+    x = window(x, [max(-b, 0) for b, _ in amounts], [1] * x.ndim, keep)
+    grow = [(max(b, 0), max(a, 0)) for b, a in amounts]
+    if not any(b or a for b, a in grow):
         return x
-    index = np.arange(start, start + length)
-    return _take(x, axis, index, index < x.shape[axis], 0.0)
+    if mode != "constant":
+        for axis, (b, a) in enumerate(grow):
+            if b or a:
+                index = np.pad(np.arange(x.shape[axis]), (b, a), mode=PAD_MODES[mode])
+                x = _take(x, axis, index, np.ones(index.shape, bool), 0)
+        return x
+    shape = [n + b + a for n, (b, a) in zip(x.shape, grow)]
+    start = [b for b, _ in grow]
+    y = x.trace.op("ember.unslice", x, start=start, step=[1] * x.ndim, shape=shape)
+    if value == 0:
+        return y
+    outside = np.full(shape, value)
+    outside[tuple(slice(b, b + n) for b, n in zip(start, x.shape))] = 0
+    return y + _const(x, outside)
 
 
 def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups: int = 1) -> Tensor:
@@ -259,12 +305,12 @@ def _window_max(x: Tensor, axis: int, taps, index: Tensor | None):
     its input plane), the index of each window's first max: the smallest index among its
     maxima, torch's row-major first."""
     g = _take(x, axis, *taps, -math.inf)
-    m = g.max(axis + 1, keepdims=True)
+    m = g.amax(axis + 1, keepdim=True)
     if index is None:
         return m.reshape(m.shape[:axis + 1] + m.shape[axis + 2:]), None
     hit = g == m
     negated = where(hit, -_take(index, axis, *taps, 0), -(2 ** 62))
-    return m.reshape(m.shape[:axis + 1] + m.shape[axis + 2:]), -negated.max(axis + 1)
+    return m.reshape(m.shape[:axis + 1] + m.shape[axis + 2:]), -negated.amax(axis + 1)
 
 
 def _max_pool(x: Tensor, win: PoolWindows, return_indices: bool):
@@ -580,7 +626,7 @@ def multi_head_attention(query, key, value, num_heads: int, q_weight, k_weight, 
 __all__ = ["adaptive_avg_pool2d", "add", "avg_pool2d", "batch_norm",
            "binary_cross_entropy_with_logits", "broadcast_to", "clamp", "conv1d", "conv2d",
            "conv_transpose2d", "cross_entropy", "div", "dropout", "embedding", "erf", "flatten",
-           "gelu", "group_norm", "layer_norm", "leaky_relu", "linear", "log_softmax",
-           "max_pool2d", "maximum", "minimum", "mse_loss", "multi_head_attention", "nll_loss",
-           "relu", "rms_norm", "rsqrt", "scaled_dot_product_attention", "sigmoid", "silu",
-           "softmax", "softplus", "sub", "tanh", "where"]
+           "gelu", "group_norm", "layer_norm", "leaky_relu", "linear", "log_softmax", "max_pool2d",
+           "maximum", "minimum", "mse_loss", "multi_head_attention", "nll_loss", "pad", "relu",
+           "rms_norm", "rsqrt", "scaled_dot_product_attention", "sigmoid", "silu", "softmax",
+           "softplus", "sub", "tanh", "where"]

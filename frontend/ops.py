@@ -7,9 +7,7 @@ from __future__ import annotations
 from . import context
 from .tensor import Tensor, axes_list, scalar_axes
 
-
-def _t(x) -> Tensor:
-    return context.current().lift(x)
+_t = context.lift
 
 
 def _axis(axis: int, x: Tensor) -> int:

@@ -122,22 +122,43 @@ class Tensor:
     def mean(self, axis=None, keepdims=False, *, dim=None, keepdim=None):
         return self._reduce("ember.reduce_mean", *_spelled(self, axis, keepdims, dim, keepdim))
 
-    def max(self, axis=None, keepdims=False):
+    def _max(self, axis, keepdims) -> Tensor:
         """Over an empty axis there is no max: rejected (as torch and numpy do) rather than
-        left to backends that would disagree (-inf on cpu, an error on the interpreter).
-        (numpy's max: the values; torch's max(dim) also returns indices: use `amax`.)"""
+        left to backends that would disagree (-inf on cpu, an error on the interpreter)."""
         empty = [a for a in axes_list(axis, self.ndim) if 0 <= a < self.ndim and not self.shape[a]]
         if empty:
             raise self.trace.error(f"max: axis {empty[0]} of {list(self.shape)} is empty")
         return self._reduce("ember.reduce_max", axis, keepdims)
 
+    def max(self, dim=None, keepdim=False, *, axis=None, keepdims=None):
+        """torch's `max(dim)`: (values, indices) along dim; numpy's `max()`, `max(axis=...)`
+        and `max(axis, keepdims=...)`: the values alone."""
+        if dim is None or keepdims is not None:
+            return self._max(dim if axis is None else axis, bool(keepdims))
+        return selection.max_along(self, dim, keepdim)
+
+    def min(self, dim=None, keepdim=False, *, axis=None, keepdims=None):
+        """torch's `min(dim)`: (values, indices); numpy's spellings: the values."""
+        if dim is None or keepdims is not None:
+            return -(-self)._max(dim if axis is None else axis, bool(keepdims))
+        return selection.min_along(self, dim, keepdim)
+
     def amax(self, dim=None, keepdim=False):
         """torch.amax: the largest values along `dim`."""
-        return self.max(dim, keepdim)
+        return self._max(dim, keepdim)
 
     def amin(self, dim=None, keepdim=False):
         """torch.amin: the smallest values along `dim` (the max of the negation, negated)."""
-        return -(-self).max(dim, keepdim)
+        return -(-self)._max(dim, keepdim)
+
+    def argmax(self, dim=None, keepdim=False):
+        return selection.argmax(self, dim, keepdim)
+
+    def argmin(self, dim=None, keepdim=False):
+        return selection.argmin(self, dim, keepdim)
+
+    def cumsum(self, dim, dtype=None):
+        return selection.cumsum(self, dim, dtype)
 
     def var(self, dim=None, keepdim=False, *, correction=1):
         """torch.var: the mean squared deviation over `dim`, divided by N - correction."""
@@ -165,6 +186,11 @@ class Tensor:
         """torch's `view`: a reshape (ember's tensors are values: there is no storage to
         share, and no copy is made where a reshape needs none)."""
         return self.reshape(*shape)
+
+    def contiguous(self) -> Tensor:
+        """torch's `contiguous`: itself (a value has no layout to fix; kernels read views in
+        place or copy what they need)."""
+        return self
 
     def unsqueeze(self, dim: int) -> Tensor:
         d = _axis(self, dim, self.ndim + 1)
@@ -251,9 +277,28 @@ class Tensor:
         x = self if min is None else self._binary("ember.max", min)
         return x if max is None else x._binary("ember.min", max)
 
+    def __getitem__(self, key) -> Tensor:
+        return indexing.getitem(self, key)
+
+    def split(self, split_size_or_sections, dim: int = 0) -> tuple[Tensor, ...]:
+        return joining.split(self, split_size_or_sections, dim)
+
+    def chunk(self, chunks: int, dim: int = 0) -> tuple[Tensor, ...]:
+        return joining.chunk(self, chunks, dim)
+
+    def unbind(self, dim: int = 0) -> tuple[Tensor, ...]:
+        return joining.unbind(self, dim)
+
+    def repeat(self, *sizes) -> Tensor:
+        return joining.repeat(self, *sizes)
+
     def astype(self, dtype) -> Tensor:
         dtype = dtype if dtype in DTYPES else dtype_of(dtype)
         return self if dtype == self.dtype else self.trace.op("ember.cast", self, dtype=dtype)
 
     def __repr__(self) -> str:
         return f"Tensor(shape={list(self.shape)}, dtype={self.dtype})"
+
+
+# torch's methods that are compositions live in modules of their own, which build on Tensor
+from . import indexing, joining, selection  # noqa: E402

@@ -8,7 +8,8 @@ are tested, without it; `onnx_export` turns the list into protobuf.
 Where ONNX's op differs from ember's at an edge, the rule spells out ember's meaning from
 exact parts instead: `one_hot` as Equal against an index range (ONNX OneHot counts negative
 labels from the end; ember gives them no class), `softplus` with its beta and threshold
-around ONNX's plain Softplus, `cmp ne` as Not(Equal).
+around ONNX's plain Softplus, `cmp ne` as Not(Equal), `unslice` as Pad (a step > 1 spreads
+the elements first, by a reshape and a Pad: no ScatterND, no index tensors).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import numpy as np
 
 from ..ir import Operation, dtype_of, numpy_dtype
 from ..ir.dialects.ember import softplus_params
+from ..ir.semantics import window
 
 OPSET = 18  # the first opset where every reduction takes its axes as an input
 
@@ -154,6 +156,50 @@ def _conv_transpose(b: Nodes, op: Operation, g: str, w: str) -> str:
                   group=a["groups"], output_padding=extra)
 
 
+def _reshape(b: Nodes, x: str, shape) -> str:
+    return b.node("Reshape", x, b.ints(shape), allowzero=1)  # a 0 in the shape is a size
+
+
+def _slice(b: Nodes, op: Operation, x: str) -> str:
+    """ONNX's Slice on every axis, its ends one past each window's last element."""
+    parts = window(op.attributes, op.result.type.shape)
+    starts, ends, steps = ([getattr(p, k) for p in parts] for k in ("start", "stop", "step"))
+    return b.node("Slice", x, b.ints(starts), b.ints(ends), b.ints(range(len(parts))),
+                  b.ints(steps))
+
+
+def _spread(b: Nodes, x: str, shape: tuple, steps: list[int]) -> str:
+    """x with t - 1 zeros after each element along each axis of step t: a new axis of 1
+    after each axis, padded to t, merged back into it."""
+    pairs = [m for n in shape for m in (n, 1)]
+    after = [m for t in steps for m in (0, t - 1)]
+    y = b.node("Pad", _reshape(b, x, pairs), b.ints([0] * len(pairs) + after))
+    return _reshape(b, y, [n * t for n, t in zip(shape, steps)])
+
+
+def _unslice(b: Nodes, op: Operation, x: str) -> str:
+    """Pad with zeros before each window's start and after its end; a step t > 1 spreads
+    the elements first (`_spread`), and a negative pad after cuts the zeros that spreading
+    put past the last element."""
+    a, shape = op.attributes, op.operands[0].type.shape
+    steps = [t if n > 1 else 1 for t, n in zip(a["step"], shape)]
+    if any(t > 1 for t in steps):
+        x = _spread(b, x, shape, steps)
+    after = [size - s - n * t for size, s, n, t in zip(a["shape"], a["start"], shape, steps)]
+    return b.node("Pad", x, b.ints([*a["start"], *after]))
+
+
+def _identity_or(rule: Rule) -> Rule:
+    """`rule`, but Identity where the op's result is its operand's shape (a whole window,
+    which ONNX's Slice and Pad cannot take on a scalar)."""
+    def whole(b: Nodes, op: Operation, x: str) -> str:
+        if op.result.type.shape == op.operands[0].type.shape:
+            return b.node("Identity", x)
+        return rule(b, op, x)
+
+    return whole
+
+
 def _pool(op_type: str, **fixed) -> Rule:
     def rule(b: Nodes, op: Operation, x: str) -> str:
         a = op.attributes
@@ -177,9 +223,11 @@ RULES: dict[str, Rule] = {
     "ember.cmp": _cmp,
     "ember.cast": lambda b, op, x: b.node("Cast", x, to=ONNX_DTYPES[op.attributes["dtype"]]),
     "ember.broadcast": lambda b, op, x: b.node("Expand", x, b.ints(op.attributes["shape"])),
-    "ember.reshape": lambda b, op, x: b.node("Reshape", x, b.ints(op.attributes["shape"]),
-                                             allowzero=1),  # a 0 in the shape is a size
+    "ember.reshape": lambda b, op, x: _reshape(b, x, op.attributes["shape"]),
     "ember.transpose": lambda b, op, x: b.node("Transpose", x, perm=list(op.attributes["perm"])),
+    "ember.slice": _identity_or(_slice),
+    "ember.unslice": _identity_or(_unslice),
+    "ember.concat": lambda b, op, *xs: b.node("Concat", *xs, axis=op.attributes["axis"]),
     "ember.one_hot": _one_hot,
     "ember.conv2d": _conv,
     "ember.conv2d_grad_input": _conv_transpose,

@@ -1,13 +1,15 @@
-"""Tensor helpers the ONNX op table builds on: ops ember has no primitive for (take along an
-axis, concatenate, pad, slice) as `ember.gather` and `ember.scatter_add` with constant
-index arrays, which every backend runs and autodiff differentiates (each is the other's
-gradient)."""
+"""Tensor helpers the ONNX op table builds on: ember's windows `slice`, `unslice` and
+`concat` (as torch's indexing, an unslice and `em.cat`), which copy only what they read,
+for what they express (Slice with positive steps, Split, Concat, crops and zero padding);
+`ember.gather` with a constant index array for what they do not (a negative step, edge,
+reflect or wrap padding), which every backend runs and autodiff differentiates."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from ..frontend import context
+from ..frontend.joining import cat
 from ..frontend.tensor import Tensor
 from ..ir import numpy_dtype
 
@@ -42,53 +44,46 @@ def take(x: Tensor, axis: int, index: np.ndarray) -> Tensor:
     return gather(x, np.asarray(index, np.int64), axis)
 
 
-def place(x: Tensor, axis: int, start: int, size: int) -> Tensor:
-    """x inside zeros of length `size` on `axis`, starting at `start`."""
-    n = x.shape[axis]
-    if start == 0 and n == size:
+def place(x: Tensor, start: list[int], shape: list[int]) -> Tensor:
+    """x inside zeros of `shape`, from `start` on each axis: one `ember.unslice` (x itself
+    when it fills them)."""
+    if tuple(shape) == x.shape:
         return x
-    y, perm = _front(x, axis)
-    y = x.trace.op("ember.scatter_add", x.trace.lift(np.arange(start, start + n)), y,
-                   shape=[size, *y.shape[1:]])
-    return y.transpose(list(np.argsort(perm))) if axis else y
+    return x.trace.op("ember.unslice", x, start=list(start), step=[1] * x.ndim, shape=list(shape))
 
 
 def concat(xs: list[Tensor], axis: int) -> Tensor:
-    """numpy's concatenate, as a sum of each part placed into the whole."""
-    total, start, out = sum(x.shape[axis] for x in xs), 0, None
-    for x in xs:
-        if x.shape[axis]:
-            part = place(x, axis, start, total)
-            out = part if out is None else out + part
-        start += x.shape[axis]
-    if out is None:  # every part is empty
-        shape = list(xs[0].shape)
-        shape[axis] = 0
-        return xs[0].reshape(shape)
-    return out
+    """numpy's concatenate: one `ember.concat` of the parts that are not empty."""
+    return cat([x for x in xs if x.shape[axis]] or xs[:1], axis)
 
 
 def pad(x: Tensor, pads: list[tuple[int, int]], mode: str = "constant", value=0) -> Tensor:
-    """numpy's pad, per axis (before, after); negative amounts crop. `mode` is "constant"
-    (with `value`), "edge", "reflect" or "wrap"."""
-    for axis, (b, a) in enumerate(pads):
-        n = x.shape[axis]
-        if b < 0 or a < 0:
-            x = take(x, axis, np.arange(max(-b, 0), n - max(-a, 0)))
+    """numpy's pad, per axis (before, after); negative amounts crop (one slice). `mode` is
+    "constant" (with `value`: one unslice, and a constant added outside x unless the value
+    is 0), "edge", "reflect" or "wrap" (a take per axis)."""
+    x = x[tuple(slice(max(-b, 0), n - max(-a, 0)) for n, (b, a) in zip(x.shape, pads))]
     pads = [(max(b, 0), max(a, 0)) for b, a in pads]
+    if mode != "constant":
+        for axis, (b, a) in enumerate(pads):
+            if b or a:
+                x = take(x, axis, np.pad(np.arange(x.shape[axis]), (b, a), mode=mode))
+        return x
     inner = x.shape
-    for axis, (b, a) in enumerate(pads):
-        if mode == "constant":
-            x = place(x, axis, b, x.shape[axis] + b + a)
-        elif b or a:
-            x = take(x, axis, np.pad(np.arange(x.shape[axis]), (b, a), mode=mode))
-    if mode == "constant" and value != 0 and any(b or a for b, a in pads):
+    x = place(x, [b for b, _ in pads], [n + b + a for n, (b, a) in zip(inner, pads)])
+    if value != 0 and x.shape != inner:
         dtype = numpy_dtype(x.dtype)
         fill = np.pad(np.zeros(inner, dtype), pads, constant_values=np.asarray(value, dtype))
         x = x + x.trace.lift(fill)
     return x
 
 
-def slice_axis(x: Tensor, axis: int, start: int, end: int, step: int) -> Tensor:
-    """x[start:end:step] on `axis`, Python's (and ONNX's) clamping of out-of-range bounds."""
-    return take(x, axis, np.arange(*slice(start, end, step).indices(x.shape[axis])))
+def slice_axes(x: Tensor, bounds: dict[int, slice]) -> Tensor:
+    """x[bounds[axis]] on each axis given, Python's (and ONNX's) clamping of out-of-range
+    bounds: the positive steps as torch's indexing (one `ember.slice`), each negative one a
+    take (ember.slice's steps are >= 1)."""
+    backward = {axis: s for axis, s in bounds.items() if s.step < 0}
+    x = x[tuple(slice(None) if a in backward else bounds.get(a, slice(None))
+                for a in range(x.ndim))]
+    for axis, s in backward.items():
+        x = take(x, axis, np.arange(*s.indices(x.shape[axis])))
+    return x

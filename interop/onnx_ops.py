@@ -20,7 +20,7 @@ from ..frontend import functional as F
 from ..frontend.tensor import Tensor
 from ..ir import numpy_dtype
 from .onnx_errors import OnnxImportError
-from .onnx_lower import concat, gather, pad, slice_axis, take, tensor
+from .onnx_lower import concat, gather, pad, slice_axes, tensor
 from .onnx_read import Node
 
 # ONNX TensorProto element types ember has (FLOAT, DOUBLE, FLOAT16, INT64, INT32, BOOL)
@@ -437,8 +437,8 @@ def _reduce(node, x, axes=None):
         if x.dtype == "i1":
             raise _fail(node, "max and min of bool tensors are not supported")
     if node.op_type == "ReduceMin":
-        return -((-x).max(axes, keep))
-    return {"ReduceSum": x.sum, "ReduceMean": x.mean, "ReduceMax": x.max}[node.op_type](
+        return -((-x).amax(axes, keep))
+    return {"ReduceSum": x.sum, "ReduceMean": x.mean, "ReduceMax": x.amax}[node.op_type](
         axes, keep)
 
 
@@ -454,11 +454,11 @@ def _argmax(node, x):
     axis = _axis(node, attr(node, "axis", 0), x.ndim)
     n = x.shape[axis]
     iota = np.arange(n, dtype=np.int64).reshape([n if i == axis else 1 for i in range(x.ndim)])
-    hit = x == x.max(axis, keepdims=True)
+    hit = x == x.amax(axis, keepdim=True)
     keep = bool(attr(node, "keepdims", 1))
     if attr(node, "select_last_index", 0):
-        return F.where(hit, tensor(iota), tensor(np.int64(-1))).max(axis, keep)
-    return -F.where(hit, tensor(-iota), tensor(np.int64(-n))).max(axis, keep)
+        return F.where(hit, tensor(iota), tensor(np.int64(-1))).amax(axis, keep)
+    return -F.where(hit, tensor(-iota), tensor(np.int64(-n))).amax(axis, keep)
 
 
 # -- shapes and indexing ------------------------------------------------------------------
@@ -541,11 +541,10 @@ def _slice(node, x, starts, ends, axes=None, steps=None):
     starts, ends = _ints(starts), _ints(ends)
     axes = range(len(starts)) if axes is None else _ints(axes)
     steps = [1] * len(starts) if steps is None else _ints(steps)
-    for s, e, a, st in zip(starts, ends, axes, steps):
-        if st == 0:
-            raise _fail(node, "a step of 0")
-        x = slice_axis(x, _axis(node, a, x.ndim), s, e, st)
-    return x
+    if 0 in steps:
+        raise _fail(node, "a step of 0")
+    return slice_axes(x, {_axis(node, a, x.ndim): slice(s, e, st)
+                          for s, e, a, st in zip(starts, ends, axes, steps)})
 
 
 @rule("Split", attrs="axis num_outputs", static=(1,))
@@ -561,8 +560,7 @@ def _split(node, x, split=None):
     if sum(sizes) != n or len(sizes) != parts:
         raise _fail(node, f"split sizes {sizes} do not divide axis {axis} of {list(x.shape)} "
                           f"into {parts} outputs")
-    starts = np.cumsum([0, *sizes])
-    return tuple(take(x, axis, np.arange(a, b)) for a, b in zip(starts, starts[1:]))
+    return x.split(sizes, axis)
 
 
 PAD_MODES = ("constant", "edge", "reflect", "wrap")

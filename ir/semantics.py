@@ -42,11 +42,26 @@ def _lowest(dtype: np.dtype):
     return np.iinfo(dtype).min if dtype.kind == "i" else False
 
 
+def window(a: dict, shape) -> tuple[slice, ...]:
+    """The numpy index of a slice/unslice's elements: start::step, `shape` of them."""
+    return tuple(slice(s, s + t * (n - 1) + 1 if n else s, t)
+                 for s, t, n in zip(a["start"], a["step"], shape))
+
+
+def _unslice(a, x):
+    out = np.zeros(a["shape"], dtype=x.dtype)
+    out[window(a, x.shape)] = x
+    return out
+
+
 SIMPLE_OPS: dict[str, Folder] = {
     **{n: OPS[n].ref for n in ops_with("elementwise", "ember")},  # each declared with its op
     "ember.broadcast": lambda a, x: np.broadcast_to(x, a["shape"]),
     "ember.reshape": lambda a, x: x.reshape(a["shape"]),
     "ember.transpose": lambda a, x: x.transpose(a["perm"]),
+    "ember.slice": lambda a, x: x[window(a, a["shape"])],
+    "ember.unslice": _unslice,
+    "ember.concat": lambda a, *xs: np.concatenate(xs, axis=a["axis"]),
     "ember.reduce_sum": _reduce(np.sum),
     "ember.reduce_mean": _reduce(_mean),
     "ember.reduce_max": _reduce(_max),

@@ -6,7 +6,8 @@ all-constant ops are folded with the numpy table of `passes/fold.py` (elementwis
 arithmetic, casts, shape ops, reductions). Dead pure ops are erased, as MLIR's
 canonicalizer does. The patterns autodiff output needs are here too: transposes of
 transposes, a sum of a broadcast, multiplying by ones and adding zeros (also when the
-ones or zeros are a broadcast or reshape of a splat constant).
+ones or zeros are a broadcast or reshape of a splat constant), and the gradients of
+split pieces, zero-padded blocks added up, joined into one concat.
 """
 
 from __future__ import annotations
@@ -139,8 +140,95 @@ def reduce_of_broadcast(op: Operation, rw: Rewriter) -> bool:
     return rw.replace(op, x)
 
 
+def _whole(op: Operation, full) -> bool:
+    """A slice/unslice window that is all of `full`: it moves nothing."""
+    a = op.attributes
+    return set(a["step"]) <= {1} and not any(a["start"]) and tuple(a["shape"]) == full
+
+
+def slice_(op: Operation, rw: Rewriter) -> bool:
+    """The whole of x is x; a slice of an unslice through the same window is its operand;
+    a slice of a concat that reads exactly one of its operands is that operand."""
+    x = op.operands[0]
+    if _whole(op, x.type.shape):
+        return rw.replace(op, x)
+    src = x.op
+    if src is None:
+        return False
+    if src.name == "ember.unslice" and src.attributes == {**op.attributes,
+                                                          "shape": list(x.type.shape)} \
+            and same(op, src.operands[0]):
+        return rw.replace(op, src.operands[0])
+    if src.name == "ember.concat":
+        axis = src.attributes["axis"] % x.type.rank
+        at = 0
+        for v in src.operands:
+            start = [at if i == axis else 0 for i in range(x.type.rank)]
+            if op.attributes["start"] == start and set(op.attributes["step"]) <= {1} \
+                    and same(op, v):
+                return rw.replace(op, v)
+            at += v.type.shape[axis]
+    return False
+
+
+def unslice(op: Operation, rw: Rewriter) -> bool:
+    x = op.operands[0]
+    return _whole(op, op.result.type.shape) and same(op, x) and rw.replace(op, x)
+
+
+def _block(v: Value) -> tuple[int, int, int] | None:
+    """(axis, start, end) of an unslice that places v's operand as a block along one axis
+    (step 1, the whole of every other dim); None otherwise."""
+    op = v.op
+    if op is None or op.name != "ember.unslice" or set(op.attributes["step"]) != {1}:
+        return None
+    x, full, start = op.operands[0].type.shape, op.result.type.shape, op.attributes["start"]
+    cut = [i for i in range(len(full)) if x[i] != full[i] or start[i]]
+    if len(cut) != 1:
+        return None
+    (axis,) = cut
+    return axis, start[axis], start[axis] + x[axis]
+
+
+def add_of_unslices(op: Operation, rw: Rewriter) -> bool:
+    """unslice(a) + unslice(b) placing adjacent blocks along one axis is the unslice of
+    concat(a, b): how the gradients of a split's pieces (q, k, v of a fused projection)
+    meet, written once instead of as full-size zero-padded terms added up."""
+    a, b = op.operands
+    ba, bb = _block(a), _block(b)
+    if ba is None or bb is None or ba[0] != bb[0] or not same(op, a) or not same(op, b):
+        return False
+    if ba[1] > bb[1]:
+        (a, ba), (b, bb) = (b, bb), (a, ba)
+    if ba[2] != bb[1]:
+        return False
+    axis = ba[0]
+    joined = rw.op(op, "ember.concat", a.op.operands[0], b.op.operands[0], axis=axis)
+    start = [ba[1] if i == axis else 0 for i in range(op.result.type.rank)]
+    return rw.replace(op, rw.op(op, "ember.unslice", joined, start=start,
+                                step=[1] * len(start), shape=list(op.result.type.shape)))
+
+
+def concat(op: Operation, rw: Rewriter) -> bool:
+    """A concat of one operand is it; an operand that is a concat along the same axis used
+    only here is spliced in."""
+    if len(op.operands) == 1:
+        return rw.replace(op, op.operands[0])
+    axis = op.attributes["axis"] % op.result.type.rank
+    parts, spliced = [], False
+    for v in op.operands:
+        inner = v.op
+        if (inner is not None and inner.name == "ember.concat" and len(v.uses) == 1
+                and inner.attributes["axis"] % v.type.rank == axis):
+            parts += inner.operands
+            spliced = True
+        else:
+            parts.append(v)
+    return spliced and rw.replace(op, rw.op(op, "ember.concat", *parts, axis=axis))
+
+
 PATTERNS = {
-    "ember.add": [identity_operand(0, 0), identity_operand(1, 0)],
+    "ember.add": [identity_operand(0, 0), identity_operand(1, 0), add_of_unslices],
     "ember.sub": [identity_operand(0, 0)],
     "ember.mul": [identity_operand(0, 1), identity_operand(1, 1)],
     "ember.div": [identity_operand(0, 1)],
@@ -148,6 +236,9 @@ PATTERNS = {
     "ember.transpose": [transpose],
     "ember.reshape": [reshape],
     "ember.broadcast": [broadcast],
+    "ember.slice": [slice_],
+    "ember.unslice": [unslice],
+    "ember.concat": [concat],
     "ember.reduce_sum": [reduce_of_broadcast],
     "ember.reduce_mean": [reduce_of_broadcast],
     "*": [fold_constants, erase_dead],

@@ -10,15 +10,16 @@ The pass follows "axis a of v is padded dim T" forward through every op: element
 and broadcasts keep it, transposes permute it, reshapes track it whether T stays an axis of
 its own or is merged into a flat one (then position i is padded when
 (i // inner) % bucket >= len: a `Pad` keeps name, inner and bucket), gathers carry their
-indices' axes, matmuls their non-contracted ones. Every op that mixes positions along a
-padded axis is rewritten so padded positions never reach a real result, with `ember.select`
-on a mask from a constant position table compared with the length (never a multiply:
-padded garbage may be inf or NaN): sums and maxes fill 0 and -inf, a mean divides the
-masked sum by the real count, a contraction zeroes the padded positions of each padded
-operand, softmaxes see -inf, cross-entropy takes the mean over real rows. Causal attention
-needs nothing (a real query never sees a later, padded key); a non-causal one is spelled
-out as matmuls and a softmax with the padded keys masked. Any other op that mixes along
-a padded axis raises `PadMaskError`, naming the op and the user's line, and the runtime
+indices' axes, matmuls their non-contracted ones, slices and concats the axes they take
+whole (one that cuts or joins a padded axis is refused). Every op that mixes positions
+along a padded axis is rewritten so padded positions never reach a real result, with
+`ember.select` on a mask from a constant position table compared with the length (never a
+multiply: padded garbage may be inf or NaN): sums and maxes fill 0 and -inf, a mean
+divides the masked sum by the real count, a contraction zeroes the padded positions of each
+padded operand, softmaxes see -inf, cross-entropy takes the mean over real rows. Causal
+attention needs nothing (a real query never sees a later, padded key); a non-causal one is
+spelled out as matmuls and a softmax with the padded keys masked. Any other op that mixes
+along a padded axis raises `PadMaskError`, naming the op and the user's line, and the runtime
 compiles that length exactly instead: when unsure, refuse.
 
 It runs on the traced graph, before autodiff, so the backward pass differentiates the
@@ -347,12 +348,49 @@ def one_hot(m: Masker, op: Operation, ins: list) -> list:
     return [dict(ins[0])]
 
 
+def along_dynamic(op: Operation, doing: str, axis: int, pad: Pad) -> PadMaskError:
+    """Why `op` is refused when it `doing` along the padded `axis` of dim `pad.name`."""
+    return refuse(op, f"{doing} along the dynamic dim {pad.name} (axis {axis}) is not "
+                      f"supported: its bounds were traced on the padded bucket, not on the "
+                      f"real length (x[:, -1] would read padding); take {pad.name} whole, or "
+                      f"mask positions with em.where instead of cutting them")
+
+
+def window(m: Masker, op: Operation, ins: list) -> list:
+    """slice and unslice keep the rank: a pad stays on its axis when the window takes that
+    axis whole. A window that cuts a padded axis is refused: its bounds were traced on the
+    bucket, and `x[:, :4]` cannot be told from `x[:, :x.shape[1] - 4]`, whose real part
+    follows the length."""
+    a = op.attributes
+    n_in, n_out = op.operands[0].type.shape, op.results[0].type.shape
+    for axis, pad in ins[0].items():
+        if a["start"][axis] != 0 or n_in[axis] != n_out[axis] or (
+                a["step"][axis] != 1 and n_in[axis] > 1):
+            doing = "slicing" if op.name == "ember.slice" else "padding (unslice)"
+            raise along_dynamic(op, doing, axis, pad)
+    return [dict(ins[0])]
+
+
+def concat(m: Masker, op: Operation, ins: list) -> list:
+    """Every axis but the joined one is shared by all operands: their pads merge, as an
+    elementwise op's. Joining along a padded axis would put padding between real parts."""
+    axis = op.attributes["axis"] % op.results[0].type.rank
+    out: Pads = {}
+    for pads in ins:
+        for a, pad in (pads or {}).items():
+            if a == axis:
+                raise along_dynamic(op, "concatenating", a, pad)
+            merge(op, out, a, pad)
+    return [out]
+
+
 RULES = {"ember.broadcast": elementwise, "ember.reshape": reshape,
          "ember.transpose": transpose, "ember.matmul": matmul, "nn.linear": linear,
          "ember.reduce_sum": reduce, "ember.reduce_mean": reduce, "ember.reduce_max": reduce,
          "nn.softmax": softmax, "nn.log_softmax": softmax, "nn.cross_entropy": cross_entropy,
          "nn.layer_norm": layer_norm, "nn.batch_norm": batch_norm, "nn.attention": attention,
          "ember.gather": gather, "ember.one_hot": one_hot, "ember.dropout": first_operand,
+         "ember.slice": window, "ember.unslice": window, "ember.concat": concat,
          "ember.allreduce": first_operand}
 
 

@@ -26,19 +26,22 @@ Emitter = Callable[[ir.IRBuilder, ir.Value, list[ir.Value], Operation], None]
 
 def strided_map(b: ir.IRBuilder, out: ir.Value, ins: list[ir.Value], out_type: TensorType,
                 in_strides: list[list[int]], in_dtypes: list[str],
-                fn: Callable[[list[ir.Value]], ir.Value]) -> None:
-    """out[idx] = fn(in_k[idx . strides_k]) over the output in order: elementwise ops with
-    numpy broadcasting, broadcast and transpose are all this one loop nest."""
+                fn: Callable[[list[ir.Value]], ir.Value], out_strides: list[int] | None = None,
+                starts: list[int] | None = None) -> None:
+    """out[idx] = fn(in_k[idx . strides_k]) over `out_type`'s shape in order: elementwise
+    ops with numpy broadcasting, broadcast, transpose and the windows of slice, unslice
+    and concat are all this one loop nest. `out_strides` (contiguous by default) and
+    `starts` (element offsets of out and each input, 0 by default) place a window."""
     if out_type.size == 0:
         return
-    strides = zip(contiguous_strides(out_type.shape), *in_strides)
+    strides = zip(out_strides or contiguous_strides(out_type.shape), *in_strides)
     dims = collapse(list(zip(out_type.shape, strides)))
 
     def body(offs):
         vals = [S.load(b, p, dt, o) for p, dt, o in zip(ins, in_dtypes, offs[1:])]
         S.store(b, out, out_type.dtype, offs[0], fn(vals))
 
-    nest(b, dims, body, [S.i64(0)] * (1 + len(ins)))
+    nest(b, dims, body, [S.i64(k) for k in starts or [0] * (1 + len(ins))])
 
 
 def elementwise(b, out, ins, op):
@@ -61,6 +64,46 @@ def transpose(b, out, ins, op):
     st = contiguous_strides(t.shape)
     strided_map(b, out, ins, op.result.type, [[st[p] for p in op.attributes["perm"]]],
                 [t.dtype], lambda vals: vals[0])
+
+
+def _window(shape, attrs) -> tuple[list[int], int]:
+    """(strides, start offset) of a slice/unslice window in a contiguous `shape`."""
+    st = contiguous_strides(shape)
+    return ([s * k for s, k in zip(st, attrs["step"])],
+            sum(s * a for s, a in zip(st, attrs["start"])))
+
+
+def _copy(b, out, ins, part: TensorType, out_strides, starts, in_strides=None):
+    strided_map(b, out, ins, part, [in_strides or contiguous_strides(part.shape)],
+                [part.dtype], lambda vals: vals[0], out_strides, starts)
+
+
+def slice_(b, out, ins, op):
+    strides, start = _window(op.operands[0].type.shape, op.attributes)
+    _copy(b, out, ins, op.result.type, None, [0, start], strides)
+
+
+def _zero(b, out, t: TensorType) -> None:
+    if t.size:
+        b.call(S.declare(b.module, "llvm.memset.p0.i64", ir.VoidType(),
+                         [PTR, ir.IntType(8), S.I64, ir.IntType(1)]),
+               [out, ir.Constant(ir.IntType(8), 0), S.i64(t.nbytes), ir.Constant(ir.IntType(1), 0)])
+
+
+def unslice(b, out, ins, op):
+    _zero(b, out, op.result.type)
+    strides, start = _window(op.result.type.shape, op.attributes)
+    _copy(b, out, ins, op.operands[0].type, strides, [start, 0])
+
+
+def concat(b, out, ins, op):
+    """Each operand copied into its window of the output along the axis."""
+    t = op.result.type
+    axis = normalize_axes(op.name, [op.attributes["axis"]], t.rank)[0]
+    st, at = contiguous_strides(t.shape), 0
+    for p, v in zip(ins, op.operands):
+        _copy(b, out, [p], v.type, st, [at * st[axis], 0])
+        at += v.type.shape[axis]
 
 
 def reduce(b, out, ins, op):
@@ -180,6 +223,9 @@ KERNELS: dict[str, Emitter] = {
     **dict.fromkeys(("ember.reduce_sum", "ember.reduce_mean", "ember.reduce_max"), reduce),
     "ember.broadcast": broadcast,
     "ember.transpose": transpose,
+    "ember.slice": slice_,
+    "ember.unslice": unslice,
+    "ember.concat": concat,
     "ember.matmul": matmul,
     "ember.one_hot": one_hot,
     "ember.allreduce": allreduce,

@@ -28,11 +28,13 @@ Body = Callable[[list[str], str], tuple[list[str], list[str]]]
 
 @dataclass(frozen=True)
 class Operand:
-    """A map-kernel input read at every element: its dtype and element strides at the
-    iteration shape (0 where it broadcasts)."""
+    """A map-kernel input read (or result written) at every element: its dtype, element
+    strides at the iteration shape (0 where it broadcasts) and the element `offset` of
+    the iteration's first element (a window: slice, unslice, concat)."""
 
     dtype: str
     strides: tuple[int, ...]
+    offset: int = 0
 
 
 @dataclass(frozen=True)
@@ -57,8 +59,11 @@ class Kernel:
     vector: int = 1
 
 
-def layout(strides: Sequence[int], shape: Sequence[int]) -> str:
-    """"full" (the contiguous tensor of this shape), "scalar" (one element) or "strided"."""
+def layout(strides: Sequence[int], shape: Sequence[int], offset: int = 0) -> str:
+    """"full" (the contiguous tensor of this shape), "scalar" (one element) or "strided"
+    (read through offsets: any operand with an element offset, so never as float4)."""
+    if offset:
+        return "strided"
     dims = collapse(list(zip(shape, zip(contiguous_strides(shape), strides))))
     if all(s[1] == 0 for _, s in dims):
         return "scalar"
@@ -100,6 +105,17 @@ def _times(x: str, s: int) -> str:
     return "0" if s == 0 else x if s == 1 else f"{x} * {s}"
 
 
+def _plus(x: str, offset: int) -> str:
+    return f"{x} + {offset}" if offset else x
+
+
+def _span(o: Operand, shape: Sequence[int]) -> int:
+    """One past the last element `o` reaches over `shape` (0 for an empty shape)."""
+    if not all(shape):
+        return 0
+    return o.offset + 1 + sum((d - 1) * s for d, s in zip(shape, o.strides))
+
+
 def indent(lines: Sequence[str], n: int) -> list[str]:
     return [" " * n + line for line in lines]
 
@@ -129,17 +145,17 @@ def coordinate(index: str, shape: Sequence[int], dim: int) -> str:
 def map_kernel(name: str, shape: Sequence[int], outs: Sequence[Operand], ins: Sequence[Operand],
                body: Body, extras: Sequence[Extra] = (), vectorize: bool = True,
                restrict: bool = True, sm_count: int = L.DEFAULT_SMS) -> Kernel:
-    """A grid-stride loop over `shape`: out_k[i . ostrides_k] = body(in_0[i . strides_0],
-    ...)[k]. A result with stride 0 along a dimension (uniform there) is stored once, at
-    coordinate 0 of it.
+    """A grid-stride loop over `shape`: out_k[at(i)] = body(in_0[at(i)], ...)[k], each
+    operand's and result's element at(i) being its offset + i . strides. A result with
+    stride 0 along a dimension (uniform there) is stored once, at coordinate 0 of it.
 
     `restrict=False` when a result is written in place over an operand (an epilogue).
     With `vectorize`, f32 kernels whose operands and results are full or scalar use float4.
     """
     n = math.prod(shape)
-    itype = L.index_type(n, *(e.size for e in extras))
-    lays = [layout(o.strides, shape) for o in ins]
-    out_lays = [layout(o.strides, shape) for o in outs]
+    itype = L.index_type(n, *(e.size for e in extras), *(_span(o, shape) for o in (*outs, *ins)))
+    lays = [layout(o.strides, shape, o.offset) for o in ins]
+    out_lays = [layout(o.strides, shape, o.offset) for o in outs]
     dtypes = [o.dtype for o in (*outs, *ins)]
     width = L.vector_width(n, dtypes, lays + ["strided" if lay != "full" else lay
                                             for lay in out_lays]) if vectorize else 1
@@ -160,14 +176,14 @@ def map_kernel(name: str, shape: Sequence[int], outs: Sequence[Operand], ins: Se
         inner = offsets("i", dims, [b for b, _ in bufs], itype) if bufs else []
         stmts, results = body([f"a{k}" for k in range(len(ins))], "i")
         for k, (o, lay) in enumerate(zip(ins, lays)):
-            at = {"full": "i", "scalar": "0"}.get(lay, f"o{k}")
+            at = {"full": "i", "scalar": "0"}.get(lay, _plus(f"o{k}", o.offset))
             if _uses(f"a{k}", stmts + results):
                 inner.append(f"const {ctype(o.dtype)} a{k} = in{k}[{at}];")
         inner += stmts
         for k, (o, lay, r) in enumerate(zip(outs, out_lays, results)):
             once = [coordinate("i", shape, a) + " == 0" for a, (d, s) in
                     enumerate(zip(shape, o.strides)) if s == 0 and d > 1]
-            store = f"out{k}[{'i' if lay == 'full' else f'w{k}'}] = {r};"
+            store = f"out{k}[{'i' if lay == 'full' else _plus(f'w{k}', o.offset)}] = {r};"
             inner.append(f"if ({' && '.join(once)}) {store}" if once else store)
         return [f"  for ({itype} i = {start}; i < n; i += {step}) {{", *indent(inner, 4), "  }"]
 

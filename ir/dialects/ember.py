@@ -299,6 +299,75 @@ class Transpose(OpDef):
         return [t.with_shape(tuple(t.shape[p] for p in perm))]
 
 
+def _window(op: str, full: tuple, start: list, step: list, part: tuple) -> None:
+    """That `part` is the elements start + i * step of `full`, per dim (slice, unslice)."""
+    if not len(start) == len(step) == len(full) == len(part):
+        raise InferenceError(f"{op}: start {start} and step {step} need one entry per dim of "
+                             f"{fmt_shape(full)}")
+    for d, (n, a, s, m) in enumerate(zip(full, start, step, part)):
+        if s < 1 or a < 0 or (m and a + s * (m - 1) >= n) or a > n:
+            raise InferenceError(f"{op}: dim {d} of {fmt_shape(full)} has no {m} elements "
+                                 f"from {a} by {s}")
+
+
+@register
+class Slice(OpDef):
+    """`slice(x) {start, step, shape}`: x[start_d : : step_d], `shape[d]` elements per dim
+    (torch's basic indexing; steps are >= 1, as torch's)."""
+
+    name = "ember.slice"
+    arity = (1, 1)
+    attrs = {"start": list, "step": list, "shape": SHAPE}
+
+    @classmethod
+    def infer(cls, operand_types, attrs):
+        (t,) = operand_types
+        shape = tuple(attrs["shape"])
+        _window(cls.name, t.shape, attrs["start"], attrs["step"], shape)
+        return [t.with_shape(shape)]
+
+
+@register
+class Unslice(OpDef):
+    """`unslice(x) {start, step, shape}`: zeros of `shape` with x at the elements that
+    `slice` with the same attributes reads; the transpose of slice (its gradient)."""
+
+    name = "ember.unslice"
+    arity = (1, 1)
+    attrs = {"start": list, "step": list, "shape": SHAPE}
+
+    @classmethod
+    def infer(cls, operand_types, attrs):
+        (t,) = operand_types
+        shape = tuple(attrs["shape"])
+        _window(cls.name, shape, attrs["start"], attrs["step"], t.shape)
+        return [t.with_shape(shape)]
+
+
+@register
+class Concat(OpDef):
+    """`concat(x0, x1, ...) {axis}`: the operands joined along `axis` (torch.cat); every
+    other dim and the dtype agree."""
+
+    name = "ember.concat"
+    arity = (1, None)
+    attrs = {"axis": int}
+
+    @classmethod
+    def infer(cls, operand_types, attrs):
+        first = operand_types[0]
+        dtype = same_dtype(cls.name, operand_types)
+        (axis,) = normalize_axes(cls.name, [attrs["axis"]], first.rank)
+        rest = [t.shape[:axis] + t.shape[axis + 1:] for t in operand_types]
+        if any(t.rank != first.rank for t in operand_types) or len(set(rest)) > 1:
+            raise InferenceError(f"{cls.name}: shapes "
+                                 f"{', '.join(fmt_shape(t.shape) for t in operand_types)} differ "
+                                 f"outside axis {axis}")
+        shape = list(first.shape)
+        shape[axis] = sum(t.shape[axis] for t in operand_types)
+        return [TensorType(tuple(shape), dtype)]
+
+
 @register
 class Matmul(OpDef):
     """numpy matmul on operands of rank >= 2; batch dimensions broadcast."""

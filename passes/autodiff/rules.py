@@ -17,6 +17,7 @@ import numpy as np
 
 from ...ir import Builder, Operation, TensorType, Value
 from ...ir.dialects.ember import softplus_params
+from ...ir.opdef import normalize_axes
 from ..decompose import (
     CONV_ATTRS,
     GELU_A,
@@ -271,6 +272,36 @@ def _reshape(b, g, x, out):
 @unary("ember.transpose")
 def _transpose(b, g, x, out):
     return b.op("ember.transpose", g, perm=[int(i) for i in np.argsort(out.op.attributes["perm"])])
+
+
+def _window(op: Operation) -> dict:
+    return {k: list(op.attributes[k]) for k in ("start", "step")}
+
+
+@unary("ember.slice")
+def _slice(b, g, x, out):
+    return b.op("ember.unslice", g, shape=list(x.type.shape), **_window(out.op))
+
+
+@unary("ember.unslice")
+def _unslice(b, g, x, out):
+    return b.op("ember.slice", g, shape=list(x.type.shape), **_window(out.op))
+
+
+@rule("ember.concat")
+def _concat(b, op, gs, needs):
+    """Each operand's gradient is its own window of g along the axis."""
+    (g,) = gs
+    axis = normalize_axes(op.name, [op.attributes["axis"]], g.type.rank)[0]
+    starts = np.cumsum([0] + [v.type.shape[axis] for v in op.operands])
+
+    def part(k: int) -> Callable[[], Value]:
+        start = [0] * g.type.rank
+        start[axis] = int(starts[k])
+        return lambda: b.op("ember.slice", g, start=start, step=[1] * g.type.rank,
+                            shape=list(op.operands[k].type.shape))
+
+    return each(needs, *map(part, range(len(op.operands))))
 
 
 @rule("ember.matmul", checkpoint="compute")

@@ -195,6 +195,28 @@ def test_a_linear_on_batched_rows_is_one_2d_gemm(fused):
     assert (gemm.a.shape, gemm.b.shape, gemm.out.shape) == ((24, 8), (8, 5), (24, 5))
 
 
+def test_windows_are_one_kernel_each():
+    """slice: one strided read; unslice: a memset only where the window leaves zeros;
+    concat: one kernel for all its operands; and an offset window index that passes int32
+    range is a long long."""
+    big = TensorType((3, 2**30), "i1")
+    g = Graph("f", [TensorType((6, 8), "f32"), TensorType((3, 4), "f32"), big])
+    b = Builder(g.body)
+    x, y, z = g.args
+    outs = [b.op("ember.slice", x, start=[1, 2], step=[2, 1], shape=[3, 4]),
+            b.op("ember.unslice", y, start=[1, 2], step=[2, 1], shape=[6, 8]),
+            b.op("ember.unslice", y, start=[0, 0], step=[1, 1], shape=[3, 4]),
+            b.op("ember.concat", x, x, x, axis=1),
+            b.op("ember.slice", z, start=[2, 5], step=[1, 1], shape=[1, 3])]
+    b.create("func.return", outs)
+    p = lower(g)
+    assert [type(s).__name__ for s in p.steps] == ["Launch", "Memset"] + ["Launch"] * 4
+    assert [s.kernel for s in p.steps if isinstance(s, Launch)] == [
+        "k0_slice", "k1_unslice", "k2_unslice", "k3_concat", "k4_slice"]
+    assert "in0[o0 + 10]" in p.source and "out0[w0 + 10]" in p.source
+    assert "long long n = 3;" in p.source and f"in0[o0 + {2 * 2**30 + 5}]" in p.source
+
+
 @pytest.mark.parametrize("fused", [False, True], ids=["per-op", "fused"])
 @pytest.mark.parametrize("name", list(MODELS))
 def test_arena_never_overlaps_live_buffers(name, fused):

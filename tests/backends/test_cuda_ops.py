@@ -108,6 +108,21 @@ for _shape, _perms in [((33, 70), [[1, 0]]), ((3, 34, 40), [[0, 2, 1], [2, 1, 0]
 case("broadcast_reshape", [R((3, 1), "f32")], lambda b, x: [
     b.op("ember.reshape", b.op("ember.broadcast", x, shape=[2, 4, 3, 5]), shape=[8, 15]),
     b.op("ember.broadcast", x, shape=[3, 6])])
+_WINDOWS = [  # (shape, start, step, window): steps and offsets; a row block; everything
+    ((5, 7, 9), [1, 2, 0], [2, 1, 3], [2, 4, 3]), ((6, 5), [2, 0], [1, 1], [3, 5]),
+    ((4, 33), [0, 1], [3, 4], [2, 8]), ((3, 37), [0, 0], [1, 1], [3, 37])]
+for _dt in ("f32", "i64", "i1"):
+    for _k, (_shape, _start, _step, _win) in enumerate(_WINDOWS):
+        _a = dict(start=_start, step=_step)
+        case(f"slice_unslice_{_k}_{_dt}", [R(_shape, _dt), R(_win, _dt)],
+             lambda b, x, y, _a=_a, _shape=_shape, _win=_win: [
+                 b.op("ember.slice", x, shape=_win, **_a),
+                 b.op("ember.unslice", y, shape=list(_shape), **_a)])
+    case(f"concat_{_dt}", [R((2, 3, 4), _dt), R((2, 1, 4), _dt), R((2, 5, 4), _dt),
+                           R((2, 0, 4), _dt)], lambda b, x, y, z, e: [
+        b.op("ember.concat", x, y, z, axis=1), b.op("ember.concat", e, x, e, z, axis=-2),
+        b.op("ember.concat", x, x, axis=0), b.op("ember.concat", x, x, x, axis=-1),
+        b.op("ember.concat", x, axis=1)])
 for _dt in ("f32", "f64", "i32"):
     for _sa, _sb in [((3, 5), (5, 4)), ((2, 3, 4), (4, 5)), ((4, 1, 3, 6), (5, 6, 2)),
                      ((17, 33), (33, 9))]:
@@ -271,6 +286,25 @@ def test_emulator_catches_a_wrong_kernel(monkeypatch):
     b.create("func.return", [b.op("ember.add", *g.args)])
     x = np.ones(5, np.float32)
     assert not np.allclose(emulate.EmulatedExecutable(g)([x, x])[0], 2 * x)
+
+
+@pytest.mark.skipif(not emulate.available(), reason="the CUDA emulator needs g++")
+def test_a_concat_of_many_operands_is_a_kernel_per_group_of_them(monkeypatch):
+    """Past CONCAT_OPERANDS operands a concat takes one kernel per group of them, each
+    writing its slab of the result (here: groups of 2, so slabs at offsets)."""
+    from ember.backends.cuda import spatial
+
+    monkeypatch.setattr(spatial, "CONCAT_OPERANDS", 2)
+    shapes = [(2, 3, 5), (2, 1, 5), (2, 0, 5), (2, 4, 5), (2, 2, 5), (2, 1, 5)]
+    g = Graph("f", [TensorType(s, "f64") for s in shapes])
+    b = Builder(g.body)
+    b.create("func.return", [b.op("ember.concat", *g.args, axis=1)])
+    rng = np.random.default_rng(1)
+    xs = [rng.standard_normal(s) for s in shapes]
+    exe = emulate.EmulatedExecutable(g)
+    assert [k.name for k in exe.program.kernels] == ["k0_concat_0", "k0_concat_1",
+                                                     "k0_concat_2"]
+    np.testing.assert_array_equal(exe(xs)[0], np.concatenate(xs, axis=1))
 
 
 def test_math_is_exact_where_it_should_be():

@@ -133,3 +133,27 @@ def test_fine_tuning_the_imported_cnn_matches_pytorch():
     for name, p in m.initializers.items():
         np.testing.assert_allclose(p.val(), trained[name], rtol=1e-4, atol=1e-4)
     assert not m.initializers["bn.running_mean"].requires_grad  # a buffer, as in PyTorch
+
+
+class Windows(torch.nn.Module):
+    """Split, Concat, Slice (positive steps, and flip's negative one) and constant Pads."""
+
+    def forward(self, x):
+        a, b = x.split([2, 4], dim=1)
+        y = torch.cat([b, a], dim=1)[:, 1:5, ::2]
+        pad = torch.nn.functional.pad
+        y = pad(y, (1, 2, 0, 1)) + pad(y, (2, 1, 1, 0), value=0.5)
+        return y * torch.flip(y, [2])
+
+
+@pytest.mark.parametrize("backend", ["interpreter", "cpu"])
+def test_windows_copy_what_they_read(backend):
+    """Each window is ember's slice, unslice or concat, with no index array; only the
+    negative step (flip) gathers."""
+    x = np.random.default_rng(4).standard_normal((2, 6, 8)).astype(np.float32)
+    m = em.onnx.load(export(Windows().eval(), x))
+    ops = [op.name for op in em.trace(m, em.TensorSpec.of(x)).ops]
+    assert {"ember.slice", "ember.concat", "ember.unslice"} <= set(ops)
+    assert ops.count("ember.gather") == 1 and "ember.scatter_add" not in ops
+    np.testing.assert_allclose(em.compile(m, x, backend=backend)(x),
+                               Windows()(torch.from_numpy(x)).numpy(), rtol=1e-6, atol=1e-6)

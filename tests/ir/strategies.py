@@ -159,6 +159,12 @@ def _examples() -> dict[str, Any]:
         "ember.dropout": lambda b, x, l: b.op("ember.dropout", x, b.op(
             "ember.constant", value=np.array(3, np.int64)), p=0.5, seed=1, key=2),
         "ember.scatter_add": lambda b, x, l: b.op("ember.scatter_add", l, x, shape=[4, 3]),
+        "ember.slice": lambda b, x, l: b.op("ember.slice", x, start=[1, 0], step=[1, 2],
+                                            shape=[1, 2]),
+        "ember.unslice": lambda b, x, l: b.op("ember.unslice", x, start=[1, 0], step=[1, 2],
+                                              shape=[4, 5]),
+        "ember.concat": lambda b, x, l: b.op("ember.concat", x, b.op("ember.exp", x), x,
+                                             axis=-1),
         "ember.conv2d": lambda b, x, l: b.op("ember.conv2d", _named(b, "x", 1, 2, 5, 5),
                                              _named(b, "w", 4, 2, 3, 3), **CONV),
         "nn.conv2d": lambda b, x, l: b.op("nn.conv2d", _named(b, "x", 1, 2, 5, 5),

@@ -1,13 +1,17 @@
 """The op registry is complete: every op has a reference in the interpreter, a gradient rule
-(or its reason for none in `rules.NO_RULE`) and a lowering on cpu and on cuda, and every
-elementwise op fuses through its kernel twin. An op missing one fails here, by name, never
-as a silent slow path. How to add an op: CONTRIBUTING.md."""
+(or its reason for none in `rules.NO_RULE`), a lowering on cpu and on cuda and, if core, an
+ONNX export rule (or its reason for none), and every elementwise op fuses through its
+kernel twin. An op missing one fails here, by name, never as a silent slow path. How to add
+an op: CONTRIBUTING.md."""
 
 import pytest
 from strategies import op_graph
 
 from ember.backends import cpu, cuda
 from ember.backends.interpreter import FUSED, KERNELS
+from ember.interop.onnx_export_ops import NO_RULE as ONNX_NO_RULE
+from ember.interop.onnx_export_ops import RULES as ONNX_RULES
+from ember.interop.onnx_export_ops import STRUCTURAL
 from ember.ir import OPS, Builder, Graph, InferenceError, TensorType, verify
 from ember.ir.dialects.kernel import body
 from ember.ir.opdef import ops_with
@@ -45,6 +49,13 @@ def test_every_op_has_a_gradient_rule_or_a_reason(name):
     """(kernel.* ops are never differentiated: autodiff runs before fuse.)"""
     assert (name in RULES) != (name in NO_RULE), \
         "a rule in passes/autodiff/rules.py, or else its reason in NO_RULE (never both)"
+
+
+@pytest.mark.parametrize("name", [n for n in OPS if n.startswith("ember.")])
+def test_every_core_op_has_an_onnx_export_rule_or_a_reason(name):
+    """(nn.* ops are decomposed before export; kernel.* ops are fused, never exported.)"""
+    assert (name in ONNX_RULES or name in STRUCTURAL) != (name in ONNX_NO_RULE), \
+        "a rule in interop/onnx_export_ops.py, or else its reason in NO_RULE (never both)"
 
 
 def example(name: str) -> Graph:

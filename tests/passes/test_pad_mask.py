@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import ember as em
 from ember import nn
 from ember.backends import interpreter
 from ember.frontend.trace import TensorSpec, trace_function
@@ -71,6 +72,13 @@ CASES = {
     "causal": lambda x: F.scaled_dot_product_attention(x, x, x, causal=True),
     "bidirectional": lambda x: F.scaled_dot_product_attention(x, x * 0.5, x),
     "mean_mean": lambda x: x.mean(axis=1, keepdims=True) - x,
+    "slice_other_axes": lambda x: x[:, :, 1:].sum(axis=1) + x[..., ::2].max(axis=(0, 1)),
+    "index_batch": lambda x: F.softmax(x[1], axis=0),  # T moves to axis 0
+    "unslice_other_axis": lambda x: x.trace.op("ember.unslice", x, start=[0, 0, 1],
+                                               step=[1, 1, 2], shape=[2, x.shape[1], 7]
+                                               ).mean(axis=1),
+    "cat_other_axes": lambda x: em.cat([x, x * 2.0], 2).mean(axis=1) + em.cat([x, x], 0).sum(),
+    "split": lambda x: sum(p.sum(axis=1) * (i + 1.0) for i, p in enumerate(x.split([1, 2], 2))),
 }
 
 
@@ -117,6 +125,25 @@ def test_what_it_cannot_mask_it_refuses():
         lambda x: F.layer_norm(x.transpose(0, 2, 1), (BUCKET,)), [spec], {0: 1})
     message = refusal(lambda x: F.max_pool2d(x.reshape(1, 2, BUCKET, 3), 2), [spec], {0: 1})
     assert "an op the pass does not know" in message and "test_pad_mask.py" in message
+
+
+CUTS = {  # what cuts or joins the padded axis T, and what the refusal says it does
+    "last": (lambda x: x[:, -1], "slicing"),
+    "shift": (lambda x: x[:, 1:] - x[:, :-1], "slicing"),
+    "every_other": (lambda x: x[:, ::2], "slicing"),
+    "cat": (lambda x: em.cat([x, x], 1), "concatenating"),
+    "unslice": (lambda x: x.trace.op("ember.unslice", x, start=[0, 1, 0], step=[1, 1, 1],
+                                     shape=[2, BUCKET + 2, 3]), "padding (unslice)"),
+}
+
+
+@pytest.mark.parametrize("name", CUTS)
+def test_cutting_or_joining_the_padded_axis_is_refused(name):
+    """Bounds traced on the bucket would read padding as data (x[:, -1] is padding)."""
+    fn, doing = CUTS[name]
+    message = refusal(fn, [TensorSpec((2, BUCKET, 3), "f64")], {0: 1})
+    assert f"{doing} along the dynamic dim T (axis 1) is not supported" in message
+    assert "test_pad_mask.py" in message
 
 
 def test_runs_on_the_traced_graph_only():
