@@ -11,10 +11,10 @@ new graph for every length; instead two graphs run:
 - PREFILL, compiled for a symbolic prompt length, `em.TensorSpec((batch, "T"), "i64")`:
   ember pads each prompt to a bucket (a power of two, at most the context) and its
   `pad-mask` pass keeps the padding out of every real position (causal attention hides it
-  already; the contraction that places keys and values in caches of the model's full
-  context, `block`, zeroes it), so one graph per bucket serves every prompt length and the
-  logits are exact. It returns the logits at every prompt position (ember cuts the padded
-  ones off) and every layer's caches, zero past the prompt.
+  already), so one graph per bucket serves every prompt length and the logits are exact.
+  It returns the logits and every layer's keys and values at each prompt position (ember
+  cuts the padded ones off); `Generator.prefill` places them at the start of caches of the
+  model's full context, `block`, zero past the prompt.
 - DECODE, one graph: a token, its position `pos` (an i64 scalar) and the caches in; it
   writes the token's key and value at `pos` (a select on `arange == pos`), attends over
   the whole cache with the keys after `pos` masked, and returns the logits and the caches.
@@ -89,7 +89,7 @@ def _block(blk, x, attend):
 
 class Prefill(nn.Module):
     """forward(idx [B, T] i64) -> (logits [B, T, vocab], k0, v0, k1, v1, ...: each layer's
-    caches [B, heads, block, d_head])."""
+    keys and values [B, heads, T, d_head])."""
 
     def __init__(self, gpt: Gpt):
         super().__init__()
@@ -98,13 +98,10 @@ class Prefill(nn.Module):
     def forward(self, idx):
         g, t = self.gpt, idx.shape[1]
         x = g.tok(idx) + g.pos(np.arange(t))
-        # [block, T]: 1 where cache row r takes prompt position r; a matmul by it places the
-        # keys and values in the full context exactly (one product of 1.0 per element)
-        place = (np.arange(g.block)[:, None] == np.arange(t)[None, :]).astype(np.float32)
         caches = []
 
         def attend(q, k, v):
-            return F.scaled_dot_product_attention(q, k, v, causal=True), place @ k, place @ v
+            return F.scaled_dot_product_attention(q, k, v, causal=True), k, v
 
         for blk in g.blocks:
             x, kc, vc = _block(blk, x, attend)
@@ -167,7 +164,12 @@ class Generator:
                              f"{self.block}")
         if b != self.batch:
             raise ValueError(f"a batch of {b} prompts for a Generator of batch {self.batch}")
-        logits, *caches = self.prefill_fn(np.asarray(prompt, np.int64))
+        logits, *keys_values = self.prefill_fn(np.asarray(prompt, np.int64))
+        caches = []
+        for kv in keys_values:  # [B, heads, T, d] at the start of [B, heads, block, d]
+            cache = np.zeros(kv.shape[:2] + (self.block,) + kv.shape[3:], kv.dtype)
+            cache[:, :, :t] = kv
+            caches.append(cache)
         return logits[:, -1], caches
 
     def step(self, token: np.ndarray, pos: int, caches: list) -> tuple[np.ndarray, list]:
