@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .tensor import Tensor
+from .tensor import Tensor, implements
 
 INDEXING_FORMS = ("ints, slices with steps >= 1, None, ..., one integer array or list, or a "
                   "boolean numpy mask")
@@ -156,6 +156,7 @@ def along(x: Tensor, dim: int, start: int, size: int) -> Tensor:
     return window(x, starts, [1] * x.ndim, sizes)
 
 
+@implements
 def getitem(x: Tensor, key) -> Tensor:
     key = _expand_ellipsis(x, key if isinstance(key, tuple) else (key,))
     p = _plan(x, key)

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from . import context
 from .context import lift
 from .indexing import along
-from .tensor import Tensor, _axis
+from .tensor import Tensor, _axis, implements
 
 
 def _tensors(what: str, tensors) -> list[Tensor]:
@@ -39,6 +39,7 @@ def stack(tensors, dim: int = 0) -> Tensor:
     return cat([x.unsqueeze(d) for x in xs], d)
 
 
+@implements
 def split(x: Tensor, split_size_or_sections, dim: int = 0) -> tuple[Tensor, ...]:
     """torch.split: pieces of `split_size` along dim (the last may be smaller), or of the
     listed sizes, which must add up to the dim's size."""
@@ -59,6 +60,7 @@ def split(x: Tensor, split_size_or_sections, dim: int = 0) -> tuple[Tensor, ...]
     return tuple(along(x, d, s, m) for s, m in zip(starts, sizes))
 
 
+@implements
 def chunk(x: Tensor, chunks: int, dim: int = 0) -> tuple[Tensor, ...]:
     """torch.chunk: at most `chunks` pieces of ceil(size / chunks) along dim."""
     if chunks < 1:
@@ -68,6 +70,7 @@ def chunk(x: Tensor, chunks: int, dim: int = 0) -> tuple[Tensor, ...]:
     return split(x, max(-(-n // chunks), 1), dim)
 
 
+@implements
 def unbind(x: Tensor, dim: int = 0) -> tuple[Tensor, ...]:
     """torch.unbind: the slices along dim, that dim removed."""
     x = lift(x)
@@ -75,6 +78,7 @@ def unbind(x: Tensor, dim: int = 0) -> tuple[Tensor, ...]:
     return tuple(p.squeeze(d) for p in split(x, 1, d)) if x.shape[d] else ()
 
 
+@implements
 def repeat(x: Tensor, *sizes) -> Tensor:
     """torch's `repeat`: x tiled `sizes[i]` times along dim i (leading sizes add dims): a
     broadcast of x with a size-1 dim before each, reshaped (no op of its own)."""

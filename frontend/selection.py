@@ -10,7 +10,7 @@ import numpy as np
 
 from .context import lift
 from .indexing import along
-from .tensor import Tensor, _axis
+from .tensor import Tensor, _axis, implements
 
 
 def _triangle(x: Tensor, keep: np.ndarray) -> Tensor:
@@ -34,6 +34,7 @@ def triu(x: Tensor, diagonal: int = 0) -> Tensor:
     return _triangle(x, np.arange(c)[None, :] - np.arange(r)[:, None] >= diagonal)
 
 
+@implements
 def cumsum(x: Tensor, dim: int, dtype=None) -> Tensor:
     """torch.cumsum along `dim` (in `dtype` when given): log2(n) steps of y += y shifted by
     1, 2, 4, ... (a window and its zero-padded placement), so each sum is a tree of depth
@@ -52,6 +53,7 @@ def cumsum(x: Tensor, dim: int, dtype=None) -> Tensor:
     return y
 
 
+@implements
 def argmax(x: Tensor, dim=None, keepdim: bool = False) -> Tensor:
     """torch.argmax: the first index of the largest value along `dim` (of the flattened
     tensor when None), NaN counting as the largest; i64, no gradient."""
@@ -70,6 +72,7 @@ def argmax(x: Tensor, dim=None, keepdim: bool = False) -> Tensor:
     return -neg.amax(d, keepdim)
 
 
+@implements
 def argmin(x: Tensor, dim=None, keepdim: bool = False) -> Tensor:
     """torch.argmin: the first index of the smallest value (the argmax of -x)."""
     return argmax(-lift(x), dim, keepdim)
@@ -82,9 +85,11 @@ class ValuesIndices(NamedTuple):
     indices: Tensor
 
 
+@implements
 def max_along(x: Tensor, dim: int, keepdim: bool = False) -> ValuesIndices:
     return ValuesIndices(x.amax(dim, keepdim), argmax(x, dim, keepdim))
 
 
+@implements
 def min_along(x: Tensor, dim: int, keepdim: bool = False) -> ValuesIndices:
     return ValuesIndices(x.amin(dim, keepdim), argmin(x, dim, keepdim))

@@ -8,8 +8,24 @@ scalars become `ember.constant`s of the tensor's dtype; shapes broadcast as in n
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from ..ir import DTYPES, Value, dtype_of
+
+# Tensor's methods that are compositions built on Tensor live in modules that import this
+# one (indexing.py, joining.py, selection.py, numpy_functions.py); each registers its
+# function here by name with `implements`, and the method calls it (no import back).
+_IMPLEMENTATIONS: dict[str, Callable] = {}
+
+
+def implements(fn: Callable) -> Callable:
+    """Register `fn` as what Tensor's method of the same name does."""
+    _IMPLEMENTATIONS[fn.__name__] = fn
+    return fn
+
+
+def _by(name: str) -> Callable:
+    return _IMPLEMENTATIONS[name]
 
 
 def axes_list(axis, ndim: int) -> list[int]:
@@ -60,7 +76,6 @@ class Tensor:
     """A value of the graph being traced; `shape` and `dtype` are concrete."""
 
     __slots__ = ("value", "trace")
-    __array_ufunc__ = None  # so `np_array + tensor` calls tensor.__radd__
 
     def __init__(self, value: Value, trace):
         self.value, self.trace = value, trace
@@ -135,13 +150,13 @@ class Tensor:
         and `max(axis, keepdims=...)`: the values alone."""
         if dim is None or keepdims is not None:
             return self._max(dim if axis is None else axis, bool(keepdims))
-        return selection.max_along(self, dim, keepdim)
+        return _by("max_along")(self, dim, keepdim)
 
     def min(self, dim=None, keepdim=False, *, axis=None, keepdims=None):
         """torch's `min(dim)`: (values, indices); numpy's spellings: the values."""
         if dim is None or keepdims is not None:
             return -(-self)._max(dim if axis is None else axis, bool(keepdims))
-        return selection.min_along(self, dim, keepdim)
+        return _by("min_along")(self, dim, keepdim)
 
     def amax(self, dim=None, keepdim=False):
         """torch.amax: the largest values along `dim`."""
@@ -152,13 +167,13 @@ class Tensor:
         return -(-self)._max(dim, keepdim)
 
     def argmax(self, dim=None, keepdim=False):
-        return selection.argmax(self, dim, keepdim)
+        return _by("argmax")(self, dim, keepdim)
 
     def argmin(self, dim=None, keepdim=False):
-        return selection.argmin(self, dim, keepdim)
+        return _by("argmin")(self, dim, keepdim)
 
     def cumsum(self, dim, dtype=None):
-        return selection.cumsum(self, dim, dtype)
+        return _by("cumsum")(self, dim, dtype)
 
     def var(self, dim=None, keepdim=False, *, correction=1):
         """torch.var: the mean squared deviation over `dim`, divided by N - correction."""
@@ -278,19 +293,27 @@ class Tensor:
         return x if max is None else x._binary("ember.min", max)
 
     def __getitem__(self, key) -> Tensor:
-        return indexing.getitem(self, key)
+        return _by("getitem")(self, key)
 
     def split(self, split_size_or_sections, dim: int = 0) -> tuple[Tensor, ...]:
-        return joining.split(self, split_size_or_sections, dim)
+        return _by("split")(self, split_size_or_sections, dim)
 
     def chunk(self, chunks: int, dim: int = 0) -> tuple[Tensor, ...]:
-        return joining.chunk(self, chunks, dim)
+        return _by("chunk")(self, chunks, dim)
 
     def unbind(self, dim: int = 0) -> tuple[Tensor, ...]:
-        return joining.unbind(self, dim)
+        return _by("unbind")(self, dim)
 
     def repeat(self, *sizes) -> Tensor:
-        return joining.repeat(self, *sizes)
+        return _by("repeat")(self, *sizes)
+
+    def __array_function__(self, func, types, args, kwargs):
+        """numpy's functions (np.concatenate, np.where, ...) as ember ops (NEP 18)."""
+        return _by("array_function")(func, types, args, kwargs)
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        """numpy's ufuncs, `array + tensor` among them, as ember ops (NEP 13)."""
+        return _by("array_ufunc")(ufunc, method, *inputs, **kwargs)
 
     def astype(self, dtype) -> Tensor:
         dtype = dtype if dtype in DTYPES else dtype_of(dtype)
@@ -299,6 +322,3 @@ class Tensor:
     def __repr__(self) -> str:
         return f"Tensor(shape={list(self.shape)}, dtype={self.dtype})"
 
-
-# torch's methods that are compositions live in modules of their own, which build on Tensor
-from . import indexing, joining, selection  # noqa: E402
