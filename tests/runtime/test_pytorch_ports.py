@@ -166,7 +166,6 @@ def torch_losses(model, inputs, target, loss: str) -> list[float]:
     return out
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("name", CASES)
 def test_a_pytorch_model_ports_with_its_imports_changed(name):
     inputs, target, loss = CASES[name]
