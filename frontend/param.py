@@ -338,7 +338,22 @@ class Param:
         return NotImplemented if t is None else t.param_tensor(self) != other
 
     __hash__ = object.__hash__
-    __array_ufunc__ = None  # so `np_array * param` calls param.__rmul__
+
+    # numpy's functions and ufuncs on a Param while tracing are its tensor's (NEP 18, 13)
+    def __array_function__(self, func, types, args, kwargs):
+        t = context.active()
+        if t is None:
+            return NotImplemented
+        tensor = t.param_tensor(self)
+        types = tuple(type(tensor) if issubclass(k, Param) else k for k in types)
+        return tensor.__array_function__(func, types, args, kwargs)
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        t = context.active()
+        if t is None:
+            return NotImplemented
+        inputs = tuple(t.param_tensor(x) if isinstance(x, Param) else x for x in inputs)
+        return t.param_tensor(self).__array_ufunc__(ufunc, method, *inputs, **kwargs)
 
     @property
     def T(self):

@@ -216,3 +216,20 @@ def test_the_gradient_through_concatenate_equals_finite_differences(backend):
             model.p.data = x
             num[i] += sign * (run(w) * r).sum() / (2 * eps)
     np.testing.assert_allclose(grad[model.p], num, rtol=1e-6, atol=1e-8)
+
+
+def test_numpy_functions_take_params_as_their_traced_tensors():
+    """`np.exp(self.w)`, `np.concatenate([self.w, x])` and `array * self.w` in forward."""
+
+    class WithParam(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = em.Param.from_array(np.arange(6.0, dtype=np.float32).reshape(2, 3))
+
+        def forward(self, x):
+            return np.concatenate([np.exp(self.w), x], 0) + np.ones((1, 3), np.float32) * self.w[0]
+
+    x = np.ones((2, 3), np.float32)
+    w = np.arange(6.0).reshape(2, 3)
+    want = np.concatenate([np.exp(w), x], 0) + w[0]
+    np.testing.assert_allclose(em.compile(WithParam(), x, backend="cpu")(x), want, rtol=1e-6)
