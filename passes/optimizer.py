@@ -4,16 +4,28 @@ It turns a graph returning (loss, outputs..., grads...) into a whole training st
 the update of every param with a gradient is computed in the graph, so forward,
 backward and update compile into one native call. Follows PyTorch's formulas.
 
+Param groups (PyTorch's): `groups=` gives each group's settings, `;` between groups, each
+a `,`-separated list of `name=value` that differ from the pass's own options (the first
+group's, so its entry is empty): `optimizer{kind=adamw weight_decay=0.1
+groups=;weight_decay=0.0}`. The graph's `ember.param_groups` (a list per group of the
+param ids it holds, which the runtime sets on the traced graph) says which group each
+gradient's param is in; a param with a gradient in no group is an error. Without
+`groups`, one group takes every gradient. The optimizer's kind and its clipping (by the
+norm of all gradients together) are the same for every group.
+
 Contract (read by the runtime):
-- new arguments after the original ones: `lr` and `step` (scalars; `step` counts from 1),
-  then one per optimizer state tensor, named in `ember.state` as "<param id>:<slot>";
+- new arguments after the original ones: one `lr` per param group (`lr`, then `lr1`,
+  `lr2`, ...: fed, so that changing one does not recompile) and `step` (scalars; `step`
+  counts from 1), then one per optimizer state tensor, named in `ember.state` as
+  "<param id>:<slot>";
 - results: (loss, outputs..., new params in `ember.updates` order, new state tensors in
-  `ember.state` order); `ember.grads` is replaced by `ember.updates`.
+  `ember.state` order); `ember.grads` is replaced by `ember.updates`, and
+  `ember.param_groups` is dropped.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 import numpy as np
@@ -37,12 +49,50 @@ class Optimizer(Pass):
     beta2: float = 0.999
     eps: float = 1e-8
     clip_norm: float = 0.0  # > 0: scale all grads so their global L2 norm is at most this
+    groups: str = ""  # each param group's own settings (module docstring); "": one group
 
     def check(self, graph: Graph) -> None:
         if "ember.grads" not in graph.attributes:
             raise PipelineError("optimizer needs the gradients from autodiff: run autodiff first")
         if self.kind not in SLOTS:
             raise PipelineError(f"optimizer kind {self.kind!r} is not one of {', '.join(SLOTS)}")
+
+    def rules(self) -> list[Optimizer]:
+        """The update of each param group: this pass with the group's own settings."""
+        if not self.groups:
+            return [self]
+        return [self._group(k, entry) for k, entry in enumerate(self.groups.split(";"))]
+
+    def _group(self, k: int, entry: str) -> Optimizer:
+        """Group `k`'s update: its entry's settings over this pass's, parsed as options."""
+        pairs = [item.partition("=") for item in entry.split(",") if item]
+        shared = [name for name, eq, _ in pairs if name in ("kind", "clip_norm", "groups")]
+        if shared or not all(eq for _, eq, _ in pairs):
+            raise PipelineError(f"optimizer: group {k} of groups={self.groups!r} must be "
+                                "name=value settings other than kind, clip_norm and groups")
+        texts = {name: value for name, _, value in pairs}
+        parsed = Optimizer.from_options(texts)  # checks each name and value
+        return replace(self, groups="", **{name: getattr(parsed, name) for name in texts})
+
+    def group_of(self, graph: Graph, ids: list[str], count: int) -> list[int]:
+        """The group of each gradient's param, from `ember.param_groups` (which it pops)."""
+        listed = graph.attributes.pop("ember.param_groups", None)
+        if count == 1:
+            return [0] * len(ids)
+        if not isinstance(listed, list) or len(listed) != count:
+            raise PipelineError(f"optimizer: groups= gives {count} param groups, so the graph "
+                                "needs ember.param_groups, a list of each one's param ids")
+        index: dict[str, int] = {}
+        for k, members in enumerate(listed):
+            for pid in members:
+                if index.setdefault(pid, k) != k:
+                    raise PipelineError(f"optimizer: param {pid} is in param groups "
+                                        f"{index[pid]} and {k}")
+        paths = {op.attributes["id"]: op.attributes.get("path") for op in graph.params()}
+        if left := [paths.get(pid) or pid for pid in ids if pid not in index]:
+            raise PipelineError(f"optimizer: {', '.join(left)} get gradients but are in no "
+                                "param group")
+        return [index[pid] for pid in ids]
 
     def slots(self) -> tuple[str, ...]:
         if self.kind == "sgd" and self.momentum == 0.0:
@@ -55,20 +105,23 @@ class Optimizer(Pass):
         ret = graph.return_op
         outputs = list(ret.operands)
         kept, grads = outputs[:len(outputs) - len(ids)], outputs[len(outputs) - len(ids):]
+        rules = self.rules()
+        group = self.group_of(graph, ids, len(rules))
         params = {op.attributes["id"]: op.result for op in graph.params()}
         dtype = grads[0].type.dtype if grads else "f32"
         scalar = TensorType((), dtype)
-        lr = graph.body.add_arg(scalar, "lr")
+        lrs = [graph.body.add_arg(scalar, f"lr{k or ''}") for k in range(len(rules))]
         step = graph.body.add_arg(scalar, "step")
         b = Builder(graph.body, before=ret)
         if self.clip_norm > 0 and grads:
             grads = self._clip(b, grads)
         new_params, new_state, state_names = [], [], []
-        for pid, g in zip(ids, grads):
-            state = {s: graph.body.add_arg(g.type, None) for s in self.slots()}
-            p_new, s_new = self._update(b, params[pid], g, lr, step, state)
+        for pid, g, k in zip(ids, grads, group):
+            rule = rules[k]
+            state = {s: graph.body.add_arg(g.type, None) for s in rule.slots()}
+            p_new, s_new = rule._update(b, params[pid], g, lrs[k], step, state)
             new_params.append(p_new)
-            for s in self.slots():
+            for s in rule.slots():
                 new_state.append(s_new[s])
                 state_names.append(f"{pid}:{s}")
         ret.drop_operands()

@@ -239,16 +239,17 @@ def mismatches(model, doc: dict) -> list[str]:
 
 
 def _restored_optimizer(opt: Optimizer, config: dict, step_count: int) -> Optimizer:
-    """A fresh optimizer of the checkpoint's config, which must be exactly what `config()`
-    writes (so a value of the wrong type cannot slip in through a constructor) with finite
-    numbers only, and whose lr at `step_count` is finite."""
+    """A fresh optimizer of the checkpoint's config over `opt`'s param groups (the settings
+    are the checkpoint's, which params each group holds the model's), which must be exactly
+    what `config()` writes (so a value of the wrong type cannot slip in through a
+    constructor) with finite numbers only, and whose lr at `step_count` is finite."""
     _fields(config, {"kind": str, "options": dict, "schedule": dict}, "optimizer")
     if config["kind"] != opt.kind:
         raise _Invalid(f"it was trained with {shown(config['kind'])}, not {opt.kind}: its "
                        "optimizer state does not apply")
     try:
         text = json.dumps(config, sort_keys=True, allow_nan=False)
-        restored = from_config(config)
+        restored = from_config(config, like=opt)
         lr = restored.schedule(step_count)
     except (TypeError, ValueError, KeyError, OverflowError, RecursionError) as e:
         raise _Invalid(f"bad optimizer config: {type(e).__name__}: {one_line(str(e))}") from None

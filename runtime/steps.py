@@ -21,7 +21,7 @@ from .fast_path import BoundStep
 from .inputs import check_arguments, finite_inputs, model_input_count
 from .params import GradientsParams
 from .pipeline import grad_pipeline, training_pipeline
-from .update import SettingsWatch, hyper_inputs, state_inputs, write_back
+from .update import SettingsWatch, hyper_inputs, mark_param_groups, state_inputs, write_back
 
 
 class _Training(Compiled):
@@ -166,8 +166,12 @@ class TrainStep(_Training):
         return training_pipeline(self.optimizer.pass_spec(), self.linear,
                                  self.checkpoint, self.memory_budget)
 
+    def _trace(self, specs: tuple) -> Graph:
+        """The training trace, with the optimizer's param groups for its pass."""
+        return mark_param_groups(super()._trace(specs), self.optimizer)
+
     def key_extra(self) -> tuple:
-        return (self.optimizer.kind, *self.optimizer.options().items())
+        return self.optimizer.update_key()
 
     def watch_settings(self) -> Callable[[], bool]:
         """Whether `self.optimizer` is the same object with the same settings, read in one

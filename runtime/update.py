@@ -20,19 +20,33 @@ from .params import param_table, param_values
 
 
 def hyper_inputs(opt, dtype: str | None = None) -> list:
-    """The `lr` and `step` arguments of a lowered update: numpy scalars of `dtype`, or
-    without one Python floats, which every backend casts to the graph's dtype as it binds
-    them (the cpu backend straight into its scalar buffers: no numpy scalar per step)."""
-    scalar = float if dtype is None else numpy_dtype(dtype).type
-    return [scalar(opt.lr), scalar(opt.step_count + 1)]
+    """The `lr` (one per param group) and `step` arguments of a lowered update: numpy
+    scalars of `dtype`, or without one Python floats, which every backend casts to the
+    graph's dtype as it binds them (the cpu backend straight into its scalar buffers: no
+    numpy scalar per step)."""
+    values = opt.group_lrs()
+    values.append(opt.step_count + 1.0)
+    return values if dtype is None else list(map(numpy_dtype(dtype).type, values))
+
+
+def mark_param_groups(graph: Graph, opt) -> Graph:
+    """`graph` with `ember.param_groups`, the ids of each group's params, where `opt` has
+    several groups (what the `optimizer` pass reads to give each param its group's
+    settings); set on the traced graph, whose ids the stage cache numbers."""
+    ids = opt.group_ids()
+    if ids is not None:
+        graph.attributes["ember.param_groups"] = [list(group) for group in ids]
+    return graph
 
 
 class SettingsWatch:
-    """Says cheaply whether `owner.optimizer`'s settings (what `options()`, hence a compiled
-    update, is made of) may have changed since the watch was made: the same optimizer with
-    the same attributes, but for the two a step changes (`state`, `step_count`). It runs
-    on every step (one call, `unchanged`), so the attributes are read in one C-level call
-    and compared, identity first, as one tuple."""
+    """Says cheaply whether `owner.optimizer`'s settings (what `update_key()`, hence a
+    compiled update, is made of) may have changed since the watch was made: the same
+    optimizer with the same attributes, but for the two a step changes (`state`,
+    `step_count`), and no param group added or edited since (`GroupEdits`: a group's
+    settings are written into the group, in place). It runs on every step (one call,
+    `unchanged`), so the attributes are read in one C-level call and compared, identity
+    first, as one tuple."""
 
     def __init__(self, owner):
         self.owner = owner
@@ -40,11 +54,13 @@ class SettingsWatch:
         self.count = len(vars(opt))
         self.read = attrgetter(*(k for k in vars(opt) if k not in ("state", "step_count")))
         self.values = self.read(opt)
+        self.edits = opt.group_edits()
 
     def unchanged(self) -> bool:
         opt = self.owner.optimizer
         try:
             return opt is self.opt and len(opt.__dict__) == self.count \
+                and opt.group_edits() == self.edits \
                 and self.read(opt) == self.values
         except AttributeError:  # a setting deleted (and another added)
             return False
@@ -103,12 +119,12 @@ def update_graph(opt, table: dict, ids: list[str], scale: float = 1.0) -> Graph:
     b.create("func.return", grads)
     graph.attributes["ember.grads"] = ids
     (lower,) = parse_pipeline(opt.pass_spec())
-    return lower.apply(graph)
+    return lower.apply(mark_param_groups(graph, opt))
 
 
 def apply_update(opt, model, grads) -> None:
     table = param_table(model)
-    only = getattr(opt, "param_ids", None)  # PyTorch's spelling named these params
+    only = opt.param_ids  # PyTorch's spelling named these params (in its groups)
     ids = [pid for pid, p in table.items()
            if p.id in grads and p.requires_grad and (only is None or p.id in only)]
     if not ids:

@@ -265,9 +265,10 @@ def test_bad_optimizer_settings_are_rejected():
 
 def test_pytorchs_spelling_with_the_params_first():
     """`optim.AdamW(model.parameters(), lr=1e-3)` raised 'got multiple values for argument
-    lr'. The params are taken; a compiled step updates every param that requires grad, so
-    a subset is refused there (it would train the others silently), while `opt.step` with
-    gradients updates only the params it was given, as PyTorch's does."""
+    lr'. The params are taken (param groups too: test_param_groups.py); a compiled step
+    updates every param that requires grad, so a subset is refused there (it would train the
+    others silently), while `opt.step` with gradients updates only the params it was given,
+    as PyTorch's does."""
     em.seed(0)
     model = Net()
     x, y = digits().x_train[:16], digits().y_train[:16]
@@ -279,8 +280,7 @@ def test_pytorchs_spelling_with_the_params_first():
                                          "\\(fc1.weight, fc1.bias\\): freeze them"):
         em.compile_train_step(model, nn.functional.cross_entropy,
                               optim.SGD(model.fc2.parameters(), lr=0.1), backend="cpu")
-    with pytest.raises(NotImplementedError, match="settings of their own \\(lr\\)"):
-        optim.SGD([{"params": model.parameters(), "lr": 0.1}])
+    assert optim.SGD([{"params": model.parameters(), "lr": 0.1}]).param_groups[0]["lr"] == 0.1
     with pytest.raises(TypeError, match="give the learning rate once"):
         optim.SGD(0.1, 0.2)
     head = optim.SGD(model.fc2.parameters(), lr=0.5)
