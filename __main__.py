@@ -49,6 +49,41 @@ def _optimizer(args: argparse.Namespace, steps_per_epoch: int):
     return optim.OPTIMIZERS[args.optimizer](lr=schedule, clip_norm=args.clip_norm, **kwargs)
 
 
+def _longer_schedule(epochs: int, steps_per_epoch: int):
+    """`fit`'s `on_resume`: a checkpoint whose lr schedule was made for a shorter run than
+    `epochs` (its cosine ends, or its step schedule's thirds pass, before this run does)
+    gets it recomputed over this run's steps, as `--epochs` from the start would have made
+    it, and a note says so; the lr jumps to that schedule's at the resume step."""
+    from dataclasses import replace
+
+    from ember.runtime.schedules import Cosine, LinearWarmup, StepLR
+
+    def extend(step, state) -> str | None:
+        opt = step.optimizer
+        schedule = opt.schedule
+        warmup, inner = ((schedule.warmup_steps, schedule.after)
+                         if isinstance(schedule, LinearWarmup) else (0, schedule))
+        steps = epochs * steps_per_epoch
+        total = max(1, steps - warmup)
+        if isinstance(inner, Cosine) and total > inner.total_steps:
+            longer = replace(inner, total_steps=total)
+            was = f"cosine lr schedule ends at step {warmup + inner.total_steps}"
+            then = f", then anneals to {inner.min_lr:g} by step {steps}"
+        elif isinstance(inner, StepLR) and max(1, total // 3) > inner.step_size:
+            longer = replace(inner, step_size=max(1, total // 3))
+            was = (f"step lr schedule (x{inner.gamma:g} every {inner.step_size} steps) was "
+                   "made for a shorter run")
+            then = f", then x{inner.gamma:g} every {longer.step_size} steps"
+        else:
+            return None
+        before = opt.lr
+        opt.lr = replace(schedule, after=longer) if warmup else longer
+        return (f"the checkpoint's {was}; --epochs {epochs} recomputes it over this run's "
+                f"{steps} steps, as a {epochs}-epoch run has it: lr {before:.4g} -> "
+                f"{opt.lr:.4g} at step {opt.step_count}{then}")
+    return extend
+
+
 def _launch(args: argparse.Namespace) -> int:
     """`ember train --nproc N`: the same command as N ranks under torchrun, one machine;
     the cores are split between them (EMBER_NUM_THREADS, unless set)."""
@@ -101,6 +136,7 @@ def _run_group(cmd: list[str], env: dict) -> int:
 
 def _train(args: argparse.Namespace) -> int:
     import ember as em
+    from ember.frontend.trace import model_source
     from ember.runtime import data, models, train
     from ember.runtime.backend import BackendUnavailableError
     from ember.runtime.debug import ExecutionError
@@ -121,15 +157,19 @@ def _train(args: argparse.Namespace) -> int:
         say = print if lead else (lambda *a, **k: None)
         em.seed(args.seed)
         onnx_model = em.onnx.load(args.model) if args.model.endswith(".onnx") else None
-        image = (models.wants_image(args.model) if onnx_model is None
-                 else len(onnx_model.input_dims[0] or ()) == 4)
+        user_model = (models.load_model(args.model, (), 0)  # built once: its layers tell
+                      if onnx_model is None and args.model not in models.BUILTIN else None)
+        image = (len(onnx_model.input_dims[0] or ()) == 4 if onnx_model is not None
+                 else not args.data and models.wants_image(args.model, user_model))
         dataset = (data.load_npz(args.data, args.seed) if args.data
                    else data.digits(args.seed, image=image))
-        if onnx_model is None:
-            model = models.load_model(args.model, dataset.input_shape, dataset.num_classes)
-        else:  # the data must fit the imported model's input: said before compiling
-            model = onnx_model
+        if onnx_model is not None:  # the data must fit the imported model's input: said
+            model = onnx_model       # before compiling
             model.check_inputs(dataset.x_train.shape)
+        elif user_model is not None:
+            model = user_model
+        else:
+            model = models.load_model(args.model, dataset.input_shape, dataset.num_classes)
         global_batch = args.batch_size * (comm.world_size if comm is not None else 1)
         steps_per_epoch = len(dataset.x_train) // global_batch
         optimizer = _optimizer(args, steps_per_epoch)
@@ -138,18 +178,22 @@ def _train(args: argparse.Namespace) -> int:
             f"{args.data or 'digits'} with {optimizer}, {args.epochs} epochs, "
             f"batch {args.batch_size}{ranks}, {args.backend} backend"
             + (f", checkpoint {args.checkpoint}" if args.checkpoint != "none" else ""))
-        if args.summary:
-            say(em.summary(model, dataset.x_train[:args.batch_size]))
         if lead:  # rank 0 writes the logs, as it writes the checkpoints
             logs = MetricLogs.open(args.log_dir, args.log or [], append=bool(args.resume))
-        results = train.fit(model, dataset, optimizer, epochs=args.epochs,
-                            batch_size=args.batch_size, backend=args.backend, seed=args.seed,
-                            dump_ir=args.dump_ir, progress=not args.no_progress,
-                            checkpoint=args.checkpoint, memory_budget=args.memory_budget,
-                            save=args.save, resume=args.resume,
-                            detect_anomaly=args.detect_anomaly,
-                            data_parallel=comm if comm is not None else False,
-                            logs=logs, profile=args.profile)
+        # ops that no line of the model made (the loss) are located at the model's source,
+        # not at the `ember` launcher script
+        with model_source(models.source_location(args.model, model)):
+            if args.summary:
+                say(em.summary(model, dataset.x_train[:args.batch_size]))
+            results = train.fit(model, dataset, optimizer, epochs=args.epochs,
+                                batch_size=args.batch_size, backend=args.backend,
+                                seed=args.seed, dump_ir=args.dump_ir,
+                                progress=not args.no_progress, checkpoint=args.checkpoint,
+                                memory_budget=args.memory_budget, save=args.save,
+                                resume=args.resume, detect_anomaly=args.detect_anomaly,
+                                data_parallel=comm if comm is not None else False,
+                                logs=logs, profile=args.profile,
+                                on_resume=_longer_schedule(args.epochs, steps_per_epoch))
         if args.plot and logs is not None and results:
             say(f"wrote {plot_run(args.plot, results, logs.steps, steps_per_epoch)}")
     except BrokenPipeError:  # `ember train | head`: main() handles it, not an error of ours
@@ -297,6 +341,19 @@ def _emit(graph, emit: str, debuginfo: bool) -> str:
     return print_graph(graph, debuginfo=debuginfo)
 
 
+class _HelpEnv(argparse.Action):
+    """`--help-env`: print the EMBER_* environment switches (settings.py) and exit."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from ember.settings import describe
+
+        print(describe())
+        parser.exit()
+
+
 class _ListPasses(argparse.Action):
     """`--list-passes`: print the registered passes and exit, as `--help` does."""
 
@@ -317,11 +374,15 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="ember", description=__doc__)
     parser.add_argument("--version", action="version", version=f"ember {__version__}")
+    parser.add_argument("--help-env", action=_HelpEnv, help="list the EMBER_* environment "
+                        "variables ember reads, and exit")
     sub = parser.add_subparsers(dest="command", required=True)
 
     t = sub.add_parser("train", help="train a built-in model on built-in data")
     t.add_argument("--model", default="mlp", help="mlp, cnn, path/to/file.py:ClassName, or an "
-                   ".onnx classifier to fine-tune")
+                   ".onnx classifier to fine-tune; a class whose first layer is a Conv2d gets "
+                   "the digits as [N, 1, 8, 8] images, one whose first is a Linear as [N, 64] "
+                   "rows (or set `image = True`/`False` on the class)")
     t.add_argument("--data", default=None, help=".npz with x and y (default: digits)")
     t.add_argument("--optimizer", choices=("sgd", "adam", "adamw"), default="sgd")
     t.add_argument("--lr", type=_number(positive=True), default=None,
@@ -345,7 +406,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="planned peak memory of the step (implies --checkpoint min-cut)")
     t.add_argument("--dump-ir", metavar="DIR", help="write the IR of every stage to DIR")
     t.add_argument("--save", metavar="PATH", help="checkpoint after each epoch and on Ctrl-C")
-    t.add_argument("--resume", metavar="PATH", help="continue a run from a --save checkpoint")
+    t.add_argument("--resume", metavar="PATH", help="continue a run from a --save checkpoint, "
+                   "with its optimizer and lr schedule; a larger --epochs recomputes a cosine "
+                   "or step schedule over the longer run (as that many epochs from the start "
+                   "would have it; a note gives the lr)")
     t.add_argument("--detect-anomaly", action="store_true",
                    help="check every step for NaN/Inf and name the op that produced it")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")

@@ -1,6 +1,6 @@
 """Durable file writes and the cache directory, shared by every layer that saves something
 (records, training checkpoints, the compile cache, the GEMM table, the data cache): a leaf
-module that imports nothing of ember."""
+module that imports nothing of ember but its settings."""
 
 from __future__ import annotations
 
@@ -11,20 +11,22 @@ import sys
 import tempfile
 from pathlib import Path
 
+from .settings import CACHE, CACHE_DIR
+
 
 def cache_dir() -> Path:
     """Where ember keeps what it can rebuild: EMBER_CACHE_DIR, else ~/.cache/ember (or
     $XDG_CACHE_HOME/ember)."""
-    d = os.environ.get("EMBER_CACHE_DIR")
-    if d:
-        return Path(d)
+    d = CACHE_DIR.get()
+    if d is not None:
+        return d
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "ember"
 
 
 def cache_enabled() -> bool:
     """False under `EMBER_CACHE=0`: compiled code and data copies are then neither read
     nor written (the GEMM table, written only by the tuner, is still read)."""
-    return os.environ.get("EMBER_CACHE", "1") != "0"
+    return CACHE.get()
 
 
 def write_atomically(path: str, data: bytes) -> None:

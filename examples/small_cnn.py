@@ -3,9 +3,10 @@
     ember train --model examples/small_cnn.py:SmallCnn --optimizer adam --lr 0.01 \
         --schedule cosine --epochs 10 --save runs/cnn.ckpt
 
-`image = True` asks `ember train` for the digits as [N, 1, 8, 8]; the class is built with
-no arguments. BatchNorm's running statistics are buffers the compiled step updates; the
-dropout mask comes from the step counter, so a resumed run draws the same masks.
+`ember train` gives it the digits as [N, 1, 8, 8] images, as its first layer is a Conv2d
+(`image = True` says so outright); the class is built with no arguments. BatchNorm's
+running statistics are buffers the compiled step updates; the dropout mask comes from the
+step counter, so a resumed run draws the same masks.
 """
 
 from ember import nn

@@ -19,6 +19,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,6 +31,7 @@ from .param import Param, ParamId, random_seed
 from .tensor import Tensor
 
 _PACKAGE = __name__.split(".")[0]  # "ember": frames of this package are not user code
+_ENTRY = _PACKAGE + ".__main__"  # the command line: frames outside it are its launcher's
 
 
 class ShapeError(ValueError):
@@ -78,15 +80,47 @@ class TensorSpec:
         return ir.TensorType(self.shape, self.dtype)
 
 
+_MODEL_SOURCE: ContextVar[ir.Location | None] = ContextVar("ember_model_source", default=None)
+
+
+@contextmanager
+def model_source(loc: ir.Location | None):
+    """Within the block, an op no user frame made gets `loc`, the model's own source (the
+    `ember` command sets it: its launcher script is no user code), or, nearer, the line
+    of loc's file on the stack (a built-in model's line in ember)."""
+    token = _MODEL_SOURCE.set(loc)
+    try:
+        yield
+    finally:
+        _MODEL_SOURCE.reset(token)
+
+
+def _module_name(f) -> str:
+    """The module of frame `f`: `python -m ember` runs ember's `__main__` as `__main__`."""
+    spec = f.f_globals.get("__spec__")
+    return getattr(spec, "name", None) or f.f_globals.get("__name__", "")
+
+
 def user_location() -> ir.Location | None:
-    """The innermost stack frame outside ember: the user's line that made this op."""
+    """The innermost stack frame outside ember: the user's line that made this op.
+
+    Frames outside ember's command line (`ember.__main__`: the `ember` launcher script,
+    runpy, a test calling `main`) are never the user's; where the walk reaches it first,
+    the op gets the `model_source` location (or None).
+    """
+    source = _MODEL_SOURCE.get()
+    nearest = None  # the innermost frame in the model's source file
     f = sys._getframe(1)
     while f is not None:
-        name = f.f_globals.get("__name__", "")
+        name = _module_name(f)
+        if name == _ENTRY:
+            break
         if name != _PACKAGE and not name.startswith(_PACKAGE + "."):
             return ir.Location(f.f_code.co_filename, f.f_lineno, 0)
+        if nearest is None and source is not None and f.f_code.co_filename == source.file:
+            nearest = ir.Location(source.file, f.f_lineno, 0)
         f = f.f_back
-    return None
+    return nearest or source
 
 
 class Trace:

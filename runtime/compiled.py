@@ -17,7 +17,6 @@ input checks a backend may run natively (backends/input_checks.py).
 from __future__ import annotations
 
 import functools
-import os
 import sys
 import threading
 import time
@@ -37,6 +36,7 @@ from ..frontend.trace import ShapeError, TensorSpec, trace_function
 from ..ir import Graph, numpy_dtype
 from ..ir.parser import parse
 from ..ir.printer import print_graph, strip_locations
+from ..settings import DUMP_IR
 from . import stage_cache
 from .backend import DEVICE_BACKENDS, get_backend, to_host
 from .debug import AnomalyError, ExecutionError, describe, find_anomaly, locate_error
@@ -240,9 +240,9 @@ class Compiled:
         stages, run = self._lower(graph, self.pipeline())
         entry = Entry(stages.graph, run, stages, time.perf_counter() - start, specs, labels)
         self.compiles += 1
-        dump = os.environ.get("EMBER_DUMP_IR")
-        if dump:
-            stages.write(dump, prefix=self.kind)
+        dump = DUMP_IR.get()
+        if dump is not None:
+            stages.write(str(dump), prefix=self.kind)
         return entry
 
     def _lower(self, graph: Graph, pipeline: list[str]) -> tuple[Stages, object]:

@@ -21,7 +21,9 @@ from datetime import timedelta
 
 import numpy as np
 
-DEFAULT_TIMEOUT = 300.0  # seconds; EMBER_DIST_TIMEOUT overrides it
+from ..settings import DIST_TIMEOUT
+
+DEFAULT_TIMEOUT = DIST_TIMEOUT.default  # seconds; EMBER_DIST_TIMEOUT overrides it
 
 
 class DistributedError(RuntimeError):
@@ -177,7 +179,7 @@ def init(backend: str = "auto", timeout: float | None = None) -> Communicator:
     if backend not in BACKENDS:
         raise ValueError(f"distributed backend {backend!r}: choose one of {', '.join(BACKENDS)}")
     if timeout is None:
-        timeout = float(os.environ.get("EMBER_DIST_TIMEOUT", DEFAULT_TIMEOUT))
+        timeout = DIST_TIMEOUT.get()
     if not timeout > 0:
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout}")
     backend = detect() if backend == "auto" else backend

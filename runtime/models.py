@@ -1,18 +1,18 @@
 """The built-in models `ember train` offers, and loading a user's model from a file.
 
-A model class says how it wants the digits: `image = True` gives [N, 1, 8, 8] (a user's
-class may set it too), otherwise [N, 64].
+How a model wants the digits: as images [N, 1, 8, 8] or as rows [N, 64]. A class may say
+so (`image = True` or `image = False`); otherwise its first layer tells (`wants_image`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import importlib.util
 import math
 import os
 import traceback
 
+from .. import ir
 from ..frontend import nn
 
 
@@ -58,16 +58,86 @@ def _has_conv() -> bool:
 BUILTIN = {"mlp": Mlp, **({"cnn": Cnn} if _has_conv() else {})}
 
 
-def wants_image(spec: str) -> bool:
-    """Does the model `spec` names take [N, C, H, W] images (else flat rows)?"""
+def _layer_kinds() -> tuple[tuple, tuple, tuple]:
+    """(layers that take images [N, C, H, W], layers that take rows [N, D], layers with
+    parameters that take either): a model's first layer of the first two kinds tells how
+    it wants the digits."""
+    def kinds(*names: str) -> tuple:
+        return tuple(getattr(nn, n) for n in names if hasattr(nn, n))
+
+    return (kinds("Conv2d", "ConvTranspose2d", "BatchNorm2d", "MaxPool2d", "AvgPool2d",
+                  "AdaptiveAvgPool2d"),
+            kinds("Linear", "BatchNorm1d"),
+            kinds("LayerNorm", "RMSNorm", "GroupNorm"))
+
+
+def wants_image(spec: str, model: nn.Module | None = None) -> bool:
+    """Does the model `spec` names (`model`, its instance, for a user's class) take the
+    digits as [N, 1, 8, 8] images, or as [N, 64] rows?
+
+    An `image` attribute (of the class or the instance) says; otherwise the first layer
+    the model defines that tells, in definition order: a Conv2d (or a 2-d pool or
+    BatchNorm2d) takes images, a Linear (or BatchNorm1d) rows. Layers that take either
+    (activations, Dropout, LayerNorm, Flatten, ...) are passed over. A ValueError says
+    what to add when the model cannot tell (its first layer with parameters is of another
+    kind, e.g. a Conv1d or an Embedding, or it has no layers).
+    """
     if spec in BUILTIN:
         return BUILTIN[spec].image
-    return bool(getattr(_user_class(spec), "image", False))
+    if model is None:
+        model = load_model(spec, (), 0)
+    said = getattr(model, "image", None)
+    if said is not None:
+        return bool(said)
+    images, rows, either = _layer_kinds()
+    first = None  # the first layer with parameters of its own, of a kind that does not tell
+    for path, m in model.named_modules()[1:]:
+        if isinstance(m, images):
+            return True
+        if isinstance(m, rows):
+            return False
+        if not isinstance(m, either) and len(m.named_modules()) == 1 and m.named_parameters():
+            first = f"its first layer {path} is a {type(m).__name__}"
+            break
+    name = type(model).__name__
+    why = first or "it has no Conv2d or Linear layer"
+    raise ValueError(f"cannot tell whether {name} takes the digits as images [N, 1, 8, 8] or "
+                     f"as rows [N, 64] ({why}): add `image = True` (images) or `image = False` "
+                     f"(rows) to class {name} in {spec.rpartition(':')[0]}")
+
+
+def source_location(spec: str, model: nn.Module) -> ir.Location | None:
+    """Where `model`, of the class `spec` names, is written, for ops that no line of it
+    made (the loss): the `def forward` line of its class (in the user's file, or in this
+    one for a built-in model), else the `class` line of a user's class that inherits its
+    forward; None for an .onnx model."""
+    if spec.endswith(".onnx"):
+        return None
+    cls = type(model)
+    code = getattr(getattr(cls, "forward", None), "__code__", None)
+    if code is not None and (spec in BUILTIN or not code.co_filename.startswith(_HERE)):
+        return ir.Location(code.co_filename, code.co_firstlineno, 0)
+    path = os.path.abspath(spec.rpartition(":")[0])
+    return ir.Location(path, _class_line(path, cls.__name__), 0)
+
+
+def _class_line(path: str, name: str) -> int:
+    """The line of `class name` in the file at `path` (1 where it cannot be found)."""
+    import ast
+
+    try:
+        with open(path, "rb") as f:
+            tree = ast.parse(f.read(), path)
+    except (OSError, SyntaxError, ValueError):
+        return 1
+    return next((n.lineno for n in tree.body if isinstance(n, ast.ClassDef) and n.name == name),
+                1)
 
 
 def load_model(spec: str, input_shape: tuple[int, ...] | int, d_out: int) -> nn.Module:
     """A built-in name (`mlp`, `cnn`) or `path/to/file.py:ClassName` (constructed with no
-    arguments). `input_shape` is one example's shape ([64] or [1, 8, 8])."""
+    arguments: `input_shape` and `d_out` are the built-ins'). `input_shape` is one
+    example's shape ([64] or [1, 8, 8])."""
     shape = (input_shape,) if isinstance(input_shape, int) else tuple(input_shape)
     if spec == "mlp":
         return Mlp(d_in=math.prod(shape), d_out=d_out)
@@ -102,8 +172,8 @@ def _user_code(what: str):
 _HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # ember's own files
 
 
-@functools.cache
 def _user_class(spec: str) -> type:
+    """The class `path/to/file.py:ClassName` names, the file run anew at each call."""
     path, sep, cls = spec.rpartition(":")
     if not sep or not path.endswith(".py"):
         raise ValueError(f"unknown model {spec!r}: use one of {', '.join(BUILTIN)} "

@@ -16,6 +16,7 @@ from ..ir.parser import parse
 from ..ir.printer import print_graph
 from ..passes.manager import Pass, PassManager, parse_pipeline
 from ..passes.recompute import Checkpoint
+from ..settings import PASS_TIMING
 
 SIMPLIFY = ["canonicalize", "cse", "dce"]
 
@@ -122,7 +123,7 @@ class Stages:
         self.cached = final is not None  # the final graph came from the stage cache
         self.digest: str | None = None  # set by the stage cache: names the final graph
         self.timings: list[tuple[str, float]] = []
-        timing = bool(os.environ.get("EMBER_PASS_TIMING"))  # the backend prints its own
+        timing = PASS_TIMING.get()  # the backend prints its own
         self.graph = final if final is not None else (
             self._run(graph, timing) if len(self._candidates) == 1 else self._choose(graph, timing))
 

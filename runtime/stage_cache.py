@@ -27,7 +27,6 @@ from __future__ import annotations
 import functools
 import gc
 import hashlib
-import os
 import re
 import sys
 import time
@@ -43,6 +42,7 @@ from ..files import cache_enabled
 from ..ir import Graph
 from ..ir import pack as packing
 from ..ir.printer import print_graph
+from ..settings import PASS_TIMING
 from .pipeline import Stages
 
 _STORE = Store("stages", ".json", b"emberstg", 2)
@@ -150,7 +150,7 @@ def stages(graph: Graph, pipeline: list[str], backend: str) -> Stages:
         except (ValueError, TypeError, IndexError, KeyError):  # intact but unreadable
             _STORE.discard(k)  # never trusted: the passes run again and store it anew
         else:
-            if os.environ.get("EMBER_PASS_TIMING"):
+            if PASS_TIMING.get():
                 print(f"@{graph.name} IR passes: skipped, stage cache hit "
                       f"({time.perf_counter() - start:.4f} s)", file=sys.stderr)
             done = Stages(graph, pipeline, final=final)

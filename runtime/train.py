@@ -18,6 +18,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 
@@ -114,10 +115,14 @@ def fit(model: nn.Module, data: Dataset, optimizer, epochs: int = 10, batch_size
         memory_budget: int | None = None, save: str | None = None, resume: str | None = None,
         detect_anomaly: bool = False, step: TrainStep | None = None,
         data_parallel=False, logs: MetricLogs | None = None,
-        profile: str | None = None) -> History:
+        profile: str | None = None,
+        on_resume: Callable[[TrainStep, FitState], str | None] | None = None) -> History:
     """Train `model` on `data` with cross-entropy; print and return per-epoch results.
     `logs`: where each step's and epoch's metrics go (runtime/logging.py); `profile`: a
-    path for a Chrome trace of the step's kernels on one batch, written at the end."""
+    path for a Chrome trace of the step's kernels on one batch, written at the end;
+    `on_resume(step, state)`: called once `resume` is loaded, it may change the restored
+    optimizer (`ember train` stretches its lr schedule to a longer run) and returns a
+    note to print, or None."""
     from .api import compile_train_step
 
     if step is None:
@@ -137,11 +142,14 @@ def fit(model: nn.Module, data: Dataset, optimizer, epochs: int = 10, batch_size
     if resume:
         asked, asked_text = step.optimizer.config(), repr(step.optimizer)
         state = step.load_checkpoint(resume, FitState.from_extra)
+        note = on_resume(step, state) if on_resume is not None else None
         if step.optimizer.config() != asked:
             print(f"note: continuing with the checkpoint's optimizer {step.optimizer}, not "
                   f"{asked_text}", file=out)
         print(f"resumed from {resume} at epoch {state.epoch + 1}, batch {state.batch} "
               f"(step {step.optimizer.step_count})", file=out)
+        if note:
+            print(f"note: {note}", file=out)
         _say_what_resuming_leaves(step, state, epochs, resume, out)
     forwards: dict[str, CompiledFunction] = {}
     with stop_on_interrupt() as stop:

@@ -7,17 +7,9 @@ nn.* ops must be decomposed first (UnsupportedOpError at compile time otherwise)
 GEMMs (fused.py, matmul.py, gemm.py); convolutions, pools and gather/scatter are in
 spatial.py, dropout in dropout.py. One LLVM module per graph, one native call per run.
 
-Environment:
-- EMBER_NUM_THREADS: threads for large kernels (default: the CPUs this process may use)
-- EMBER_CACHE=0 / EMBER_CACHE_DIR: the compile cache of object code (~/.cache/ember)
-- EMBER_GEMM=own|blas: force a GEMM engine (default: the cost table, cost.py/tune.py);
-  EMBER_GEMM_TUNE=0: never measure a point the table lacks; EMBER_BLAS=0: never call
-  OpenBLAS
-- EMBER_DUMP_LLVM=DIR: LLVM IR before/after optimization and assembly per graph
-- EMBER_LLVM_REMARKS=1: LLVM's vectorization remarks on stderr
-- EMBER_PASS_TIMING=1: the backend's compile time per stage on stderr
-- EMBER_LLVM_UNROLL=1: let LLVM unroll loops (off: no measured gain, compiles 1.5-5x
-  slower)
+Environment: the EMBER_* switches declared in settings.py (`ember --help-env` lists
+them): EMBER_NUM_THREADS, EMBER_CACHE/EMBER_CACHE_DIR, EMBER_GEMM, EMBER_GEMM_TUNE,
+EMBER_BLAS, EMBER_DUMP_LLVM, EMBER_LLVM_REMARKS, EMBER_PASS_TIMING, EMBER_LLVM_UNROLL.
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ import llvmlite.binding as llvm
 import numpy as np
 from llvmlite import ir
 
+from ...settings import BLAS
 from .scalar import I32, I64, PTR
 
 ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112
@@ -48,7 +49,7 @@ def _candidates() -> list[str]:
 def find() -> Blas | None:
     """The BLAS ember calls, or None (then every GEMM is ember's own).
     `EMBER_BLAS=0` disables it."""
-    if os.environ.get("EMBER_BLAS", "1") == "0":
+    if not BLAS.get():
         return None
     for path in _candidates():
         try:

@@ -3,9 +3,11 @@
 Key: the graph as ember prints it (after every pass; param ids, paths and init strings
 blanked, since they never reach the code), the host (triple, CPU name, features), the
 llvmlite version, the BLAS library, the backend's own source files and the options
-(threads, GEMM choice, unrolling). A hit skips LLVM entirely: plan the buffers (cheap),
-map the object file, done. A graph the stage cache vouches for (cache_store.vouching) is
-keyed by the digest it names it by instead of its text, which then need not be printed
+(threads, the GEMM cost table, the caches' sizes, and every switch settings.py declares
+as changing the generated code: GEMM choice, BLAS, unrolling, ...). A hit skips LLVM
+entirely: plan the buffers (cheap), map the object file, done. A graph the stage cache
+vouches for (cache_store.vouching) is keyed by the digest it names it by instead of its
+text, which then need not be printed
 (`key_of_digest`; the digest covers the param ids numbered, and changes with anything in the
 graph). LLVM trusts an object file completely (an empty or cut one
 segfaults, a flipped code byte is SIGILL, a changed constant a wrong result), so entries
@@ -17,12 +19,12 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import os
 import re
 from pathlib import Path
 
 from ...cache_store import HEADER as _HEADER
 from ...cache_store import ORPHAN_SECONDS, source_hash
+from ...settings import code_values
 from .cost import load_table
 from .host import host_caches, host_cpu
 from .jit import OBJECTS, JitModule
@@ -40,7 +42,7 @@ def _source_hash() -> str:
 
 def options(threads: int) -> str:
     """The settings that change the generated code besides the graph."""
-    env = {k: os.environ.get(k, "") for k in ("EMBER_GEMM", "EMBER_BLAS", "EMBER_LLVM_UNROLL")}
+    env = code_values()  # every switch declared to change the generated code
     table = sorted(load_table(host_cpu(), threads).items())
     # the own GEMM's blocks (and so its scratch layout) follow the caches
     return f"threads={threads} {sorted(env.items())} table={table} caches={host_caches()}"

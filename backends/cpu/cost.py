@@ -27,13 +27,13 @@ import fcntl
 import functools
 import json
 import math
-import os
 import threading
 import warnings
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from ...files import cache_dir, write_atomically
+from ...settings import GEMM, GEMM_TUNE
 from . import blas as B
 from .gemm import GemmProblem
 from .gemm_timing import Point, measure_point
@@ -146,7 +146,7 @@ def nearest(size: Point, points: Iterable[Point]) -> Point:
 
 def tuning() -> bool:
     """Whether a missing grid point is measured (off under EMBER_GEMM_TUNE=0)."""
-    return os.environ.get("EMBER_GEMM_TUNE", "1") != "0"
+    return GEMM_TUNE.get()
 
 
 def rule(p: GemmProblem) -> str:
@@ -157,9 +157,10 @@ def rule(p: GemmProblem) -> str:
 
 def choose(p: GemmProblem, isa: Isa, threads: int) -> str:
     """"blas" or "own" for GemmProblem `p`."""
-    if B.find() is None or os.environ.get("EMBER_GEMM") == "own":
+    engine = GEMM.get()
+    if B.find() is None or engine == "own":
         return "own"
-    if os.environ.get("EMBER_GEMM") == "blas":
+    if engine == "blas":
         return "blas"
     cpu = host_cpu()
     table = load_table(cpu, threads)

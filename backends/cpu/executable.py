@@ -17,6 +17,7 @@ from ...cache_store import vouched
 from ...files import cache_enabled
 from ...ir import Graph, numpy_dtype, verify
 from ...ir.printer import print_graph
+from ...settings import DUMP_LLVM, PASS_TIMING
 from ..input_checks import InputCheckError, describe
 from . import blas, cache
 from .buffers import aligned_copy, aligned_empty, as_input, data_address, guarding, raw_bytes
@@ -61,7 +62,7 @@ class Executable:
         self._arena = self._allocate_arena()  # before the costly part: fail fast
         self.timings: dict[str, float] = {"plan": time.perf_counter() - t0}
         use_cache = cache_enabled() if use_cache is None else use_cache
-        use_cache = use_cache and not os.environ.get("EMBER_DUMP_LLVM")  # dumps need a build
+        use_cache = use_cache and DUMP_LLVM.get() is None  # dumps need a build
         # the input checks are compiled in, but live in the func attributes the key blanks
         options = f"{cache.options(self.plan.threads)} checks={self.plan.checks}"
         k = None
@@ -137,7 +138,7 @@ class Executable:
         self.native_calls = 0
         self.writes_out = True  # __call__ takes out=
         self.timings["total"] = time.perf_counter() - t0
-        if os.environ.get("EMBER_PASS_TIMING"):  # the backend's stages, as --pass-timing
+        if PASS_TIMING.get():  # the backend's stages, as --pass-timing
             print(f"@{graph.name}:\n{self.timing_report()}", file=sys.stderr)
 
     def _scalar_buffer(self, i, s) -> ctypes._SimpleCData | _Scalar:

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import llvmlite.binding as llvm
 
+from ...settings import NUM_THREADS
+
 
 @functools.cache
 def host_cpu() -> str:
@@ -88,13 +90,9 @@ def host_caches() -> Caches:
 
 
 def num_threads() -> int:
-    env = os.environ.get("EMBER_NUM_THREADS")
-    if env:
-        try:
-            return max(1, int(env))
-        except ValueError:
-            raise ValueError(f"EMBER_NUM_THREADS must be a positive integer, got {env!r}") \
-                from None
+    n = NUM_THREADS.get()
+    if n is not None:
+        return max(1, n)
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not on Linux

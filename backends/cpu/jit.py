@@ -32,6 +32,7 @@ from llvmlite import ir
 
 from ...cache_store import Store, source_hash
 from ...files import cache_enabled
+from ...settings import DUMP_LLVM, LLVM_REMARKS, LLVM_UNROLL
 from ..errors import KernelCompileError
 from . import blas, collective, threadpool
 from .host import host_cpu, host_features, num_threads
@@ -48,7 +49,7 @@ def _init() -> None:
         llvm.load_library_permanently(libm)
     blas.load_symbols()
     collective.load_symbols()
-    if os.environ.get("EMBER_LLVM_REMARKS"):
+    if LLVM_REMARKS.get():
         llvm.set_option("", "--pass-remarks=loop-vectorize|slp-vectorizer")
         llvm.set_option("", "--pass-remarks-missed=loop-vectorize")
 
@@ -73,13 +74,13 @@ def optimize(mod: llvm.ModuleRef, tm: llvm.TargetMachine) -> None:
     pto = llvm.create_pipeline_tuning_options(speed_level=3)
     pto.loop_vectorization = pto.slp_vectorization = True
     pto.loop_interleaving = True
-    pto.loop_unrolling = os.environ.get("EMBER_LLVM_UNROLL", "0") == "1"
+    pto.loop_unrolling = LLVM_UNROLL.get()
     pb = llvm.create_pass_builder(tm, pto)
     pb.getModulePassManager().run(mod, pb)
 
 
 def _dump_dir(dump_dir: str | None) -> Path | None:
-    d = dump_dir if dump_dir is not None else os.environ.get("EMBER_DUMP_LLVM")
+    d = dump_dir if dump_dir is not None else DUMP_LLVM.get()
     if not d:
         return None
     path = Path(d)
@@ -119,7 +120,7 @@ def _pool_module(workers: int) -> JitModule:
     """The pool's code, from the compile cache where this host compiled it before (keyed by
     the workers, the host and this folder's source), else compiled and kept there."""
     k = None
-    if cache_enabled() and not os.environ.get("EMBER_DUMP_LLVM"):  # dumps need a build
+    if cache_enabled() and DUMP_LLVM.get() is None:  # dumps need a build
         h = hashlib.sha256(f"pool {workers}\0{fingerprint()}\0".encode())
         h.update(source_hash(Path(__file__).parent).encode())
         k = h.hexdigest()[:40]

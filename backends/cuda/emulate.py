@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from ...ir import Graph, numpy_dtype, verify
+from ...settings import EMU_CACHE
 from .. import collectives
 from . import launch as L
 from .codegen import lower
@@ -200,7 +201,7 @@ def available() -> bool:
 
 
 def _cache_dir() -> Path:
-    d = Path(os.environ.get("EMBER_EMU_CACHE", Path(tempfile.gettempdir()) / "ember-cuda-emu"))
+    d = EMU_CACHE.get() or Path(tempfile.gettempdir()) / "ember-cuda-emu"
     d.mkdir(parents=True, exist_ok=True)
     return d
 
