@@ -40,6 +40,16 @@ class GELU(Module):
         return f"approximate={self.approximate!r}"
 
 
+class Hardsigmoid(Module):
+    def forward(self, x):
+        return F.hardsigmoid(x)
+
+
+class Hardswish(Module):
+    def forward(self, x):
+        return F.hardswish(x)
+
+
 class SiLU(Module):
     def forward(self, x):
         return F.silu(x)

@@ -7,7 +7,18 @@ its params (with fans for the initializer), its forward (one `nn.functional` cal
 from __future__ import annotations
 
 from . import functional
-from .activation import GELU, Flatten, LeakyReLU, ReLU, Sigmoid, SiLU, Softmax, Tanh
+from .activation import (
+    GELU,
+    Flatten,
+    Hardsigmoid,
+    Hardswish,
+    LeakyReLU,
+    ReLU,
+    Sigmoid,
+    SiLU,
+    Softmax,
+    Tanh,
+)
 from .attention import MultiHeadAttention
 from .conv import Conv1d, Conv2d, ConvTranspose2d
 from .dropout import Dropout
@@ -19,7 +30,7 @@ from .param import Parameter
 from .pool import AdaptiveAvgPool2d, AvgPool2d, MaxPool2d
 
 __all__ = ["AdaptiveAvgPool2d", "AvgPool2d", "BatchNorm1d", "BatchNorm2d", "Conv1d", "Conv2d",
-           "ConvTranspose2d", "Dropout", "Embedding", "Flatten", "GELU", "GroupNorm", "LayerNorm",
-           "LeakyReLU", "Linear", "MaxPool2d", "Module", "ModuleDict", "ModuleList",
-           "MultiHeadAttention", "Parameter", "RMSNorm", "ReLU", "SiLU", "Sequential", "Sigmoid",
-           "Softmax", "Tanh", "functional"]
+           "ConvTranspose2d", "Dropout", "Embedding", "Flatten", "GELU", "GroupNorm", "Hardsigmoid",
+           "Hardswish", "LayerNorm", "LeakyReLU", "Linear", "MaxPool2d", "Module", "ModuleDict",
+           "ModuleList", "MultiHeadAttention", "Parameter", "RMSNorm", "ReLU", "SiLU", "Sequential",
+           "Sigmoid", "Softmax", "Tanh", "functional"]

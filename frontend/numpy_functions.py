@@ -244,7 +244,7 @@ UFUNCS: dict[np.ufunc, Callable] = {
         (np.equal, "eq", "eq"), (np.not_equal, "ne", "ne")]},
     **{u: _method(m) for u, m in [
         (np.exp, "exp"), (np.log, "log"), (np.sqrt, "sqrt"), (np.absolute, "abs"),
-        (np.tanh, "tanh"), (np.negative, "__neg__")]},
+        (np.tanh, "tanh"), (np.sign, "sign"), (np.negative, "__neg__")]},
     np.square: lambda x: _as(x) * x,
     np.maximum: lambda a, b: ops.maximum(a, b),
     np.minimum: lambda a, b: ops.minimum(a, b),

@@ -163,6 +163,25 @@ def silu(x) -> Tensor:
     return x * x.sigmoid()
 
 
+def hardsigmoid(x) -> Tensor:
+    """relu6(x + 3) / 6, as torch's, spelled min(6, max(0, x + 3)) / 6 with each constant
+    first: a max or min sends a tie's gradient to its first operand (autodiff/rules.py), so
+    the gradient is 0 at x = -3 and x = 3, as torch's, and 1/6 strictly between."""
+    return minimum(6.0, maximum(0.0, _t(x) + 3.0)) / 6.0
+
+
+def hardswish(x) -> Tensor:
+    """x * relu6(x + 3) / 6, as torch's, spelled x * hardsigmoid(x) (no x * 6 to overflow):
+    the gradient is 0 for x <= -3, 1 for x >= 3 and x / 3 + 1/2 between, as torch's."""
+    x = _t(x)
+    return x * hardsigmoid(x)
+
+
+def sign(x) -> Tensor:
+    """-1, 0 or 1 by the sign of x (torch.sign; NaN stays NaN), gradient 0: `ember.sign`."""
+    return _t(x).sign()
+
+
 def softplus(x, beta: float = 1.0, threshold: float = 20.0) -> Tensor:
     """log(1 + exp(beta x)) / beta, and x where beta x > threshold, as PyTorch's: one
     primitive (`ember.softplus`), so it stays stable where exp(beta x) overflows."""

@@ -385,5 +385,5 @@ for _name in ("add radd sub rsub mul rmul truediv rtruediv matmul rmatmul pow rp
     setattr(Param, f"__{_name}__", _forward(f"__{_name}__"))
 for _name in ("reshape transpose sum mean max exp log relu sigmoid tanh sqrt abs astype min amax "
               "amin argmax argmin var std cumsum view unsqueeze squeeze flatten unflatten permute "
-              "expand repeat split chunk unbind masked_fill clamp").split():
+              "expand repeat split chunk unbind masked_fill clamp sign").split():
     setattr(Param, _name, _forward(_name))

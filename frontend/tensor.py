@@ -120,6 +120,7 @@ class Tensor:
     def log(self): return self.trace.op("ember.log", self)
     def sqrt(self): return self.trace.op("ember.sqrt", self)
     def abs(self): return self.trace.op("ember.abs", self)
+    def sign(self): return self.trace.op("ember.sign", self)
     def relu(self): return self.trace.op("ember.relu", self)
     def sigmoid(self): return self.trace.op("ember.sigmoid", self)
     def tanh(self): return self.trace.op("ember.tanh", self)

@@ -126,6 +126,11 @@ def _softplus(b: Nodes, op: Operation, x: str) -> str:
     return b.node("Where", b.node("Greater", t, b.const(threshold, dtype)), x, y)
 
 
+def _sign(b: Nodes, op: Operation, x: str) -> str:
+    """ONNX's Sign takes no bool; ember's sign of a bool is the bool itself."""
+    return b.node("Identity" if op.result.type.dtype == "i1" else "Sign", x)
+
+
 def _one_hot(b: Nodes, op: Operation, labels: str) -> str:
     """[..., C]: 1 where the label equals the class index, 0 elsewhere (any label)."""
     a, ltype = op.attributes, op.operands[0].type
@@ -220,6 +225,7 @@ RULES: dict[str, Rule] = {
     "ember.constant": _constant,
     "ember.rsqrt": lambda b, op, x: b.node("Reciprocal", b.node("Sqrt", x)),
     "ember.softplus": _softplus,
+    "ember.sign": _sign,
     "ember.cmp": _cmp,
     "ember.cast": lambda b, op, x: b.node("Cast", x, to=ONNX_DTYPES[op.attributes["dtype"]]),
     "ember.broadcast": lambda b, op, x: b.node("Expand", x, b.ints(op.attributes["shape"])),

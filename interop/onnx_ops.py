@@ -81,7 +81,7 @@ def _ints(v) -> list[int]:
 
 UNARY = {"Neg": "ember.neg", "Abs": "ember.abs", "Erf": "ember.erf", "Sqrt": "ember.sqrt",
          "Exp": "ember.exp", "Log": "ember.log", "Tanh": "ember.tanh",
-         "Sigmoid": "ember.sigmoid", "Relu": "ember.relu"}
+         "Sigmoid": "ember.sigmoid", "Relu": "ember.relu", "Sign": "ember.sign"}
 BINARY = {"Add": "ember.add", "Sub": "ember.sub", "Mul": "ember.mul", "Div": "ember.div",
           "Max": "ember.max", "Min": "ember.min", "Sum": "ember.add"}
 
@@ -140,6 +140,21 @@ def _softplus(node, x):
     """log(1 + exp(x)) everywhere: ONNX's has no threshold above which it returns x, as
     PyTorch's does from 20 on (a difference below f32's rounding, not f64's)."""
     return F.softplus(tensor(x), 1.0, math.inf)
+
+
+@rule("HardSigmoid", attrs="alpha beta")
+def _hard_sigmoid(node, x):
+    """max(0, min(1, alpha x + beta)); torch's (alpha 1/6, beta 1/2, as it exports
+    F.hardsigmoid) is F.hardsigmoid, so the import computes and differentiates as torch."""
+    x, alpha, beta = tensor(x), attr(node, "alpha", 0.2), attr(node, "beta", 0.5)
+    if np.float32(alpha) == np.float32(1 / 6) and beta == 0.5:
+        return F.hardsigmoid(x)
+    return F.minimum(1.0, F.maximum(0.0, x * alpha + beta))  # constants first, as there
+
+
+@rule("HardSwish")
+def _hard_swish(node, x):
+    return F.hardswish(tensor(x))
 
 
 @rule("LeakyRelu", attrs="alpha")

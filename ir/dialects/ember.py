@@ -174,6 +174,28 @@ class Softplus(Unary):
         return k.select(k.cmp(t, k.const(threshold), predicate="gt"), x, y)
 
 
+@register
+class Sign(Unary):
+    """`sign(x)`: -1, 0 or 1 by the sign of x, in x's dtype (a bool is itself); 0 for -0.0,
+    NaN for NaN, as numpy's and onnxruntime's (torch.sign gives 0 for NaN). A primitive,
+    not a select chain in the frontend: its gradient is 0 everywhere (autodiff/rules.py),
+    which a chain that passes NaN through as x would not have, and ONNX's Sign is one op."""
+
+    name = "ember.sign"
+    float_only = False
+
+    @staticmethod
+    def ref(a, x):
+        return x if x.dtype == np.bool_ else np.sign(x)
+
+    @staticmethod
+    def expand(k: Scalars, a, x):
+        zero = k.const(0)
+        rest = k.select(k.cmp(x, zero, predicate="eq"), zero, x)  # +-0 -> 0; NaN stays
+        return k.select(k.cmp(x, zero, predicate="gt"), k.const(1),
+                        k.select(k.cmp(x, zero, predicate="lt"), k.const(-1), rest))
+
+
 CMP = {"eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal,
        "gt": np.greater, "ge": np.greater_equal}  # predicate -> numpy
 

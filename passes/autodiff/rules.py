@@ -209,6 +209,13 @@ def _softplus(b, g, x, out):
     return b.op("ember.select", above, g, b.op("ember.mul", g, b.op("ember.sigmoid", t)))
 
 
+@rule("ember.sign")
+def _sign(b, op, gs, needs):
+    """0 everywhere, as torch's sign_backward: no backward op; a param that reaches the
+    loss only through a sign gets a gradient of zeros."""
+    return [None]
+
+
 @unary("ember.cast")
 def _cast(b, g, x, out):
     return b.op("ember.cast", g, dtype=x.type.dtype)

@@ -144,7 +144,7 @@ class LinearDropout(nn.Module):
         self.dropout = nn.Dropout(0.5)
 
 
-@pytest.mark.parametrize("steps, requires_grad, flag", [  # DESIGN.md's state transitions
+@pytest.mark.parametrize("steps, requires_grad, flag", [  # frontend/module.py's transitions
     ([], True, True),
     (["valid"], True, False),
     (["valid", "train"], True, True),

@@ -43,6 +43,7 @@ CASES = {  # name: f, called on X itself for numpy's answer and on the traced in
     "where(nonzero is true)": lambda x: np.where(np.maximum(x, 0.0), 1.0, x),
     "where(two scalars)": lambda x: np.where(x > 0, 1.0, 0.0),
     "exp": np.exp,
+    "sign": np.sign,
     "log": lambda x: np.log(np.abs(x) + 1.0),
     "sqrt": lambda x: np.sqrt(np.abs(x)),
     "abs": np.abs,
