@@ -20,11 +20,12 @@ from .activation import (
     Tanh,
 )
 from .attention import MultiHeadAttention
+from .containers import ModuleDict, ModuleList
 from .conv import Conv1d, Conv2d, ConvTranspose2d
 from .dropout import Dropout
 from .embedding import Embedding
 from .linear import Linear, Sequential
-from .module import Module, ModuleDict, ModuleList
+from .module import Module
 from .norm import BatchNorm1d, BatchNorm2d, GroupNorm, LayerNorm, RMSNorm
 from .param import Parameter
 from .pool import AdaptiveAvgPool2d, AvgPool2d, MaxPool2d

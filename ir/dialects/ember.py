@@ -332,38 +332,39 @@ def _window(op: str, full: tuple, start: list, step: list, part: tuple) -> None:
                                  f"from {a} by {s}")
 
 
+class _Windowed(OpDef):
+    """slice and unslice: one window of a `full` shape, `part` elements from `start` by
+    `step`; slice's operand is the full tensor, unslice's result is."""
+
+    arity = (1, 1)
+    attrs = {"start": list, "step": list, "shape": SHAPE}
+    reads: ClassVar[bool]
+
+    @classmethod
+    def infer(cls, operand_types, attrs):
+        (t,) = operand_types
+        shape = tuple(attrs["shape"])
+        full, part = (t.shape, shape) if cls.reads else (shape, t.shape)
+        _window(cls.name, full, attrs["start"], attrs["step"], part)
+        return [t.with_shape(shape)]
+
+
 @register
-class Slice(OpDef):
+class Slice(_Windowed):
     """`slice(x) {start, step, shape}`: x[start_d : : step_d], `shape[d]` elements per dim
     (torch's basic indexing; steps are >= 1, as torch's)."""
 
     name = "ember.slice"
-    arity = (1, 1)
-    attrs = {"start": list, "step": list, "shape": SHAPE}
-
-    @classmethod
-    def infer(cls, operand_types, attrs):
-        (t,) = operand_types
-        shape = tuple(attrs["shape"])
-        _window(cls.name, t.shape, attrs["start"], attrs["step"], shape)
-        return [t.with_shape(shape)]
+    reads = True
 
 
 @register
-class Unslice(OpDef):
+class Unslice(_Windowed):
     """`unslice(x) {start, step, shape}`: zeros of `shape` with x at the elements that
     `slice` with the same attributes reads; the transpose of slice (its gradient)."""
 
     name = "ember.unslice"
-    arity = (1, 1)
-    attrs = {"start": list, "step": list, "shape": SHAPE}
-
-    @classmethod
-    def infer(cls, operand_types, attrs):
-        (t,) = operand_types
-        shape = tuple(attrs["shape"])
-        _window(cls.name, shape, attrs["start"], attrs["step"], t.shape)
-        return [t.with_shape(shape)]
+    reads = False
 
 
 @register
