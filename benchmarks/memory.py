@@ -195,7 +195,7 @@ def main() -> None:
     if args.row:
         print(json.dumps(row(*args.row, args.quick, steps)))
         return
-    from ember.backends.cpu import host
+    from ember.backends.cpu.machine import host
 
     print(f"# cpu backend on {host.host_cpu()}, {host.num_threads()} threads, "
           f"{steps} timed steps per row, each row in a fresh process")

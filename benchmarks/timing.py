@@ -48,9 +48,9 @@ def fma_throughput() -> float:
 
     from llvmlite import ir
 
-    from ember.backends.cpu import scalar as S
-    from ember.backends.cpu.host import host_isa
-    from ember.backends.cpu.jit import JitModule
+    from ember.backends.cpu.kernels import scalar as S
+    from ember.backends.cpu.machine.host import host_isa
+    from ember.backends.cpu.machine.jit import JitModule
 
     lanes = host_isa().bits // 32
     vt = ir.VectorType(ir.FloatType(), lanes)
@@ -88,7 +88,8 @@ def fma_throughput() -> float:
 
 
 def machine() -> dict:
-    from ember.backends.cpu import blas, host
+    from ember.backends.cpu.gemm import blas
+    from ember.backends.cpu.machine import host
 
     cpu = host.host_cpu()
     isa = host.host_isa()
@@ -175,7 +176,7 @@ def _noop_entry():
     """(its module, kept alive; a ctypes `i64 (ptr)` that returns 0)."""
     from llvmlite import ir
 
-    from ember.backends.cpu.jit import JitModule
+    from ember.backends.cpu.machine.jit import JitModule
 
     mod = ir.Module("noop")
     fn = ir.Function(mod, ir.FunctionType(ir.IntType(64), [ir.PointerType()]), "noop")

@@ -6,7 +6,7 @@ looks up on every call (each param by id, into a dict of values and again to wri
 back, each optimizer slot twice) is looked up once per compiled graph and param table,
 and the executable binds the params and optimizer state it returned last step once: a
 step checks that each fed Param and slot still holds the array of the feedback run's turn
-(`turn.fed`) and calls it bound, else runs its general call (backends/cpu/feedback.py);
+(`turn.fed`) and calls it bound, else runs its general call (backends/cpu/call/bound.py);
 the loss is a scratch result, read into a float at once. What a user may
 change between steps is still read on every call: `entry()` checks the inputs' shapes,
 flags, requires_grad and the optimizer's settings first, and the lr and the optimizer's

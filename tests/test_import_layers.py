@@ -72,12 +72,13 @@ def _layer(name: str) -> str:
 
 
 def test_the_graph_resolves_relative_absolute_and_local_imports():
-    source = ("from . import scalar as S\nfrom .host import Isa\nfrom ...ir import Graph\n"
+    source = ("from .kernels import scalar as S\nfrom .machine.host import Isa\n"
+              "from ...ir import Graph\n"
               "import ember.files\nimport numpy\n"
               "def f():\n    from ..errors import CodegenError\n")
     assert imports("ember.backends.cpu.codegen", source) == {
-        "ember.backends.cpu.scalar", "ember.backends.cpu.host", "ember.ir", "ember.files",
-        "ember.backends.errors"}
+        "ember.backends.cpu.kernels.scalar", "ember.backends.cpu.machine.host", "ember.ir",
+        "ember.files", "ember.backends.errors"}
 
 
 def test_every_layer_imports_only_the_layers_below_it():

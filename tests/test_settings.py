@@ -110,7 +110,7 @@ def test_an_invalid_value_names_the_variable_and_what_it_accepts(name, raw, acce
 
 
 def test_an_invalid_thread_count_fails_where_it_is_read(monkeypatch):
-    from ember.backends.cpu.host import num_threads
+    from ember.backends.cpu.machine.host import num_threads
 
     monkeypatch.setenv("EMBER_NUM_THREADS", "many")
     with pytest.raises(ValueError, match="EMBER_NUM_THREADS='many'"):
@@ -127,7 +127,7 @@ _OTHER = {"bool": lambda s: "0" if s.default else "1", "int": lambda s: "7",
 
 @pytest.mark.parametrize("name", sorted(s.name for s in SWITCHES.values() if s.changes_code))
 def test_every_switch_that_changes_code_is_in_the_compile_cache_key(name, monkeypatch):
-    from ember.backends.cpu import cache
+    from ember.backends.cpu.machine import cache
 
     for other in SWITCHES:
         monkeypatch.delenv(other, raising=False)
@@ -137,7 +137,7 @@ def test_every_switch_that_changes_code_is_in_the_compile_cache_key(name, monkey
 
 
 def test_a_switch_that_does_not_change_code_leaves_the_key(monkeypatch):
-    from ember.backends.cpu import cache
+    from ember.backends.cpu.machine import cache
 
     before = cache.options(2)
     for s in SWITCHES.values():  # EMBER_CACHE_DIR moves the GEMM table, keyed by content

@@ -3,9 +3,16 @@
 `compile(graph)` returns an Executable with the interpreter's interface:
 `exe(inputs, params) -> list of arrays`, params keyed by the `ember.param` op's `id`.
 nn.* ops must be decomposed first (UnsupportedOpError at compile time otherwise). Core
-`ember.*` ops each get a loop nest; `kernel.*` ops (the `fuse` pass) get fused loops and
-GEMMs (fused.py, matmul.py, gemm.py); convolutions, pools and gather/scatter are in
-spatial.py, dropout in dropout.py. One LLVM module per graph, one native call per run.
+`ember.*` ops each get a loop nest; `kernel.*` ops (the `fuse` pass) get fused loops,
+GEMMs and attention kernels. One LLVM module per graph (codegen.py), one native call per
+run. The folders, one concern each:
+
+- gemm/: matrix multiply (own GEMM or OpenBLAS, chosen by measured cost) and kernel.matmul
+- attention/: flash attention forward and backward
+- kernels/: every other op's loops (elementwise, fused, convolutions, pooling, gathers)
+- call/: the Executable, its buffers, and the bound call a training loop makes each step
+- parallel/: the thread pool and the outlining of parallel loops into it
+- machine/: the host CPU, llvmlite's JIT, and the on-disk cache of object code
 
 Environment: the EMBER_* switches declared in settings.py (`ember --help-env` lists
 them): EMBER_NUM_THREADS, EMBER_CACHE/EMBER_CACHE_DIR, EMBER_GEMM, EMBER_GEMM_TUNE,
@@ -16,8 +23,8 @@ from __future__ import annotations
 
 from ...ir import Graph
 from ..errors import KernelCompileError, UnsupportedOpError
+from .call.executable import Executable
 from .codegen import lower
-from .executable import Executable
 
 
 def compile(graph: Graph, threads: int | None = None) -> Executable:  # noqa: A001

@@ -10,7 +10,7 @@ graph returns gets buffers of its own, which the caller keeps. A kernel that nee
 memory (packed GEMM panels, products awaiting an epilogue) gets a "scratch" slot of its
 own, in the arena too, alive only while the kernel runs. `ember_entry(ptr %buffers)` receives one
 pointer per slot and calls the kernels in graph order, so one native call runs the whole
-graph; one more pointer after the slots' is a bound call's guard (backends/cpu/guard.py) or
+graph; one more pointer after the slots' is a bound call's guard (backends/cpu/call/binding.py) or
 null, and the entry returns 1 where the guard refused the call, else 0.
 
 `plan(graph)` is cheap and deterministic (no LLVM): a compile-cache hit reuses object
@@ -20,6 +20,7 @@ code and only needs the plan. `emit(plan)` builds the module.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -31,17 +32,17 @@ from ...ir.dialects.kernel_attention import ATTENTION_OPS
 from ...ir.printer import print_graph
 from ..errors import KernelCompileError, UnsupportedOpError
 from ..input_checks import input_checks
-from . import scalar as S
-from .attention import attention_scratch, emit_attention
-from .checks import emit_checks
-from .dropout import emit_dropout
-from .fused import emit_fused, fused_scratch
-from .guard import emit_guard
-from .host import Isa, host_isa, num_threads
-from .matmul import as_kernel, emit_matmul, scratch_bytes
-from .scalar import I64, PTR, REG, i64
-from .spatial import conv_scratch, emit_conv, emit_gather_scatter, emit_pool, status
-from .unfused import KERNELS, emit_kernel
+from .attention.forward import attention_scratch, emit_attention
+from .call.binding import emit_guard
+from .call.input_checks import emit_checks
+from .gemm.matmul import as_kernel, emit_matmul, scratch_bytes
+from .kernels import scalar as S
+from .kernels.dropout import emit_dropout
+from .kernels.fused import emit_fused, fused_scratch
+from .kernels.scalar import I64, PTR, REG, i64
+from .kernels.spatial import conv_scratch, emit_conv, emit_gather_scatter, emit_pool, status
+from .kernels.unfused import ONE_OP_LOOPS, emit_kernel
+from .machine.host import Isa, host_isa, num_threads
 
 ENTRY = "ember_entry"
 PROFILED = "ember_entry_profiled"  # (buffers, i64* ticks): the cycle counter after each kernel
@@ -76,7 +77,7 @@ class Plan:
     offsets: dict[int, int] = field(default_factory=dict)  # temp slot -> byte in the arena
     arena: int = 0  # bytes of the arena
     checked: bool = False  # some kernel or input check reports in ember_status
-    checks: list[tuple[int, int | None]] = field(default_factory=list)  # see checks.py
+    checks: list[tuple[int, int | None]] = field(default_factory=list)  # see call/input_checks.py
     threads: int = 1
     isa: Isa | None = None
 
@@ -84,12 +85,10 @@ class Plan:
         """The working memory `op`'s kernel holds while it runs (packed GEMM panels, conv
         and attention tiles; 0: none), as this plan gives it: the memory planner's
         `scratch` (ir/memory_plan.py), so the plan of the graph counts it too."""
-        if op.name == "ember.matmul" and op.result.type.dtype in ("f32", "f64"):
-            op = as_kernel(op)
-        return (scratch_bytes(op, self.isa, self.threads) if op.name == "kernel.matmul" else
-                conv_scratch(op, self.isa, self.threads) if op.name in CONV_OPS else
-                attention_scratch(op, self.isa, self.threads) if op.name in ATTENTION_OPS
-                else fused_scratch(op, self.threads) if op.name == "kernel.fused" else 0)
+        op = _gemm_form(op)
+        lowering = LOWERINGS.get(op.name)
+        return lowering.scratch(op, self.isa, self.threads) if lowering and lowering.scratch \
+            else 0
 
 
 @dataclass
@@ -113,12 +112,73 @@ def _check_type(op_name: str, t) -> TensorType:
     return t
 
 
-KERNEL_OPS = ("kernel.fused", "kernel.matmul")
-CONV_OPS = ("ember.conv2d", "ember.conv2d_grad_input", "ember.conv2d_grad_weight")
-POOL_OPS = ("ember.max_pool2d", "ember.max_pool2d_grad", "ember.avg_pool2d",
-            "ember.avg_pool2d_grad")
-INDEXED_OPS = ("ember.gather", "ember.scatter_add")  # check their indices at run time
-OWN_OPS = KERNEL_OPS + CONV_OPS + POOL_OPS + INDEXED_OPS + ATTENTION_OPS + ("ember.dropout",)
+def _gemm_form(op: Operation) -> Operation:
+    """A float `ember.matmul` runs as the GEMM (`kernel.matmul`), not the naive loop nest."""
+    if op.name == "ember.matmul" and op.result.type.dtype in ("f32", "f64"):
+        return as_kernel(op)
+    return op
+
+
+# -- the lowering table: how each op runs on the cpu -------------------------------------
+EmitBody = Callable[[ir.IRBuilder, "Step", Plan, list, list, ir.Value], None]
+
+
+@dataclass(frozen=True)
+class Lowering:
+    """How the cpu runs one op: `emit` writes the body of its kernel function (result
+    buffers, operand buffers, scratch); `scratch` sizes the working memory it holds while
+    it runs (None: none); `in_place`: it may write its result over an operand
+    (ir/memory_plan.py's rule); `reports`: it reports an out-of-range index in
+    ember_status, so its code depends on its place in the schedule."""
+
+    emit: EmitBody
+    scratch: Callable[[Operation, Isa, int], int] | None = None
+    in_place: bool = False
+    reports: bool = False
+
+
+def _one_op(b, st, p, outs, ins, scratch) -> None:
+    b.call(emit_kernel(b.module, st.name + ".op", st.op), outs + ins)
+
+
+def _fused(b, st, p, outs, ins, scratch) -> None:
+    emit_fused(b, st.op, outs, ins, p.threads, st.name, scratch)
+
+
+def _with_scratch(emit) -> EmitBody:
+    """An emitter taking (op, outs, ins, scratch, isa, threads, name): GEMMs, convs,
+    attention."""
+    def body(b, st, p, outs, ins, scratch) -> None:
+        emit(b, st.op, outs, ins, scratch, p.isa, p.threads, st.name)
+    return body
+
+
+def _pool(b, st, p, outs, ins, scratch) -> None:
+    emit_pool(b, st.op, outs, ins, st.name)
+
+
+def _gather_scatter(b, st, p, outs, ins, scratch) -> None:
+    emit_gather_scatter(b, st.op, outs, ins, p.steps.index(st))
+
+
+def _dropout(b, st, p, outs, ins, scratch) -> None:
+    emit_dropout(b, st.op, outs, ins)
+
+
+LOWERINGS: dict[str, Lowering] = {
+    **dict.fromkeys(ONE_OP_LOOPS, Lowering(_one_op, in_place=True)),
+    "kernel.fused": Lowering(_fused, lambda op, isa, threads: fused_scratch(op, threads),
+                             in_place=True),
+    "kernel.matmul": Lowering(_with_scratch(emit_matmul), scratch_bytes),
+    **dict.fromkeys(("ember.conv2d", "ember.conv2d_grad_input", "ember.conv2d_grad_weight"),
+                    Lowering(_with_scratch(emit_conv), conv_scratch)),
+    **dict.fromkeys(ATTENTION_OPS, Lowering(_with_scratch(emit_attention), attention_scratch)),
+    **dict.fromkeys(("ember.max_pool2d", "ember.max_pool2d_grad", "ember.avg_pool2d",
+                     "ember.avg_pool2d_grad"), Lowering(_pool)),
+    **dict.fromkeys(("ember.gather", "ember.scatter_add"), Lowering(_gather_scatter,
+                                                                   reports=True)),
+    "ember.dropout": Lowering(_dropout),
+}
 
 
 def plan(graph: Graph, threads: int | None = None) -> Plan:
@@ -151,10 +211,8 @@ def plan(graph: Graph, threads: int | None = None) -> Plan:
         elif op.name == "ember.reshape":
             _check_type(op.name, op.result.type)
             where[op.result] = where[op.operands[0]]
-        elif op.name in OWN_OPS or (op.name in KERNELS and not op.regions):
-            orig = op
-            if op.name == "ember.matmul" and op.result.type.dtype in ("f32", "f64"):
-                op = as_kernel(op)  # the GEMM, not the naive loop nest
+        elif op.name in LOWERINGS:
+            orig, op = op, _gemm_form(op)
             outs = [new_slot(r, "temp") for r in op.results]
             for old, new in zip(orig.results, op.results):
                 where[old] = where[new]
@@ -177,7 +235,7 @@ def plan(graph: Graph, threads: int | None = None) -> Plan:
         if graph.args[arg].type.dtype not in want:
             raise UnsupportedOpError(f"input check on argument {arg} of {graph.args[arg].type}:"
                                      f" needs {' or '.join(want)}")
-    out.checked = bool(out.checks) or any(st.op.name in INDEXED_OPS for st in out.steps)
+    out.checked = bool(out.checks) or any(LOWERINGS[st.op.name].reports for st in out.steps)
     _place_temps(out, owner)
     return out
 
@@ -201,7 +259,7 @@ def _reuse(st: Step, owner: list[Value]) -> list[Value]:
     """The operands a kernel may write its result over (ir/memory_plan.py's rule, by slot).
     Their arguments keep `noalias`: a store depends on the loads at its own index, so no
     reordering LLVM may do moves it before them, and no other index is shared."""
-    if st.op.name != "kernel.fused" and st.op.name not in KERNELS:
+    if not LOWERINGS[st.op.name].in_place:
         return []
     return [owner[st.ins[k]] for k in mp.in_place_operands(st.op, st.ins)]
 
@@ -212,7 +270,7 @@ def _kernel_key(st: Step, index: int) -> tuple:
     has scratch, and for gather/scatter the step index (its out-of-range status code)."""
     names: dict[str, str] = {}
     text = _VALUE.sub(lambda m: names.setdefault(m.group(), f"%{len(names)}"), _op_text(st.op))
-    return text, st.scratch is not None, index if st.op.name in INDEXED_OPS else None
+    return text, st.scratch is not None, index if LOWERINGS[st.op.name].reports else None
 
 
 _VALUE = re.compile(r"%[A-Za-z0-9_$.\-]+(?:#\d+)?")
@@ -317,7 +375,7 @@ def _segment(mod: ir.Module, p: Plan, fns: list, first: int, name: str,
 
 def _emit_guard_call(b: ir.IRBuilder, guard: ir.Function, buffers: ir.Value,
                      slot: int) -> None:
-    """Where the guard slot holds a guard (a bound call's, backends/cpu/guard.py) that
+    """Where the guard slot holds a guard (a bound call's, backends/cpu/call/binding.py) that
     refuses the call: return 1 before any kernel runs."""
     table = b.load(b.gep(buffers, [i64(slot)], inbounds=True, source_etype=PTR), typ=PTR)
     check, refused, run = (b.append_basic_block(f"guard.{s}")
@@ -349,23 +407,7 @@ def _kernel_function(mod: ir.Module, st: Step, p: Plan) -> ir.Function:
             a.add_attribute("noalias")
     outs, ins, scratch = fn.args[:len(st.outs)], fn.args[len(st.outs):nargs], fn.args[nargs]
     b = ir.IRBuilder(fn.append_basic_block("entry"))
-    if op.name == "kernel.fused":
-        emit_fused(b, op, list(outs), list(ins), p.threads, st.name, scratch)
-    elif op.name == "kernel.matmul":
-        emit_matmul(b, op, list(outs), list(ins), scratch, p.isa, p.threads, st.name)
-    elif op.name in CONV_OPS:
-        emit_conv(b, op, list(outs), list(ins), scratch, p.isa, p.threads, st.name)
-    elif op.name in ATTENTION_OPS:
-        emit_attention(b, op, list(outs), list(ins), scratch, p.isa, p.threads, st.name)
-    elif op.name in POOL_OPS:
-        emit_pool(b, op, list(outs), list(ins), st.name)
-    elif op.name in INDEXED_OPS:
-        emit_gather_scatter(b, op, list(outs), list(ins), p.steps.index(st))
-    elif op.name == "ember.dropout":
-        emit_dropout(b, op, list(outs), list(ins))
-    else:
-        body = emit_kernel(mod, st.name + ".op", op)
-        b.call(body, list(outs) + list(ins))
+    LOWERINGS[op.name].emit(b, st, p, list(outs), list(ins), scratch)
     b.ret_void()
     return fn
 
@@ -375,5 +417,5 @@ def lower(graph: Graph, threads: int | None = None) -> Lowered:
     return Lowered(emit(p, graph.name), p)
 
 
-__all__ = ["ENTRY", "PROFILED", "Lowered", "Plan", "Slot", "Step", "emit", "kernel_count", "lower",
-           "plan", "S"]
+__all__ = ["ENTRY", "LOWERINGS", "PROFILED", "Lowered", "Lowering", "Plan", "S", "Slot", "Step",
+           "emit", "kernel_count", "lower", "plan"]

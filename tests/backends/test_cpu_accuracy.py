@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 from ember.backends import cpu, interpreter
-from ember.backends.cpu import threads as cpu_threads
+from ember.backends.cpu.parallel import outline as cpu_threads
 from ember.ir import Builder, Graph, TensorType, verify
 
 U = 2.0 ** -24

@@ -21,9 +21,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ember.backends import cpu, interpreter
-from ember.backends.cpu import attention, buffers, codegen
-from ember.backends.cpu import threads as cpu_threads
-from ember.backends.cpu.host import Isa, host_isa
+from ember.backends.cpu import codegen
+from ember.backends.cpu.attention import forward as attention
+from ember.backends.cpu.call import buffers
+from ember.backends.cpu.machine.host import Isa, host_isa
+from ember.backends.cpu.parallel import outline as cpu_threads
 from ember.ir import Builder, Graph, TensorType, verify
 from ember.ir.dialects.kernel_attention import logical_shapes
 from ember.ir.opdef import InferenceError

@@ -20,8 +20,9 @@ import numpy as np
 import pytest
 
 from ember.backends import cpu
-from ember.backends.cpu import cache, cost
-from ember.backends.cpu.jit import JitModule
+from ember.backends.cpu.gemm import cost
+from ember.backends.cpu.machine import cache
+from ember.backends.cpu.machine.jit import JitModule
 from ember.backends.input_checks import InputCheckError
 from ember.ir import Builder, Graph, TensorType, verify
 
@@ -120,7 +121,7 @@ POOL_SCRIPT = textwrap.dedent("""
     import json
     import numpy as np
     from ember.backends import cpu
-    from ember.backends.cpu import jit
+    from ember.backends.cpu.machine import jit
     from test_cpu_cache import graph
 
     out = cpu.Executable(graph("sum"))([np.arange(12, dtype=np.float32).reshape(4, 3)])[0]

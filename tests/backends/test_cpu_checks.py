@@ -1,5 +1,5 @@
-"""The native input checks (backends/cpu/checks.py) on inputs large enough that each thread
-scans a slice of its own: a bad element is found wherever it is, in the first slice, the
+"""The native input checks (backends/cpu/call/input_checks.py) on inputs large enough that
+each thread scans a slice of its own: a bad element is found wherever it is, in the first slice, the
 last one or at the seam, and a clean batch passes."""
 
 import numpy as np
@@ -7,7 +7,7 @@ import pytest
 
 import ember as em
 from ember import nn, optim
-from ember.backends.cpu.checks import PARALLEL_SCAN
+from ember.backends.cpu.call.input_checks import PARALLEL_SCAN
 
 ROWS = PARALLEL_SCAN + 7  # an odd size: the slices are uneven
 

@@ -1,4 +1,4 @@
-"""A feedback run's bound call (backends/cpu/feedback.py) for a caller that checks its fed
+"""A feedback run's bound call (backends/cpu/call/bound.py) for a caller that checks its fed
 inputs itself: the turn it may call, when it must not, and scratch results."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from ember.backends import cpu
-from ember.backends.cpu import guard
+from ember.backends.cpu.call import binding as guard
 from ember.ir import Builder, Graph, TensorType, verify
 
 

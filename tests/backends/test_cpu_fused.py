@@ -15,8 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ember.backends import cpu, interpreter
-from ember.backends.cpu import fused as cpu_fused
-from ember.backends.cpu import threads as cpu_threads
+from ember.backends.cpu.kernels import fused as cpu_fused
+from ember.backends.cpu.parallel import outline as cpu_threads
 from ember.ir import Builder, Graph, TensorType, Value, verify
 from ember.passes import PassManager, parse_pipeline
 
@@ -132,7 +132,7 @@ def test_random_graphs_fused_unfused_interpreter(case):
 @given(random_graph())
 def test_random_graphs_with_every_kernel_threaded_and_packed(monkeypatch, case):
     """The same, with every kernel split across 3 threads and every GEMM packed."""
-    from ember.backends.cpu import gemm
+    from ember.backends.cpu.gemm import emit as gemm
 
     monkeypatch.setenv("EMBER_GEMM", "own")
     monkeypatch.setattr(cpu_threads, "MIN_WORK", 1)
@@ -342,8 +342,8 @@ def test_narrow_gemm_with_transposed_a_runs_swapped(engine, m, n, k, epilogue, m
     """x^T w with w narrower than a vector (a classifier head's weight gradient): the GEMM
     computes (x^T w)^T = w^T x into scratch and the epilogue reads it transposed. Below
     two vectors of rows (m=31) it is not swapped."""
-    from ember.backends.cpu.host import host_isa
-    from ember.backends.cpu.matmul import plan_matmul
+    from ember.backends.cpu.gemm.matmul import plan_matmul
+    from ember.backends.cpu.machine.host import host_isa
 
     monkeypatch.setenv("EMBER_GEMM", engine)
 
@@ -362,7 +362,7 @@ def test_narrow_gemm_with_transposed_a_runs_swapped(engine, m, n, k, epilogue, m
 def test_packed_threaded_gemm_with_edges(ta, tb, m, n, k, split, monkeypatch):
     """Large enough to block K and pack B (odd sizes: row and column edges, a K tail), split
     across threads by rows or by column panels, transposed operands read through strides."""
-    from ember.backends.cpu import gemm
+    from ember.backends.cpu.gemm import emit as gemm
 
     monkeypatch.setenv("EMBER_GEMM", "own")
     for name in ("BLOCK_A_BYTES", "PACK_B_BYTES", "THREAD_FLOPS"):
@@ -378,8 +378,8 @@ def test_packed_threaded_gemm_with_edges(ta, tb, m, n, k, split, monkeypatch):
     g = graph([xs, ws, (n,)], fn)
     f = fuse(g)
     mm = next(op for op in f.ops if op.name == "kernel.matmul")
-    from ember.backends.cpu.host import host_isa
-    from ember.backends.cpu.matmul import plan_matmul
+    from ember.backends.cpu.gemm.matmul import plan_matmul
+    from ember.backends.cpu.machine.host import host_isa
 
     pl = plan_matmul(mm, host_isa(), 2)
     plan = gemm.plan_own(pl.problem, host_isa(), 2)
@@ -408,7 +408,7 @@ def test_epilogue_runs_on_each_block_of_rows_the_gemm_finishes(epilogue, m, n, k
     blocked, on 2 threads) it stays a pass of its own. Unblocked, threads could split
     either and take the rows for the epilogue's sake (120 x 200). Both agree with the
     interpreter."""
-    from ember.backends.cpu import gemm
+    from ember.backends.cpu.gemm import emit as gemm
 
     monkeypatch.setenv("EMBER_GEMM", "own")
     if blocked:
@@ -432,9 +432,9 @@ def test_a_long_k_splits_across_threads(m, n, k, epilogue, monkeypatch):
     """A small C with a long K (a weight gradient X^T dY): each thread multiplies a slice
     of K into a product of its own, the products are added, then the epilogue runs. A K
     that 2 threads cannot slice evenly (1201) is not split."""
-    from ember.backends.cpu import matmul
-    from ember.backends.cpu.host import host_isa
-    from ember.backends.cpu.matmul import plan_matmul
+    from ember.backends.cpu.gemm import matmul
+    from ember.backends.cpu.gemm.matmul import plan_matmul
+    from ember.backends.cpu.machine.host import host_isa
 
     monkeypatch.setenv("EMBER_GEMM", "own")
     monkeypatch.setattr(matmul, "THREAD_FLOPS", 1024)
@@ -466,7 +466,7 @@ def test_a_batched_matmuls_epilogue_stays_a_pass_of_its_own():
 
 
 def test_blas_gemm_with_transposes(monkeypatch):
-    from ember.backends.cpu import blas
+    from ember.backends.cpu.gemm import blas
 
     if blas.find() is None:
         pytest.skip("no OpenBLAS found next to numpy")
@@ -488,9 +488,9 @@ def test_blas_gemm_with_transposes(monkeypatch):
 def test_direct_gemm_split_across_threads(tb, split, monkeypatch):
     """Straight on A (K not blocked) split by rows, or (B transposed, so packed) by column
     panels, each thread packing its own."""
-    from ember.backends.cpu import gemm
-    from ember.backends.cpu.host import host_isa
-    from ember.backends.cpu.matmul import plan_matmul
+    from ember.backends.cpu.gemm import emit as gemm
+    from ember.backends.cpu.gemm.matmul import plan_matmul
+    from ember.backends.cpu.machine.host import host_isa
 
     monkeypatch.setenv("EMBER_GEMM", "own")
     monkeypatch.setattr(gemm, "THREAD_FLOPS", 1024)

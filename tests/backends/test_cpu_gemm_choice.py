@@ -15,8 +15,12 @@ import numpy as np
 import pytest
 
 from ember.backends import cpu
-from ember.backends.cpu import blas, cache, codegen, cost, gemm, gemm_timing, host
-from ember.backends.cpu.host import Caches, Isa
+from ember.backends.cpu import codegen
+from ember.backends.cpu.gemm import blas, cost
+from ember.backends.cpu.gemm import emit as gemm
+from ember.backends.cpu.gemm import timing as gemm_timing
+from ember.backends.cpu.machine import cache, host
+from ember.backends.cpu.machine.host import Caches, Isa
 from ember.ir import Builder, Graph, TensorType, verify
 
 FOREIGN = "pretend-cpu"  # a CPU name no table or DEFAULT_TABLE is for
@@ -178,7 +182,8 @@ def test_a_real_measurement_is_stored_and_decides(foreign, monkeypatch):
 
 CONCURRENT = textwrap.dedent("""
     import sys, time
-    from ember.backends.cpu import cost, gemm, host
+    from ember.backends.cpu.gemm import cost, emit as gemm
+    from ember.backends.cpu.machine import host
     cost.host_cpu = lambda: sys.argv[1]
     def measure(point, isa, threads):
         time.sleep(0.05)

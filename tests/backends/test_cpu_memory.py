@@ -91,7 +91,7 @@ def test_an_arena_that_does_not_fit_fails_at_compile_time():
 
 def test_arena_is_what_the_executable_holds_and_guard_mode_keeps_one_buffer_each():
     from ember.backends import cpu
-    from ember.backends.cpu.buffers import guarded
+    from ember.backends.cpu.call.buffers import guarded
 
     g = Graph("chain", [TensorType((256,), "f32")], ["x"])
     b = Builder(g.body)

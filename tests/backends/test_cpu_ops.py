@@ -45,7 +45,7 @@ def attrs(stride, padding, dilation, groups):
 
 @pytest.mark.parametrize("case", CONV)
 def test_conv2d_and_both_gradients(case, monkeypatch):
-    from ember.backends.cpu import threads
+    from ember.backends.cpu.parallel import outline as threads
 
     monkeypatch.setattr(threads, "MIN_WORK", 16)  # images split across threads
     xs, ws, stride, pad, dil, groups = case

@@ -383,7 +383,7 @@ def test_a_compile_llvm_could_not_finish_in_memory_is_a_memory_error(monkeypatch
     """LLVM aborts the process when an allocation fails inside it (seen under `ulimit -v`:
     'LLVM ERROR: out of memory', exit 134); the room it needs is reserved first, and a
     process that cannot map it gets a MemoryError it can catch."""
-    from ember.backends.cpu import jit
+    from ember.backends.cpu.machine import jit
 
     monkeypatch.setattr(jit, "LLVM_BASE_BYTES", 1 << 60)  # more than any process may map
     g = Graph("f", [TensorType((3,), "f32")])

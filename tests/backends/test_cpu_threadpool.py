@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from ember.backends import cpu
-from ember.backends.cpu import threads as cpu_threads
+from ember.backends.cpu.parallel import outline as cpu_threads
 from ember.ir import Builder, Graph, TensorType, verify
 from ember.passes import PassManager, parse_pipeline
 

@@ -1,4 +1,4 @@
-"""The CPU's exp, log, tanh and erf (backends/cpu/vmath.py: straight-line LLVM IR, no
+"""The CPU's exp, log, tanh and erf (backends/cpu/kernels/vmath.py: straight-line LLVM IR, no
 libmvec) through compiled graphs, f32 and f64: within 2 ulp of a long-double reference over
 dense sweeps (denormal results not flushed: exp's exact, erf's within an ulp), every special
 value exactly numpy's (math's for erf) in every lane position, the -inf / -1e4 lanes of a

@@ -21,7 +21,9 @@ import pytest
 import ember as em
 from ember import nn, optim
 from ember.backends import cpu, interpreter
-from ember.backends.cpu import buffers, gemm, threads
+from ember.backends.cpu.call import buffers
+from ember.backends.cpu.gemm import emit as gemm
+from ember.backends.cpu.parallel import outline as threads
 from ember.ir import Builder, Graph, TensorType, verify
 from ember.passes import PassManager, parse_pipeline
 from ember.runtime.models import Cnn
@@ -355,7 +357,7 @@ def test_kernels_stay_inside_their_buffers(tmp_path, group):
 
 def test_a_guarded_buffer_ends_at_a_page_that_faults():
     code = ("import ctypes, numpy as np\n"
-            "from ember.backends.cpu import buffers\n"
+            "from ember.backends.cpu.call import buffers\n"
             "a = buffers.guarded_copy(np.arange(5.0))\n"
             "assert a.tolist() == [0, 1, 2, 3, 4]\n"
             "print('read', flush=True)\n"

@@ -11,8 +11,8 @@ import pytest
 from gradcheck import build
 
 from ember.backends import cpu, interpreter
-from ember.backends.cpu.host import host_isa
-from ember.backends.cpu.matmul import plan_matmul
+from ember.backends.cpu.gemm.matmul import plan_matmul
+from ember.backends.cpu.machine.host import host_isa
 from ember.ir import verify
 from ember.ir.parser import parse
 from ember.passes import PassManager, parse_pipeline

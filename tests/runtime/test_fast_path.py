@@ -300,7 +300,7 @@ def test_a_param_whose_strides_are_set_in_place_is_read_as_numpy_reads_it():
 @pytest.mark.parametrize("opt", [optim.SGD(lr=0.1, momentum=0.9), optim.AdamW(lr=1e-2)])
 def test_after_the_first_step_the_executable_binds_nothing_again(opt):
     """Params, buffers and optimizer state a step returned are bound by the executable's
-    feedback run (backends/cpu/feedback.py) from the second step on: its general path
+    feedback run (backends/cpu/call/bound.py) from the second step on: its general path
     never runs."""
     em.seed(0)
     model = Net()

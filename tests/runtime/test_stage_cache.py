@@ -9,7 +9,7 @@ import pytest
 import ember as em
 from ember import nn, optim
 from ember.backends import cpu
-from ember.backends.cpu import executable
+from ember.backends.cpu.call import executable
 from ember.cache_store import HEADER, vouched
 from ember.runtime import stage_cache
 

@@ -13,17 +13,18 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
-from ...cache_store import vouched
-from ...files import cache_enabled
-from ...ir import Graph, numpy_dtype, verify
-from ...ir.printer import print_graph
-from ...settings import DUMP_LLVM, PASS_TIMING
-from ..input_checks import InputCheckError, describe
-from . import blas, cache
+from ....cache_store import vouched
+from ....files import cache_enabled
+from ....ir import Graph, numpy_dtype, verify
+from ....ir.printer import print_graph
+from ....settings import DUMP_LLVM, PASS_TIMING
+from ...input_checks import InputCheckError, describe
+from ..codegen import ENTRY, PROFILED, emit, plan
+from ..gemm import blas
+from ..machine import cache
+from ..machine.jit import JitModule, fingerprint
+from .bound import Feedback
 from .buffers import aligned_copy, aligned_empty, as_input, data_address, guarding, raw_bytes
-from .codegen import ENTRY, PROFILED, emit, plan
-from .feedback import Feedback
-from .jit import JitModule, fingerprint
 
 
 class Executable:
@@ -32,7 +33,7 @@ class Executable:
     `param_keys` order, for a runtime that binds the same params on every step;
     `feedback(feeds)` makes that call for a runtime that also feeds results back as the
     next call's inputs (a training step's params and optimizer state), bound once
-    (feedback.py).
+    (bound.py).
 
     Intermediate buffers are allocated once and overwritten by every call (a lock
     serializes concurrent calls; a forked child gets a new one): the op results the graph
@@ -296,7 +297,7 @@ class Executable:
     def feedback(self, feeds: Mapping[int, int | str], scratch: Sequence[int] = ()) -> Feedback:
         """`run_values` for a caller that feeds result `r` back as the next call's input
         `feeds[r]` (an argument's position or a param's key): bound once, not per call;
-        `scratch`: results it reads at once and never keeps (feedback.py)."""
+        `scratch`: results it reads at once and never keeps (bound.py)."""
         return Feedback(self, feeds, scratch)
 
     def _values(self, params: Mapping | None) -> list:
@@ -458,7 +459,7 @@ def _unlock_in_child() -> None:
     buffers are the child's own copies, so a new lock is all it needs). A call that was
     in flight may also have been inside OpenBLAS, whose threaded GEMM holds a lock of its
     own that nothing re-creates: then the child's BLAS runs on one thread, as its parallel
-    loops do (threadpool.py)."""
+    loops do (parallel/pool.py)."""
     in_flight = False
     for exe in _live:
         in_flight |= exe._lock.locked()

@@ -24,8 +24,8 @@ from __future__ import annotations
 import llvmlite.binding as llvm
 from llvmlite import ir
 
-from . import scalar as S
-from .scalar import I32, I64, PTR, i64
+from ..kernels import scalar as S
+from ..kernels.scalar import I32, I64, PTR, i64
 
 SYMBOL = "ember_parallel_for"
 BODY = ir.FunctionType(ir.VoidType(), [PTR, I64, I64])

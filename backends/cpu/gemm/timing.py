@@ -1,6 +1,6 @@
 """Timing ember's own GEMM against OpenBLAS on this machine, cheaply enough to do while
 compiling (issue 15): `cost.choose` measures a grid point the stored table lacks with
-`measure_point`, `python -m ember.backends.cpu.tune` the whole grid.
+`measure_point`, `python -m ember.backends.cpu.gemm.tune` the whole grid.
 
 Each engine's GEMM is compiled alone (`GemmBench`: no graph, no passes, both engines in one
 LLVM module) into an entry that runs it `reps` times natively, so neither Python calls nor
@@ -17,13 +17,13 @@ import time
 import numpy as np
 from llvmlite import ir
 
+from ..call.buffers import raw_bytes
+from ..kernels.loops import for_range
+from ..kernels.scalar import I64, PTR, i64
+from ..machine.host import Isa, host_isa, num_threads
+from ..machine.jit import JitModule
 from . import blas as B
-from .buffers import raw_bytes
-from .gemm import GemmProblem, emit_own, plan_own
-from .host import Isa, host_isa, num_threads
-from .jit import JitModule
-from .loops import for_range
-from .scalar import I64, PTR, i64
+from .emit import GemmProblem, emit_own, plan_own
 
 Point = tuple[int, int, int]
 

@@ -1,4 +1,4 @@
-"""Measure this machine's whole GEMM table: `python -m ember.backends.cpu.tune`.
+"""Measure this machine's whole GEMM table: `python -m ember.backends.cpu.gemm.tune`.
 
 Times both engines at every grid point (cost.GRID; more and longer than a compile's
 on-demand measurement) and stores them over whatever the table held, for `cost.choose`.
@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import sys
 
+from ..machine.host import host_cpu, host_isa, num_threads
 from . import blas
 from .cost import GRID, locked, stored, table_path, write_table
-from .gemm_timing import measure_point
-from .host import host_cpu, host_isa, num_threads
+from .timing import measure_point
 
 
 def main() -> None:

@@ -28,7 +28,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from ...ir import TensorType, numpy_dtype
+from ....ir import TensorType, numpy_dtype
 
 ALIGN = 64
 _guards = 0  # how many `guarded()` blocks are open

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import llvmlite.binding as llvm
 
-from ...settings import NUM_THREADS
+from ....settings import NUM_THREADS
 
 
 @functools.cache

@@ -13,15 +13,15 @@ from collections.abc import Callable
 
 from llvmlite import ir
 
-from ...ir import Operation, TensorType
-from ...ir.opdef import normalize_axes, ops_with
-from ..strides import broadcast_strides, collapse, contiguous_strides
+from ....ir import Operation, TensorType
+from ....ir.opdef import normalize_axes, ops_with
+from ...strides import broadcast_strides, collapse, contiguous_strides
 from . import scalar as S
 from .collective import allreduce
 from .loops import loop, nest, offset
 from .scalar import PTR
 
-Emitter = Callable[[ir.IRBuilder, ir.Value, list[ir.Value], Operation], None]
+OneOpLoop = Callable[[ir.IRBuilder, ir.Value, list[ir.Value], Operation], None]
 
 
 def strided_map(b: ir.IRBuilder, out: ir.Value, ins: list[ir.Value], out_type: TensorType,
@@ -218,7 +218,7 @@ def one_hot(b, out, ins, op):
     loop(b, t.size, per_label, name="l")
 
 
-KERNELS: dict[str, Emitter] = {
+ONE_OP_LOOPS: dict[str, OneOpLoop] = {
     **dict.fromkeys(ops_with("elementwise", "ember"), elementwise),  # from the registry
     **dict.fromkeys(("ember.reduce_sum", "ember.reduce_mean", "ember.reduce_max"), reduce),
     "ember.broadcast": broadcast,
@@ -240,6 +240,6 @@ def emit_kernel(mod: ir.Module, name: str, op: Operation) -> ir.Function:
         a.name = f"in{k - 1}" if k else "out"
         a.add_attribute("noalias")
     b = ir.IRBuilder(fn.append_basic_block("entry"))
-    KERNELS[op.name](b, fn.args[0], list(fn.args[1:]), op)
+    ONE_OP_LOOPS[op.name](b, fn.args[0], list(fn.args[1:]), op)
     b.ret_void()
     return fn

@@ -1,5 +1,5 @@
-"""The blocking and register tiles both cpu attention kernels are made of (attention.py
-has the forward and the plan, attention_grad.py the backward): an op's Geometry, and an
+"""The blocking and register tiles both cpu attention kernels are made of (forward.py
+has the forward and the plan, backward.py the backward): an op's Geometry, and an
 Emitter of element, vector and tile code over its buffers, each read or written through
 its map over its logical shape."""
 
@@ -9,14 +9,14 @@ import math
 
 from llvmlite import ir
 
-from ...ir import Operation
-from ...ir.dialects.kernel_attention import result_maps
-from ...ir.opdef import OPS
-from ..strides import contiguous_strides
-from . import scalar as S
-from .host import Isa
-from .loops import carried, for_range, loop
-from .scalar import I32, I64, PTR, i64
+from ....ir import Operation
+from ....ir.dialects.kernel_attention import result_maps
+from ....ir.opdef import OPS
+from ...strides import contiguous_strides
+from ..kernels import scalar as S
+from ..kernels.loops import carried, for_range, loop
+from ..kernels.scalar import I32, I64, PTR, i64
+from ..machine.host import Isa
 
 MR = 6  # broadcast rows per register tile (keys, or value/head dims)
 BK = 48  # keys per block, a multiple of MR: small, so little of a causal diagonal is wasted

@@ -4,7 +4,7 @@ A table lists, for problem sizes (m, n, k) on a log grid (GRID), the GFLOP/s of 
 engines on one CPU model with one thread count; a problem takes the engine that was faster
 at the nearest grid point (log distance), the own one unless OpenBLAS is MARGIN faster.
 The table is the file in the cache directory for this CPU name and thread count (`python
--m ember.backends.cpu.tune` measures the whole grid), else DEFAULT_TABLE on the CPU and
+-m ember.backends.cpu.gemm.tune` measures the whole grid), else DEFAULT_TABLE on the CPU and
 thread count it was measured on (DEFAULT_HOST), else empty: speeds measured on one CPU say
 little about another (on an Emerald Rapids VM DEFAULT_TABLE picked the own GEMM for 1024^3
 at 0.72x OpenBLAS). A grid point the table lacks is measured when a compile first needs it
@@ -32,12 +32,12 @@ import warnings
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from ...files import cache_dir, write_atomically
-from ...settings import GEMM, GEMM_TUNE
+from ....files import cache_dir, write_atomically
+from ....settings import GEMM, GEMM_TUNE
+from ..machine.host import Isa, host_cpu
 from . import blas as B
-from .gemm import GemmProblem
-from .gemm_timing import Point, measure_point
-from .host import Isa, host_cpu
+from .emit import GemmProblem
+from .timing import Point, measure_point
 
 GRID: list[Point] = [
     (64, 64, 64), (64, 128, 64), (128, 10, 64), (64, 10, 128), (128, 128, 128),

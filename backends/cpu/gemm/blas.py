@@ -19,8 +19,8 @@ import llvmlite.binding as llvm
 import numpy as np
 from llvmlite import ir
 
-from ...settings import BLAS
-from .scalar import I32, I64, PTR
+from ....settings import BLAS
+from ..kernels.scalar import I32, I64, PTR
 
 ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112
 

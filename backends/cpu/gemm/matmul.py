@@ -17,18 +17,18 @@ from dataclasses import dataclass, replace
 
 from llvmlite import ir
 
-from ...ir import Block, Operation, Region, ScalarType
-from ..strides import contiguous_strides
+from ....ir import Block, Operation, Region, ScalarType
+from ...strides import contiguous_strides
+from ..call.buffers import regions
+from ..kernels import scalar as S
+from ..kernels.fused import FusedEmitter
+from ..kernels.loops import for_range, loop
+from ..kernels.scalar import i64
+from ..machine.host import Isa
+from ..parallel.outline import parallel_region
 from . import blas as B
-from . import scalar as S
-from .buffers import regions
 from .cost import choose
-from .fused import FusedEmitter
-from .gemm import THREAD_FLOPS, GemmProblem, RowsDone, emit_own, finishes_rows, plan_own
-from .host import Isa
-from .loops import for_range, loop
-from .scalar import i64
-from .threads import parallel_region
+from .emit import THREAD_FLOPS, GemmProblem, RowsDone, emit_own, finishes_rows, plan_own
 
 
 @dataclass

@@ -17,7 +17,7 @@ import numpy as np
 from llvmlite import binding as llvm
 from llvmlite import ir
 
-from .. import collectives
+from ... import collectives
 from . import scalar as S
 from .loops import loop
 from .scalar import I32, I64, PTR

@@ -20,14 +20,14 @@ import math
 
 from llvmlite import ir
 
+from ..call.buffers import regions
+from ..gemm.emit import GemmProblem
+from ..gemm.matmul import byte_offset, engine_for, gemm_call, gemm_scratch
+from ..machine.host import Isa
+from ..parallel.outline import chunk_index, parallel_chunks, parallel_region
 from . import scalar as S
-from .buffers import regions
-from .gemm import GemmProblem
-from .host import Isa
 from .loops import for_range, loop
-from .matmul import byte_offset, engine_for, gemm_call, gemm_scratch
 from .scalar import I64, i64
-from .threads import chunk_index, parallel_chunks, parallel_region
 
 STATUS = "ember_status"
 

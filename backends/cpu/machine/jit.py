@@ -30,11 +30,13 @@ import llvmlite
 import llvmlite.binding as llvm
 from llvmlite import ir
 
-from ...cache_store import Store, source_hash
-from ...files import cache_enabled
-from ...settings import DUMP_LLVM, LLVM_REMARKS, LLVM_UNROLL
-from ..errors import KernelCompileError
-from . import blas, collective, threadpool
+from ....cache_store import Store, source_hash
+from ....files import cache_enabled
+from ....settings import DUMP_LLVM, LLVM_REMARKS, LLVM_UNROLL
+from ...errors import KernelCompileError
+from ..gemm import blas
+from ..kernels import collective
+from ..parallel import pool
 from .host import host_cpu, host_features, num_threads
 
 
@@ -91,7 +93,7 @@ def _dump_dir(dump_dir: str | None) -> Path | None:
 OBJECTS = Store("cpu", ".o", b"emberobj", 1)  # the compile cache's object code (cache.py)
 _POOLS = Store("cpu-pool", ".o", b"emberobj", 1)  # the thread pool's, per host and workers
 _pool_lock = threading.Lock()
-_pool = None  # the JitModule holding the thread pool's code (threadpool.py), alive for the process
+_pool = None  # the JitModule holding the thread pool's code (pool.py), kept for the process
 
 
 def _unlock_in_child() -> None:
@@ -112,17 +114,17 @@ def load_pool() -> None:
         if _pool is not None:
             return
         jm = _pool_module(num_threads() - 1)
-        llvm.add_symbol(threadpool.SYMBOL, jm.engine.get_function_address(threadpool.SYMBOL))
+        llvm.add_symbol(pool.SYMBOL, jm.engine.get_function_address(pool.SYMBOL))
         _pool = jm
 
 
 def _pool_module(workers: int) -> JitModule:
     """The pool's code, from the compile cache where this host compiled it before (keyed by
-    the workers, the host and this folder's source), else compiled and kept there."""
+    the workers, the host and the cpu backend's source), else compiled and kept there."""
     k = None
     if cache_enabled() and DUMP_LLVM.get() is None:  # dumps need a build
         h = hashlib.sha256(f"pool {workers}\0{fingerprint()}\0".encode())
-        h.update(source_hash(Path(__file__).parent).encode())
+        h.update(source_hash(Path(__file__).parents[1]).encode())
         k = h.hexdigest()[:40]
         obj = _POOLS.load(k)
         if obj is not None:
@@ -130,7 +132,7 @@ def _pool_module(workers: int) -> JitModule:
                 return JitModule(None, name="ember_pool", obj=obj, needs_pool=False)
             except (RuntimeError, ValueError):  # LLVM refused an intact entry
                 _POOLS.discard(k)
-    jm = JitModule(threadpool.build(workers), name="ember_pool", needs_pool=False)
+    jm = JitModule(pool.build(workers), name="ember_pool", needs_pool=False)
     if k is not None:
         _POOLS.store(k, jm.object_code)
     return jm

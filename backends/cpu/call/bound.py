@@ -10,7 +10,7 @@ previous call returned for it (`turn.fed`, which a caller that knows where its i
 from compares itself and then calls `call`), and no one else holds the arrays it would
 write (the pool's refcount rule); a fed array's shape and dtype are checked again too
 (either may be set in place, and `run_values` would refuse or convert it). The entry makes
-these last two checks itself, from the turn's guard (guard.py), and runs nothing where one
+these last two checks itself, from the turn's guard (binding.py), and runs nothing where one
 fails; it also binds the tensor inputs, read in place where each is a C-contiguous array
 of the dtype and shape bound, and copies the float scalars (an lr, a step count) from the
 inputs' list (else the general call converts them). Where the guard cannot read this
@@ -34,8 +34,8 @@ from operator import attrgetter, is_
 
 import numpy as np
 
+from .binding import FLOATS, Guard, covers
 from .buffers import aligned_empty, data_address
-from .guard import FLOATS, Guard, covers
 
 _layout = attrgetter("shape", "dtype", "strides")  # numpy lets a caller set each in place
 
@@ -126,7 +126,7 @@ class Feedback:
         self._layouts = list(map(_bound_layout, self._params))
         self.binds_params = bool(self._params)  # else `call` reads no value
         self._held_args: list = [None] * len(self._args)
-        # whether each turn has a guard (guard.py), and so the arguments the entry binds
+        # whether each turn has a guard (binding.py), and so the arguments the entry binds
         # and checks itself (their type, dtype, shape and layout) on a bound call
         self._guarded = covers([*(shape for shape, *_ in self._fed_layouts),
                                 *(row[3] for row in self._args)])

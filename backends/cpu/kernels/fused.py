@@ -23,13 +23,13 @@ from dataclasses import dataclass
 
 from llvmlite import ir
 
-from ...ir import Value
-from ..errors import KernelCompileError
+from ....ir import Value
+from ...errors import KernelCompileError
+from ..parallel.outline import chunk_index, elem, parallel_chunks, parallel_region, stack_array
 from . import scalar as S
 from .dropout import dropout
 from .loops import for_range, loop
 from .scalar import PTR, i64
-from .threads import chunk_index, elem, parallel_chunks, parallel_region, stack_array
 
 ACC_STACK_LIMIT = 1 << 18  # bytes of column accumulators kept on the stack (more: scratch)
 ACC_BYTES = 8  # one accumulator's slot, whatever the dtype

@@ -29,11 +29,11 @@ from dataclasses import dataclass, replace
 
 from llvmlite import ir
 
-from . import scalar as S
-from .host import Caches, Isa, host_caches
-from .loops import carried, for_range, loop
-from .scalar import I32, I64, PTR, i64
-from .threads import elem, parallel_for, stack_array
+from ..kernels import scalar as S
+from ..kernels.loops import carried, for_range, loop
+from ..kernels.scalar import I32, I64, PTR, i64
+from ..machine.host import Caches, Isa, host_caches
+from ..parallel.outline import elem, parallel_for, stack_array
 
 I1 = ir.IntType(1)
 

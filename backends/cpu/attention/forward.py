@@ -24,7 +24,7 @@ stored; in the backward their p is 0 (padded queries get lse = +inf).
 
 Results are written through their maps too, so o, dq, dk and dv can land straight in the
 [B, T, H, D] layout the projections read. The shared blocking and register tiles are in
-attention_tiles.py, the backward item in attention_grad.py.
+tiles.py, the backward item in backward.py.
 """
 
 from __future__ import annotations
@@ -33,17 +33,17 @@ import math
 
 from llvmlite import ir
 
-from ...ir import Operation
-from . import scalar as S
-from . import vmath
-from .attention_grad import backward_item
-from .attention_tiles import Emitter, Geometry, item_function
-from .buffers import regions
-from .host import Isa
-from .loops import for_range, loop
-from .matmul import byte_offset
-from .scalar import i64
-from .threads import chunk_index, parallel_chunks, parallel_region
+from ....ir import Operation
+from ..call.buffers import regions
+from ..gemm.matmul import byte_offset
+from ..kernels import scalar as S
+from ..kernels import vmath
+from ..kernels.loops import for_range, loop
+from ..kernels.scalar import i64
+from ..machine.host import Isa
+from ..parallel.outline import chunk_index, parallel_chunks, parallel_region
+from .backward import backward_item
+from .tiles import Emitter, Geometry, item_function
 
 
 def _regions(g: Geometry, forward: bool) -> tuple[dict[str, int], int]:

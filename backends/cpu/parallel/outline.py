@@ -1,7 +1,7 @@
 """Splitting a kernel's outer loop across threads, from inside generated code.
 
 A parallel kernel is outlined into `body(ptr ctx, i64 lo, i64 hi)` (ctx: its buffer
-pointers) and handed to the process's thread pool (threadpool.py), whose workers and the
+pointers) and handed to the process's thread pool (pool.py), whose workers and the
 calling thread take its chunks of `[0, n)` until none are left. Whoever runs a chunk,
 the result is the same. A hand-off costs a few microseconds while the workers are awake
 (tens after they slept), so only kernels above a work threshold are split
@@ -14,8 +14,8 @@ from collections.abc import Callable
 
 from llvmlite import ir
 
-from .scalar import I64, PTR, i64
-from .threadpool import BODY, declare
+from ..kernels.scalar import I64, PTR, i64
+from .pool import BODY, declare
 
 # element-operations each thread gets at least (below twice this a kernel stays on one
 # thread): a 1M-element add, exp or tanh (0.35-0.47 ms on one core of an Emerald Rapids VM,
@@ -35,7 +35,7 @@ def parallel_chunks(work: float, iterations: int, threads: int) -> int:
 def parallel_for(b: ir.IRBuilder, body: ir.Function, ctx: ir.Value, n: int, threads: int,
                  name: str) -> None:
     """Run `body(ctx, lo, hi)` over [0, n) in `threads` chunks, on the process's thread
-    pool (threadpool.py); one chunk runs inline."""
+    pool (pool.py); one chunk runs inline."""
     if threads <= 1:
         b.call(body, [ctx, i64(0), i64(n)])
         return

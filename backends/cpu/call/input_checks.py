@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from .loops import for_range
-from .scalar import I64, MEM, PTR, i64
-from .threads import parallel_region, stack_array
+from ..kernels.loops import for_range
+from ..kernels.scalar import I64, MEM, PTR, i64
+from ..parallel.outline import parallel_region, stack_array
 
 # elements from which a scan is split across the threads (a 128x784 f32 batch, 400 KB,
 # takes ~20 us on one core; a split costs ~1 us)

@@ -1,5 +1,5 @@
 """`kernel.attention_grad` on the cpu: the backward item of the flash-attention kernels
-(see attention.py for the blocking), all of one batch element per call."""
+(see forward.py for the blocking), all of one batch element per call."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import math
 
 from llvmlite import ir
 
-from . import vmath
-from .attention_tiles import Emitter, Geometry, item_function
-from .loops import for_range, loop
-from .scalar import i64
+from ..kernels import vmath
+from ..kernels.loops import for_range, loop
+from ..kernels.scalar import i64
+from .tiles import Emitter, Geometry, item_function
 
 BWD_IO = ["dq", "dk", "dv", "q", "k", "v", "o", "lse", "do"]
 

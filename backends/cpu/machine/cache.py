@@ -22,10 +22,10 @@ import hashlib
 import re
 from pathlib import Path
 
-from ...cache_store import HEADER as _HEADER
-from ...cache_store import ORPHAN_SECONDS, source_hash
-from ...settings import code_values
-from .cost import load_table
+from ....cache_store import HEADER as _HEADER
+from ....cache_store import ORPHAN_SECONDS, source_hash
+from ....settings import code_values
+from ..gemm.cost import load_table
 from .host import host_caches, host_cpu
 from .jit import OBJECTS, JitModule
 
@@ -37,7 +37,7 @@ path, load, store, discard = _STORE.path, _STORE.load, _STORE.store, _STORE.disc
 
 @functools.cache
 def _source_hash() -> str:
-    return source_hash(Path(__file__).parent)
+    return source_hash(Path(__file__).parents[1])
 
 
 def options(threads: int) -> str:

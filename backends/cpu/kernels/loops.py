@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 
 from llvmlite import ir
 
-from ..strides import Dim
+from ...strides import Dim
 from .scalar import I64, i64
 
 NUW = ("nuw", "nsw")

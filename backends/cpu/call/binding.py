@@ -1,4 +1,4 @@
-"""What a bound call (feedback.py) checks of the arrays it reads and writes, and how it
+"""What a bound call (bound.py) checks of the arrays it reads and writes, and how it
 binds its inputs, run natively at the top of the entry: in Python each check costs ~100 ns
 an array (the small MLP's step reads 4 and writes 8 objects), binding another input array
 ~1.3 us and each scalar ~100 ns; natively, a few loads each.
@@ -37,8 +37,8 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 from llvmlite import ir
 
-from .loops import for_range
-from .scalar import I32, I64, PTR, REG, i64
+from ..kernels.loops import for_range
+from ..kernels.scalar import I32, I64, PTR, REG, i64
 
 # byte offsets in a PyObject (its refcount's low 32 bits: all of it for any count below
 # 2**32; its type), a float, a list and a PyArrayObject

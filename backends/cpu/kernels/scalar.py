@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from ...ir.dialects.ember import expand
-from ..errors import UnsupportedOpError
+from ....ir.dialects.ember import expand
+from ...errors import UnsupportedOpError
 from . import vmath
 
 I32, I64 = ir.IntType(32), ir.IntType(64)

@@ -1,0 +1,3 @@
+"""Matrix multiply on the cpu: ember's own packed GEMM and the call into OpenBLAS
+(emit.py, blas.py), which of the two runs a problem (cost.py, from speeds measured by
+timing.py and tune.py), and `kernel.matmul` with its fused epilogue (matmul.py)."""
