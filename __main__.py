@@ -37,7 +37,7 @@ def _optimizer(args: argparse.Namespace, steps_per_epoch: int):
     from ember.runtime import optim
 
     lr = args.lr if args.lr is not None else (0.05 if args.optimizer == "sgd" else 1e-3)
-    total = max(1, args.epochs * steps_per_epoch - args.warmup)
+    total = max(1, args.epochs * steps_per_epoch // args.accumulate - args.warmup)
     schedule = {"constant": lambda: optim.Constant(lr),
                 "step": lambda: optim.StepLR(lr, step_size=max(1, total // 3), gamma=0.1),
                 "cosine": lambda: optim.Cosine(lr, total_steps=total)}[args.schedule]()
@@ -49,7 +49,7 @@ def _optimizer(args: argparse.Namespace, steps_per_epoch: int):
     return optim.OPTIMIZERS[args.optimizer](lr=schedule, clip_norm=args.clip_norm, **kwargs)
 
 
-def _longer_schedule(epochs: int, steps_per_epoch: int):
+def _longer_schedule(epochs: int, steps_per_epoch: int, accumulate: int = 1):
     """`fit`'s `on_resume`: a checkpoint whose lr schedule was made for a shorter run than
     `epochs` (its cosine ends, or its step schedule's thirds pass, before this run does)
     gets it recomputed over this run's steps, as `--epochs` from the start would have made
@@ -63,7 +63,7 @@ def _longer_schedule(epochs: int, steps_per_epoch: int):
         schedule = opt.schedule
         warmup, inner = ((schedule.warmup_steps, schedule.after)
                          if isinstance(schedule, LinearWarmup) else (0, schedule))
-        steps = epochs * steps_per_epoch
+        steps = epochs * steps_per_epoch // accumulate  # optimizer updates
         total = max(1, steps - warmup)
         if isinstance(inner, Cosine) and total > inner.total_steps:
             longer = replace(inner, total_steps=total)
@@ -177,7 +177,8 @@ def _train(args: argparse.Namespace) -> int:
         say(f"training {args.model} ({model.num_params():,} params) on "
             f"{args.data or 'digits'} with {optimizer}, {args.epochs} epochs, "
             f"batch {args.batch_size}{ranks}, {args.backend} backend"
-            + (f", checkpoint {args.checkpoint}" if args.checkpoint != "none" else ""))
+            + (f", checkpoint {args.checkpoint}" if args.checkpoint != "none" else "")
+            + (f", {args.accumulate} micro-batches per update" if args.accumulate > 1 else ""))
         if lead:  # rank 0 writes the logs, as it writes the checkpoints
             logs = MetricLogs.open(args.log_dir, args.log or [], append=bool(args.resume))
         # ops that no line of the model made (the loss) are located at the model's source,
@@ -192,8 +193,9 @@ def _train(args: argparse.Namespace) -> int:
                                 memory_budget=args.memory_budget, save=args.save,
                                 resume=args.resume, detect_anomaly=args.detect_anomaly,
                                 data_parallel=comm if comm is not None else False,
-                                logs=logs, profile=args.profile,
-                                on_resume=_longer_schedule(args.epochs, steps_per_epoch))
+                                logs=logs, profile=args.profile, accumulate=args.accumulate,
+                                on_resume=_longer_schedule(args.epochs, steps_per_epoch,
+                                                           args.accumulate))
         if args.plot and logs is not None and results:
             say(f"wrote {plot_run(args.plot, results, logs.steps, steps_per_epoch)}")
     except BrokenPipeError:  # `ember train | head`: main() handles it, not an error of ours
@@ -398,6 +400,10 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--epochs", type=_count(1), default=10, help="epochs in the whole run (resume "
                    "counts those already done)")
     t.add_argument("--batch-size", type=_count(1), default=32)
+    t.add_argument("--accumulate", type=_count(1), default=1, metavar="K",
+                   help="gradient accumulation: one optimizer update per K batches (of "
+                   "--batch-size each, weighted 1/K: with the mean loss, one step on K x the "
+                   "batch); the lr schedule counts updates")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--backend", choices=("cpu", "interpreter", "cuda"), default="cpu")
     t.add_argument("--checkpoint", default="none", choices=checkpoint_strategies(),

@@ -21,6 +21,12 @@ Contract (read by the runtime):
 - results: (loss, outputs..., new params in `ember.updates` order, new state tensors in
   `ember.state` order); `ember.grads` is replaced by `ember.updates`, and
   `ember.param_groups` is dropped.
+
+`accumulate-grads{divide=k}` (gradient accumulation, runtime/accumulate.py) runs between
+autodiff (and checkpoint) and `optimizer`, or instead of it: each gradient `g` becomes
+`(acc + g) / k`, `acc` a new argument of the gradient's type after the original ones, one
+per gradient in `ember.grads` order, which the graph names in `ember.grad_inputs` (kept
+by `optimizer`). With `divide=1` the results are the new accumulated gradients.
 """
 
 from __future__ import annotations
@@ -176,3 +182,42 @@ class Optimizer(Pass):
         norm = b.op("ember.add", b.op("ember.sqrt", total), const(1e-6))
         coef = b.op("ember.min", b.op("ember.div", const(self.clip_norm), norm), const(1.0))
         return [b.op("ember.mul", g, coef) for g in grads]
+
+
+@register_pass
+@dataclass(frozen=True)
+class AccumulateGrads(Pass):
+    """Gradient accumulation: each gradient g becomes (acc + g) / divide, acc a new
+    argument (`ember.grad_inputs`); see the module docstring."""
+
+    name: ClassVar[str] = "accumulate-grads"
+    divide: int = 1
+
+    def check(self, graph: Graph) -> None:
+        if "ember.grads" not in graph.attributes:
+            raise PipelineError("accumulate-grads needs the gradients from autodiff: run "
+                                "autodiff first")
+        if "ember.grad_inputs" in graph.attributes:
+            raise PipelineError("accumulate-grads ran twice")
+        if self.divide < 1:
+            raise PipelineError(f"accumulate-grads: divide must be >= 1, got {self.divide}")
+
+    def apply(self, graph: Graph) -> Graph:
+        self.check(graph)
+        ids = list(graph.attributes["ember.grads"])
+        ret = graph.return_op
+        outputs = list(ret.operands)
+        first = len(outputs) - len(ids)
+        b = Builder(graph.body, before=ret)
+        new = []
+        for g in outputs[first:]:
+            total = b.op("ember.add", graph.body.add_arg(g.type, None), g)
+            if self.divide != 1:
+                total = b.op("ember.div", total, b.op("ember.constant", value=np.array(
+                    self.divide, dtype=numpy_dtype(g.type.dtype))))
+            new.append(total)
+        ret.drop_operands()
+        for v in outputs[:first] + new:
+            ret.add_operand(v)
+        graph.attributes["ember.grad_inputs"] = ids
+        return graph

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from ..frontend.module import Module
 from ..passes.manager import PASSES
 from . import distributed
+from .accumulate import accumulate_count
 from .compiled import CompiledFunction
 from .distributed import Communicator
 from .dynamic import DynamicDims, DynamicFunction, DynamicGradFunction, DynamicTrainStep
@@ -73,7 +74,7 @@ def compile_train_step(model: Module, loss_fn: Callable, optimizer: Optimizer,
                        data_parallel: bool | Communicator = False,
                        dynamic_dims: dict | None = None,
                        buckets: tuple[int, ...] | None = None,
-                       n_inputs: int = 1) -> TrainStep:
+                       n_inputs: int = 1, accumulate: int = 1) -> TrainStep:
     """`step(x, y)`: forward, backward and update in one compiled graph; returns the loss.
 
     `n_inputs`: how many leading arguments of each call go to the model; the rest go to
@@ -97,9 +98,24 @@ def compile_train_step(model: Module, loss_fn: Callable, optimizer: Optimizer,
     tokens and targets of any length T; `{0: {1: "T"}, 1: {1: "T"}, 2: {1: "T"}}` adds an
     attention mask with `n_inputs=2`); the loss, the gradients and so the updated params
     equal those of an exact-shape step.
+    `accumulate`: gradient accumulation over k micro-batches (runtime/accumulate.py). Each
+    call `step(x, y)` takes one micro-batch and returns its own loss (unscaled); the
+    gradients of each micro-batch, weighted 1/k, are summed into buffers and the optimizer
+    updates on every k-th call, so with a mean-reduced loss `accumulate=k` over k
+    micro-batches of one size equals one step on their concatenation (up to the order of
+    f32 sums). Micro-batches of different sizes (`dynamic_dims`) are weighted 1/k each,
+    as PyTorch's `(loss / k).backward()` loop, not by size. `optimizer.step_count`, hence
+    the lr schedule, advances once per update; `step.pending` counts the micro-batches
+    waiting for it (0 after an updating call). With `data_parallel`, the gradients are
+    reduced across ranks once per update; a micro-batch call that does not update returns
+    its rank's own loss, an updating call the ranks' mean, as without accumulation.
+    `save_checkpoint` mid-accumulation keeps the buffers, and resuming continues the cycle.
+    Batch-statistic layers (BatchNorm) see each micro-batch alone, as in PyTorch.
     """
+    accumulate = accumulate_count(accumulate)  # a usage error before anything is built
     options = _training_options(backend, linear, checkpoint, memory_budget, detect_anomaly,
                                 n_inputs)
+    options["accumulate"] = accumulate
     dynamic = DynamicDims.of((), dynamic_dims, buckets)
     if dynamic is not None:
         if data_parallel is not False:

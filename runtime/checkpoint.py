@@ -9,6 +9,11 @@ counter; the caller's `extra`, where `ember train` keeps the data position and h
 and `ember.sha256`: a SHA-256 over every other metadata entry and every tensor's name,
 dtype, shape and bytes, so no byte of the file goes unchecked.
 
+A step saved mid gradient accumulation (`accumulate=k`, `step.pending > 0`) adds
+`accum/<path>` tensors (the summed gradients of the pending micro-batches) and the
+document's `accumulation` object (`micro_batches`, `accumulate`: k); loading it needs a
+step of the same k, and resumes the cycle. Files saved with nothing pending have neither.
+
 Writing goes to a temporary file in the same directory, fsynced, then `os.replace`d
 over the target, so a crash mid-write leaves the previous checkpoint intact. Loading
 reads, verifies and validates the whole file into a plan (every field's type and range,
@@ -49,6 +54,7 @@ _DOC = {"model": str, "params": dict, "flags": dict, "optimizer": dict, "optimiz
 _PARAM = {"id": str, "shape": list, "dtype": str, "kind": str, "requires_grad": bool,
           "frozen": bool}
 _FLAG = {"value": bool, "frozen": bool}
+_ACCUMULATION = {"micro_batches": int, "accumulate": int, "grads": list}
 
 
 class CheckpointError(ValueError):
@@ -109,6 +115,14 @@ def collect(step, extra: dict | None = None) -> tuple[dict[str, np.ndarray], dic
     doc = {"model": type(model).__name__, "params": described, "flags": flags,
            "optimizer": opt.config(), "optimizer_step": opt.step_count,
            "optimizer_state": state, "rng_step": step.rng_step, "extra": extra or {}}
+    pending, grads = step.accumulated() if hasattr(step, "accumulated") else (0, {})
+    if pending:
+        paths = []
+        for pid, g in grads.items():
+            paths.append(by_id[pid])
+            tensors[f"accum/{by_id[pid]}"] = np.asarray(to_host(g), order="C")
+        doc["accumulation"] = {"micro_batches": pending, "accumulate": step.accumulate,
+                               "grads": sorted(paths)}
     return tensors, doc
 
 
@@ -179,7 +193,14 @@ def _fields(obj: object, schema: dict[str, type], where: str) -> dict:
 
 def _check_doc(doc: dict) -> None:
     """Every field of the document, on its own (the model comes after)."""
-    _fields(doc, _DOC, "the document")
+    _fields({k: v for k, v in doc.items() if k != "accumulation"}, _DOC, "the document")
+    if "accumulation" in doc:
+        info = _fields(doc["accumulation"], _ACCUMULATION, "accumulation")
+        if not 0 < info["micro_batches"] < info["accumulate"]:
+            raise _Invalid(f"accumulation holds {shown(str(info['micro_batches']))} "
+                           f"micro-batches of {shown(str(info['accumulate']))}")
+        if not all(isinstance(p, str) for p in info["grads"]):
+            raise _Invalid("accumulation.grads is not an array of param paths")
     for key in ("optimizer_step", "rng_step"):
         if not 0 <= doc[key] < _COUNTER_LIMIT:
             raise _Invalid(f"{key} is {shown(str(doc[key]))}, not in [0, 2**63)")
@@ -278,7 +299,8 @@ def _check_state(saved: dict, params: dict[str, Param], kind: str) -> None:
 def _check_tensor_names(tensors: dict, doc: dict) -> None:
     """Exactly the tensors the document describes: each param's, each state slot's."""
     expected = {f"param/{p}" for p in doc["params"]} | {
-        f"optim/{p}/{s}" for p, names in doc["optimizer_state"].items() for s in names}
+        f"optim/{p}/{s}" for p, names in doc["optimizer_state"].items() for s in names} | {
+        f"accum/{p}" for p in doc.get("accumulation", {}).get("grads", ())}
     if missing := sorted(expected - tensors.keys()):
         raise _Invalid(f"tensors missing: {listing(missing)}")
     if unexpected := sorted(tensors.keys() - expected):
@@ -305,6 +327,7 @@ class _Plan:
     optimizer_step: int
     rng_step: int
     extra: dict
+    accumulated: tuple[int, dict]  # micro-batches pending, their summed gradients by ParamId
 
 
 def _plan(step, tensors: dict, doc: dict) -> _Plan:
@@ -329,7 +352,30 @@ def _plan(step, tensors: dict, doc: dict) -> _Plan:
     state = {params[path].id: {s: _tensor(tensors, f"optim/{path}/{s}", params[path])
                                for s in names}
              for path, names in doc["optimizer_state"].items()}
-    return _Plan(values, restored, state, doc["optimizer_step"], doc["rng_step"], doc["extra"])
+    return _Plan(values, restored, state, doc["optimizer_step"], doc["rng_step"], doc["extra"],
+                 _accumulated(step, doc, tensors, params))
+
+
+def _accumulated(step, doc: dict, tensors: dict, params: dict[str, Param]) -> tuple[int, dict]:
+    """The gradient buffers of a checkpoint saved mid-accumulation, checked against the
+    step's `accumulate` and the model's params; (0, {}) when none were pending."""
+    info = doc.get("accumulation")
+    if info is None:
+        return 0, {}
+    k = getattr(step, "accumulate", 1)
+    if info["accumulate"] != k:
+        raise _Invalid(f"it was saved after {info['micro_batches']} of {info['accumulate']} "
+                       f"accumulated micro-batches; load it into a step with accumulate="
+                       f"{info['accumulate']} (this one has {k}), or save right after an "
+                       "update (step.pending == 0)")
+    grads = {}
+    for path in info["grads"]:
+        p = params.get(path)
+        if p is None or p.kind != "float" or not doc["params"][path]["requires_grad"]:
+            raise _Invalid(f"accumulated gradient of {shown(path)}, which is not a trainable "
+                           "param of the model")
+        grads[p.id] = _tensor(tensors, f"accum/{path}", p)
+    return info["micro_batches"], grads
 
 
 def _apply(step, plan: _Plan) -> None:
@@ -344,6 +390,8 @@ def _apply(step, plan: _Plan) -> None:
     opt.state = plan.state
     opt.step_count = plan.optimizer_step
     step.rng_step = plan.rng_step
+    if hasattr(step, "restore_accumulated"):
+        step.restore_accumulated(*plan.accumulated)
 
 
 def load(step, path: str, parse_extra: Callable[[dict], object] | None = None) -> object:

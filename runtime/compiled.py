@@ -200,10 +200,8 @@ class Compiled:
         else:
             self.check_new_inputs(inputs)
             specs = tuple(TensorSpec.of(x) for x in inputs)
-            if self._last is not None:
-                was, now = self.shapes_text(self._last.specs), self.shapes_text(specs)
-                why = ("inputs " + now + "; was " + was if was != now
-                       else "model flags, requires_grad or optimizer settings changed")
+            why = None if self._last is None else self.recompile_reason(self._last, specs)
+            if why is not None:
                 print(f"ember: recompiling {self.kind} ({why})", file=sys.stderr)
             entry = self._compile(specs)
             self._cache[key] = entry
@@ -215,6 +213,12 @@ class Compiled:
 
     def check_new_inputs(self, inputs: tuple) -> None:
         """Checks of input shapes before they are traced (a compiled key passed them)."""
+
+    def recompile_reason(self, last: Entry, specs: tuple) -> str | None:
+        """What the notice of a compile after `last` says (None: no notice)."""
+        was, now = self.shapes_text(last.specs), self.shapes_text(specs)
+        return ("inputs " + now + "; was " + was if was != now
+                else "model flags, requires_grad or optimizer settings changed")
 
     def shapes_text(self, specs: tuple) -> str:
         """The input shapes and dtypes a recompile notice names."""

@@ -18,6 +18,12 @@ Averaged buffers keep the replicas equal; the batch statistics themselves are ea
 rank's own (as PyTorch's DDP without SyncBatchNorm) unless the layer is
 `BatchNorm(sync=True)`, whose `ember.allreduce` ops sum through this step's communicator
 in the middle of the gradient graph (backends/collectives.py).
+
+With `accumulate=k` (runtime/accumulate.py) the gradient graph also adds each gradient to
+this rank's buffers (`accumulate-grads`); calls 1..k-1 of a cycle run no collective
+(SyncBatchNorm's aside) and return the rank's own loss; the k-th writes the buffers' sums
+into the flat buffer, reduces it once and updates with the gradients scaled by
+1/(world_size * k): the ranks' k micro-batches as one global batch.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from ..frontend.module import Module
 from ..frontend.param import random_seed
 from ..ir import Graph, has_trait, numpy_dtype
 from ..ir.printer import strip_locations
+from .accumulate import accumulation_pipeline
 from .backend import to_host
 from .compiled import Entry, one_call_at_a_time
 from .distributed import Communicator
@@ -112,22 +119,28 @@ class DataParallelStep(TrainStep):
         return graph
 
     def pipeline(self):
+        if self.accumulator is not None:  # every call: the gradients added to the buffers
+            return accumulation_pipeline(None, self.accumulate, self.linear, self.checkpoint,
+                                         self.memory_budget)
         return grad_pipeline(self.linear, self.checkpoint, self.memory_budget)
 
-    def extra_inputs(self, entry: Entry, table: dict) -> list:
-        return []
+    def _phase(self) -> str | None:
+        return None  # one gradient graph, whichever call of a cycle runs it
 
     @one_call_at_a_time
     def __call__(self, *inputs: np.ndarray):
-        # first, and on every step: what each rank brings (a rank whose batch shapes or
+        # first, and on every update: what each rank brings (a rank whose batch shapes or
         # optimizer settings differ would otherwise wait in another collective until the
-        # timeout, or train a replica that silently drifts away)
-        opt = self.optimizer
-        self.comm.check_same(
-            "the step (batch shapes, optimizer settings)",
-            repr(([(np.shape(x), str(getattr(x, "dtype", type(x)))) for x in inputs],
-                  opt.config(), opt.lr, opt.step_count)),
-            "every rank passes batches of the same shapes to the same optimizer settings")
+        # timeout, or train a replica that silently drifts away); accumulating, a call that
+        # only adds to the buffers runs no collective (but SyncBatchNorm's)
+        opt, acc = self.optimizer, self.accumulator
+        update = acc is None or acc.updates_next
+        if update:
+            self.comm.check_same(
+                "the step (batch shapes, optimizer settings)",
+                repr(([(np.shape(x), str(getattr(x, "dtype", type(x)))) for x in inputs],
+                      opt.config(), opt.lr, opt.step_count, self.pending)),
+                "every rank passes batches of the same shapes to the same optimizer settings")
         table = self.param_table()
         entry = self.entry(inputs, table)
         flat = self._flat.get(id(entry))
@@ -142,12 +155,15 @@ class DataParallelStep(TrainStep):
         if not entry.native_checks:
             self.check_inputs(entry, inputs)
         params = self.params(table)
-        args = self.arguments(entry, inputs)
-        direct = getattr(entry.run, "writes_out", False)
+        args = self.arguments(entry, inputs) + self.extra_inputs(entry, table)
+        direct = update and getattr(entry.run, "writes_out", False)
         with collectives.using(self.comm.allreduce_):  # SyncBatchNorm's sums (ember.allreduce)
             outs = self.run(entry, args, params, out=flat.views if direct else None)
         if self.detect_anomaly:
             self.check_finite(entry, args, params, outs)
+        if not update:  # this rank's loss and buffers; its gradients summed into the buffers
+            acc.keep(entry, table, self.finish(entry, table, outs))
+            return self.loss if not self.metrics else (self.loss, *self.metrics)
         if not direct:
             for k, view in flat.views.items():
                 np.copyto(view, to_host(outs[k]))
@@ -161,14 +177,19 @@ class DataParallelStep(TrainStep):
         grads = [flat.views[k] for k in range(len(outs) - entry.tail, len(outs))]
         self.finish(entry, table, outs)
         self.update(table, entry.graph.attributes["ember.grads"], grads)
+        if acc is not None:
+            acc.reset()
         return self.loss if not self.metrics else (self.loss, *self.metrics)
 
     def update(self, table: dict, ids: list[str], grads: list[np.ndarray]) -> None:
-        """The optimizer's update from the summed gradients, compiled once per params."""
-        key = (state_key(table), self.key_extra(), tuple(ids))
+        """The optimizer's update from the summed gradients (of every rank and, with
+        `accumulate=k`, of the k micro-batches: scaled by 1/(world_size * k)), compiled once
+        per params."""
+        scale = 1.0 / (self.comm.world_size * self.accumulate)
+        key = (state_key(table), self.key_extra(), tuple(ids), scale)
         found = self._updates.get(key)
         if found is None:
-            graph = update_graph(self.optimizer, table, list(ids), 1.0 / self.comm.world_size)
+            graph = update_graph(self.optimizer, table, list(ids), scale)
             stages = Stages(graph, [*SIMPLIFY, "fuse"])
             found = (stages.graph, self.backend.compile(stages.graph),
                      UpdateLayout.of(stages.graph))
@@ -201,11 +222,33 @@ class DataParallelStep(TrainStep):
 
     def save_checkpoint(self, path: str, extra: dict | None = None) -> str:
         """Rank 0 writes the checkpoint (replicas are equal); every rank returns once the
-        file is in place."""
-        if self.comm.rank == 0:
-            super().save_checkpoint(path, extra)
+        file is in place. Mid-accumulation, the ranks' gradient buffers differ: the file
+        holds their sum (one allreduce of copies; the live buffers are left as they are)."""
+        pending, grads = super().accumulated()
+        grads = {pid: np.array(g) for pid, g in grads.items()}  # copies, summed in place
+        for g in grads.values():
+            self.comm.allreduce_(g)
+        self._saving = (pending, grads)
+        try:
+            if self.comm.rank == 0:
+                super().save_checkpoint(path, extra)
+        finally:
+            self._saving = None
         self.comm.barrier()
         return path
+
+    def accumulated(self) -> tuple[int, dict]:
+        """Mid-save, the buffers summed over the ranks (`save_checkpoint`)."""
+        saving = getattr(self, "_saving", None)
+        return saving if saving is not None else super().accumulated()
+
+    def restore_accumulated(self, pending: int, grads: dict) -> None:
+        """A checkpoint's buffers hold every rank's sum: rank 0 takes them, the others
+        start from zero, so the next reduction sums the same gradients (in another order:
+        equal up to f32 rounding)."""
+        if self.comm.rank != 0:
+            grads = {pid: np.zeros_like(g) for pid, g in grads.items()}
+        super().restore_accumulated(pending, grads)
 
 
 def _fingerprint(entry: Entry) -> str:

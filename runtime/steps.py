@@ -15,6 +15,7 @@ import numpy as np
 
 from ..frontend.module import Module
 from ..ir import Graph
+from .accumulate import Accumulator, accumulate_count, accumulation_pipeline
 from .backend import to_host
 from .compiled import Compiled, Entry, one_call_at_a_time
 from .fast_path import BoundStep
@@ -148,6 +149,11 @@ class TrainStep(_Training):
     Calling it returns the loss (a float), or `(loss, *metrics)` when `loss_fn` returns a
     tuple. Params, buffers and optimizer state are rebound to the arrays the step returns
     (no copies); `Param.val()` sees them, ids unchanged.
+
+    With `accumulate=k > 1` (runtime/accumulate.py) each call is one micro-batch: calls
+    1..k-1 of a cycle add their gradients to buffers, every k-th applies the update. Each
+    call returns its own micro-batch's loss (and metrics), unscaled; `pending` is how many
+    micro-batches the buffers hold (0 right after a call that updated).
     """
 
     kind = "train_step"
@@ -155,35 +161,75 @@ class TrainStep(_Training):
     def __init__(self, model: Module, loss_fn: Callable, optimizer, backend: str = "cpu",
                  linear: str = "split", checkpoint: str = "none",
                  memory_budget: int | None = None, detect_anomaly: bool = False,
-                 n_inputs: int = 1):
+                 n_inputs: int = 1, accumulate: int = 1):
+        accumulate = accumulate_count(accumulate)
         super().__init__(model, loss_fn, backend, linear, detect_anomaly, n_inputs)
         _check_covers(model, optimizer)
         self.optimizer = optimizer
         self.checkpoint, self.memory_budget = checkpoint, memory_budget
         self._repeating: BoundStep | None = None  # the last call's, tried first (`repeat`)
+        self.accumulate = accumulate
+        self.accumulator = Accumulator(accumulate) if accumulate > 1 else None
+
+    @property
+    def pending(self) -> int:
+        """Micro-batches whose gradients wait for the next update (always 0 without
+        `accumulate`)."""
+        return 0 if self.accumulator is None else self.accumulator.pending
+
+    def _phase(self) -> str | None:
+        """Which graph the next call runs: None (the one training step), "accumulate"
+        (forward, backward, gradients added to the buffers) or "update"."""
+        acc = self.accumulator
+        return None if acc is None else "update" if acc.updates_next else "accumulate"
 
     def pipeline(self):
-        return training_pipeline(self.optimizer.pass_spec(), self.linear,
-                                 self.checkpoint, self.memory_budget)
+        phase = self._phase()
+        if phase is None:
+            return training_pipeline(self.optimizer.pass_spec(), self.linear,
+                                     self.checkpoint, self.memory_budget)
+        spec = self.optimizer.pass_spec() if phase == "update" else None
+        return accumulation_pipeline(spec, self.accumulate, self.linear, self.checkpoint,
+                                     self.memory_budget)
 
     def _trace(self, specs: tuple) -> Graph:
         """The training trace, with the optimizer's param groups for its pass."""
         return mark_param_groups(super()._trace(specs), self.optimizer)
 
     def key_extra(self) -> tuple:
-        return self.optimizer.update_key()
+        phase = self._phase()
+        key = self.optimizer.update_key()
+        return key if phase is None else (*key, phase)
 
     def watch_settings(self) -> Callable[[], bool]:
         """Whether `self.optimizer` is the same object with the same settings, read in one
-        call rather than through options()' dicts."""
-        return SettingsWatch(self).unchanged
+        call rather than through options()' dicts (and, accumulating, the same graph)."""
+        unchanged = SettingsWatch(self).unchanged
+        phase = self._phase()
+        if phase is None:
+            return unchanged
+        return lambda: self._phase() == phase and unchanged()
+
+    def recompile_reason(self, last: Entry, specs: tuple) -> str | None:
+        """Accumulating, the first compile of the update graph after the accumulate graph
+        of the same inputs (or back) is no recompile: no notice."""
+        phase = self._phase()
+        if phase is not None and specs == last.specs \
+                and ("ember.updates" in last.graph.attributes) != (phase == "update"):
+            return None
+        return super().recompile_reason(last, specs)
 
     def settings(self) -> list[str]:
-        return [repr(self.optimizer), *super().settings()]
+        shown = [f"accumulate={self.accumulate}"] if self.accumulate != 1 else []
+        return [repr(self.optimizer), *shown, *super().settings()]
 
     def extra_inputs(self, entry: Entry, table: dict) -> list:
-        return (hyper_inputs(self.optimizer)
-                + state_inputs(self.optimizer, entry.update_layout, table))
+        a = entry.graph.attributes
+        out = self.accumulator.inputs(entry, table) if "ember.grad_inputs" in a else []
+        if "ember.updates" in a:
+            out += (hyper_inputs(self.optimizer)
+                    + state_inputs(self.optimizer, entry.update_layout, table))
+        return out
 
     @one_call_at_a_time
     def __call__(self, *inputs: np.ndarray):
@@ -192,6 +238,8 @@ class TrainStep(_Training):
             result = bound.repeat(self, inputs)
             if result is not None:
                 return result
+        if self.accumulator is not None:
+            return self._micro_batch(inputs)
         table = self.param_table()
         entry = self.entry(inputs, table)
         bound = entry.bound
@@ -205,9 +253,41 @@ class TrainStep(_Training):
         write_back(self.optimizer, entry.update_layout, table, tail, self.set_param)
         return self.loss if not self.metrics else (self.loss, *self.metrics)
 
+    def _micro_batch(self, inputs: tuple):
+        """One call of an accumulating step, on the general path: the accumulate graph,
+        whose new buffers are kept, or (every k-th call) the update graph, written back as
+        a training step's. A non-finite loss raises before anything changes."""
+        acc = self.accumulator
+        update = acc.updates_next
+        entry, table, outs = self.execute(inputs)
+        tail = self.finish(entry, table, outs)
+        if update:
+            write_back(self.optimizer, entry.update_layout, table, tail, self.set_param)
+            acc.reset()
+        else:
+            acc.keep(entry, table, tail)
+        return self.loss if not self.metrics else (self.loss, *self.metrics)
+
+    def accumulated(self) -> tuple[int, dict]:
+        """(micro-batches pending, their summed gradients by ParamId): what a checkpoint
+        saved mid-accumulation keeps."""
+        acc = self.accumulator
+        return (0, {}) if acc is None else (acc.pending, {pid: to_host(g)
+                                                          for pid, g in acc.grads.items()})
+
+    def restore_accumulated(self, pending: int, grads: dict) -> None:
+        """Set what `accumulated` returned (a checkpoint's; 0 and {}: nothing pending)."""
+        if self.accumulator is not None:
+            self.accumulator.restore(pending, grads)
+        elif pending:
+            raise ValueError(f"{pending} accumulated micro-batch(es), but this step does not "
+                             "accumulate")
+
     def save_checkpoint(self, path: str, extra: dict | None = None) -> str:
         """Params, optimizer state, step and RNG counters, schedule and the model's flags,
-        as safetensors written atomically; `extra` (JSON) rides along (the data position)."""
+        as safetensors written atomically; `extra` (JSON) rides along (the data position).
+        Saved mid-accumulation (`pending > 0`), it also holds the gradient buffers and the
+        count, and resumes the cycle where it was."""
         from .checkpoint import save
 
         return save(self, path, extra)

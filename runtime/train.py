@@ -116,20 +116,23 @@ def fit(model: nn.Module, data: Dataset, optimizer, epochs: int = 10, batch_size
         detect_anomaly: bool = False, step: TrainStep | None = None,
         data_parallel=False, logs: MetricLogs | None = None,
         profile: str | None = None,
-        on_resume: Callable[[TrainStep, FitState], str | None] | None = None) -> History:
+        on_resume: Callable[[TrainStep, FitState], str | None] | None = None,
+        accumulate: int = 1) -> History:
     """Train `model` on `data` with cross-entropy; print and return per-epoch results.
     `logs`: where each step's and epoch's metrics go (runtime/logging.py); `profile`: a
     path for a Chrome trace of the step's kernels on one batch, written at the end;
     `on_resume(step, state)`: called once `resume` is loaded, it may change the restored
     optimizer (`ember train` stretches its lr schedule to a longer run) and returns a
-    note to print, or None."""
+    note to print, or None. `accumulate`: micro-batches (of `batch_size`) per optimizer
+    update, as `compile_train_step`'s; a cycle may span an epoch's end, and a checkpoint
+    saved mid-cycle keeps the gradient buffers."""
     from .api import compile_train_step
 
     if step is None:
         step = compile_train_step(model, nn.functional.cross_entropy, optimizer,
                                   backend=backend, checkpoint=checkpoint,
                                   memory_budget=memory_budget, detect_anomaly=detect_anomaly,
-                                  data_parallel=data_parallel)
+                                  data_parallel=data_parallel, accumulate=accumulate)
     comm = getattr(step, "comm", None)
     rank, world_size = (comm.rank, comm.world_size) if comm is not None else (0, 1)
     out = out or sys.stdout
@@ -217,11 +220,16 @@ def _epoch(step: TrainStep, loader: DataLoader, state: FitState, epochs: int, pr
     loader.set_epoch(state.epoch, state.batch)
     first_compile = step._last is None
     losses, start = [], time.perf_counter()
+    compiling, compiled_calls = 0.0, 0  # later calls that compiled (accumulate's update graph)
     bar = tqdm(loader, desc=f"epoch {state.epoch + 1}/{epochs}", leave=False,
                disable=not progress, file=sys.stderr, initial=state.batch, total=len(loader))
     for xb, yb in bar:
         lr = step.optimizer.lr  # the lr of this update
+        compiles, called = step.compiles, time.perf_counter()
         losses.append(step(xb, yb))
+        if step.compiles != compiles and not (first_compile and len(losses) == 1):
+            compiling += time.perf_counter() - called
+            compiled_calls += 1
         state.batch += 1
         if logs is not None:
             logs.step(state.epoch + 1, step.optimizer.step_count, losses[-1], lr)
@@ -238,8 +246,8 @@ def _epoch(step: TrainStep, loader: DataLoader, state: FitState, epochs: int, pr
     bar.close()
     if state.batch < len(loader):
         return None
-    elapsed = time.perf_counter() - start
-    timed = len(losses) - (1 if first_compile else 0)
+    elapsed = time.perf_counter() - start - compiling
+    timed = len(losses) - (1 if first_compile else 0) - compiled_calls
     return EpochResult(state.epoch + 1, float(np.mean(losses)), 0.0, 0.0,
                        timed / elapsed if elapsed > 0 and timed else 0.0, elapsed)
 
