@@ -8,6 +8,11 @@ from collections.abc import Sequence
 Dim = tuple[int, tuple[int, ...]]  # (size, one element stride per buffer)
 
 
+def cdiv(a: int, b: int) -> int:
+    """a / b rounded up (blocks, tiles, chunks of a size)."""
+    return -(-a // b)
+
+
 def contiguous_strides(shape: Sequence[int]) -> list[int]:
     out, s = [], 1
     for d in reversed(shape):

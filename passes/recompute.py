@@ -94,7 +94,7 @@ class Clone:
 
 
 @dataclass
-class Entry:
+class ScheduledOp:
     op: Operation  # for a clone: the forward op it copies
     operands: list
     results: list
@@ -104,7 +104,7 @@ class Entry:
 
 @dataclass
 class Schedule:
-    entries: list[Entry]
+    entries: list[ScheduledOp]
     saved: dict[Value, None] = field(default_factory=dict)
     cost: int = 0  # work recomputed (see `work`)
     clones: int = 0
@@ -310,7 +310,7 @@ class _Scheduler:
                  window: int):
         self.joint, self.keep, self.window = joint, keep, window
         self.segments = segments
-        self.s = Schedule([Entry(op, list(op.operands), list(op.results), forward=True)
+        self.s = Schedule([ScheduledOp(op, list(op.operands), list(op.results), forward=True)
                            for op in joint.forward])
         self.memo: dict[Value, Clone] = {}
         self.scratch: dict[Value, tuple[Clone, int]] = {}  # value -> (copy, last use)
@@ -324,7 +324,7 @@ class _Scheduler:
                 self.scratch.clear()
             self.now = now
             operands = [self.get(v) for v in bop.operands]
-            self.s.entries.append(Entry(bop, operands, list(bop.results)))
+            self.s.entries.append(ScheduledOp(bop, operands, list(bop.results)))
         return self.s
 
     def lookup(self, v: Value):
@@ -361,7 +361,7 @@ class _Scheduler:
                 continue
             stack.pop()
             clones = [Clone(r) for r in op.results]
-            self.s.entries.append(Entry(op, [self.lookup(u) for u in op.operands], clones,
+            self.s.entries.append(ScheduledOp(op, [self.lookup(u) for u in op.operands], clones,
                                         clone=True))
             self.s.cost += work(op)
             self.s.clones += 1

@@ -46,7 +46,7 @@ def notice(message: str) -> None:
 
 
 @dataclass(frozen=True)
-class Plan:
+class CallSizes:
     """One call's sizes: each name's real size and bucket (None: compile it exactly)."""
 
     sizes: dict[str, int]
@@ -100,7 +100,7 @@ class DynamicDims:
             return max(SMALLEST_BUCKET, 1 << (n - 1).bit_length())
         return next((b for b in self.bucket_sizes if b >= n), None)
 
-    def plan(self, inputs: Sequence) -> Plan:
+    def plan(self, inputs: Sequence) -> CallSizes:
         """Each symbolic size of this call, checked to agree across inputs, and its bucket."""
         sizes: dict[str, int] = {}
         seen: dict[str, tuple[int, int]] = {}
@@ -124,7 +124,7 @@ class DynamicDims:
         buckets = {name: self.bucket(n) if n else None for name, n in sizes.items()}
         over = [f"{name}={n}" for name, n in sizes.items() if n and buckets[name] is None]
         padded = all(buckets.values())
-        return Plan(sizes, buckets, padded, tuple(over))
+        return CallSizes(sizes, buckets, padded, tuple(over))
 
     def smallest(self, bucket: int) -> int:
         """The smallest size that pads up to `bucket`."""
@@ -144,7 +144,7 @@ class DynamicDims:
             out[i] = TensorSpec(tuple(shape), out[i].dtype)
         return tuple(out)
 
-    def pad(self, plan: Plan, inputs: Sequence) -> tuple:
+    def pad(self, plan: CallSizes, inputs: Sequence) -> tuple:
         """The inputs zero-padded to their buckets, then the lengths."""
         out = list(inputs)
         for i, axes in self.dims.items():
@@ -206,7 +206,7 @@ class Dynamic:
     `pad-mask` to the pipeline, cuts the results back; falls back to exact compiles."""
 
     dynamic: DynamicDims
-    _plan: Plan | None = None
+    _plan: CallSizes | None = None
     _arity: int | None = None  # how many inputs the caller passes
 
     @one_call_at_a_time
@@ -227,11 +227,11 @@ class Dynamic:
             return self(*inputs)
         return self.cut_results(out, plan)
 
-    def _refusal(self, plan: Plan) -> tuple:
+    def _refusal(self, plan: CallSizes) -> tuple:
         """What a refused bucket is refused for: its sizes, the model state, the settings."""
         return (tuple(plan.buckets.values()), state_key(self.param_table()), self.key_extra())
 
-    def cut_results(self, out, plan: Plan):
+    def cut_results(self, out, plan: CallSizes):
         """The results of a padded call cut back to the real sizes (a tuple's items by
         their result index; a loss or gradients are returned as they are)."""
         found = self._require().graph.attributes.get("ember.padded_results", ())

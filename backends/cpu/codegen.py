@@ -32,6 +32,7 @@ from ...ir.dialects.kernel_attention import ATTENTION_OPS
 from ...ir.printer import print_graph
 from ..errors import KernelCompileError, UnsupportedOpError
 from ..input_checks import input_checks
+from ..storage import Slot
 from .attention.forward import attention_scratch, emit_attention
 from .call.binding import emit_guard
 from .call.input_checks import emit_checks
@@ -49,19 +50,10 @@ PROFILED = "ember_entry_profiled"  # (buffers, i64* ticks): the cycle counter af
 
 
 @dataclass
-class Slot:
-    """Storage of one buffer: kind is "arg" (key: input index), "param" (key: param id),
-    "const" (value: its data), "temp" (an op result) or "scratch" (bytes: key)."""
+class KernelCall:
+    """One call of the entry: kernel function `name` on result slots `outs`, operand slots
+    `ins` and, where the kernel needs working memory, slot `scratch`."""
 
-    kind: str
-    type: TensorType | None
-    key: int | str | None = None
-    path: str = ""
-    value: np.ndarray | None = None
-
-
-@dataclass
-class Step:
     op: Operation
     outs: list[int]
     ins: list[int]
@@ -70,11 +62,13 @@ class Step:
 
 
 @dataclass
-class Plan:
+class KernelPlan:
+    """Every buffer's slot and the calls the entry makes, in order: all a compile-cache hit
+    needs besides the object code."""
+
     slots: list[Slot] = field(default_factory=list)
     outputs: list[tuple[int, TensorType]] = field(default_factory=list)
-    steps: list[Step] = field(default_factory=list)
-    offsets: dict[int, int] = field(default_factory=dict)  # temp slot -> byte in the arena
+    steps: list[KernelCall] = field(default_factory=list)
     arena: int = 0  # bytes of the arena
     checked: bool = False  # some kernel or input check reports in ember_status
     checks: list[tuple[int, int | None]] = field(default_factory=list)  # see call/input_checks.py
@@ -94,7 +88,7 @@ class Plan:
 @dataclass
 class Lowered:
     module: ir.Module
-    plan: Plan
+    plan: KernelPlan
 
     @property
     def slots(self):
@@ -120,7 +114,7 @@ def _gemm_form(op: Operation) -> Operation:
 
 
 # -- the lowering table: how each op runs on the cpu -------------------------------------
-EmitBody = Callable[[ir.IRBuilder, "Step", Plan, list, list, ir.Value], None]
+EmitBody = Callable[[ir.IRBuilder, "KernelCall", KernelPlan, list, list, ir.Value], None]
 
 
 @dataclass(frozen=True)
@@ -181,10 +175,10 @@ LOWERINGS: dict[str, Lowering] = {
 }
 
 
-def plan(graph: Graph, threads: int | None = None) -> Plan:
+def plan(graph: Graph, threads: int | None = None) -> KernelPlan:
     """Storage and the kernel schedule; UnsupportedOpError names the first op without a
     kernel."""
-    out = Plan(threads=threads or num_threads(), isa=host_isa())
+    out = KernelPlan(threads=threads or num_threads(), isa=host_isa())
     where: dict[Value, int] = {}
     owner: list[Value] = []  # the value each slot was made for
 
@@ -217,7 +211,7 @@ def plan(graph: Graph, threads: int | None = None) -> Plan:
             for old, new in zip(orig.results, op.results):
                 where[old] = where[new]
             short = op.name.split(".", 1)[1]
-            st = Step(op, outs, [where[v] for v in orig.operands], f"k{k}_{short}")
+            st = KernelCall(op, outs, [where[v] for v in orig.operands], f"k{k}_{short}")
             n = out.scratch_bytes(op)
             if n:
                 st.scratch = len(out.slots)
@@ -240,7 +234,7 @@ def plan(graph: Graph, threads: int | None = None) -> Plan:
     return out
 
 
-def _place_temps(p: Plan, owner: list[Value]) -> None:
+def _place_temps(p: KernelPlan, owner: list[Value]) -> None:
     """Arena offsets of the temp slots that the graph does not return, planned over the
     kernel schedule (a slot's lifetime covers every value that shares it)."""
     returned = {i for i, _ in p.outputs}
@@ -251,11 +245,12 @@ def _place_temps(p: Plan, owner: list[Value]) -> None:
              for st in p.steps]
     memory = mp.plan(steps, {}, ())
     slot = {v: i for i, v in enumerate(owner)}
-    p.offsets = {slot[v]: off for v, off in memory.offsets.items()}
+    for v, off in memory.offsets.items():
+        p.slots[slot[v]].offset = off
     p.arena = memory.arena_bytes
 
 
-def _reuse(st: Step, owner: list[Value]) -> list[Value]:
+def _reuse(st: KernelCall, owner: list[Value]) -> list[Value]:
     """The operands a kernel may write its result over (ir/memory_plan.py's rule, by slot).
     Their arguments keep `noalias`: a store depends on the loads at its own index, so no
     reordering LLVM may do moves it before them, and no other index is shared."""
@@ -264,7 +259,7 @@ def _reuse(st: Step, owner: list[Value]) -> list[Value]:
     return [owner[st.ins[k]] for k in mp.in_place_operands(st.op, st.ins)]
 
 
-def _kernel_key(st: Step, index: int) -> tuple:
+def _kernel_key(st: KernelCall, index: int) -> tuple:
     """What a kernel function's code depends on: the op as printed, its values renamed in
     order of appearance (a parsed graph keeps the names its text gave them), whether it
     has scratch, and for gather/scatter the step index (its out-of-range status code)."""
@@ -289,13 +284,13 @@ def _op_text(op: Operation) -> str:
         return op.name
 
 
-def kernel_count(p: Plan) -> int:
+def kernel_count(p: KernelPlan) -> int:
     """How many kernel functions `emit` makes of a plan (steps that print the same share
     one): what LLVM's compile time grows with."""
     return len({_kernel_key(st, k) for k, st in enumerate(p.steps)})
 
 
-def emit(p: Plan, name: str = "graph") -> ir.Module:
+def emit(p: KernelPlan, name: str = "graph") -> ir.Module:
     """The LLVM module of a plan: one function per distinct kernel and the entry.
 
     Steps whose ops print the same (op, attributes, operand and result types, fused body)
@@ -351,7 +346,7 @@ def _pointers(b: ir.IRBuilder, buffers: ir.Value, slots) -> dict[int, ir.Value]:
                       name=f"buf{i}") for i in slots}
 
 
-def _segment(mod: ir.Module, p: Plan, fns: list, first: int, name: str,
+def _segment(mod: ir.Module, p: KernelPlan, fns: list, first: int, name: str,
              profiled: bool) -> ir.Function:
     """`name(buffers[, ticks])`: steps [first, first + SEGMENT) of the plan in order, each
     a call of its kernel function on its buffers (a cycle stamp after each, profiled)."""
@@ -394,7 +389,7 @@ def _stamp(b: ir.IRBuilder, ticks: ir.Value, k: int) -> None:
     b.store(b.call(clock, []), b.gep(ticks, [i64(k)], inbounds=True, source_etype=S.I64))
 
 
-def _kernel_function(mod: ir.Module, st: Step, p: Plan) -> ir.Function:
+def _kernel_function(mod: ir.Module, st: KernelCall, p: KernelPlan) -> ir.Function:
     op = st.op
     nargs = len(st.outs) + len(st.ins)
     fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [PTR] * (nargs + 1)), st.name)
@@ -417,5 +412,5 @@ def lower(graph: Graph, threads: int | None = None) -> Lowered:
     return Lowered(emit(p, graph.name), p)
 
 
-__all__ = ["ENTRY", "LOWERINGS", "PROFILED", "Lowered", "Lowering", "Plan", "S", "Slot", "Step",
-           "emit", "kernel_count", "lower", "plan"]
+__all__ = ["ENTRY", "LOWERINGS", "PROFILED", "KernelCall", "KernelPlan", "Lowered", "Lowering",
+           "S", "Slot", "emit", "kernel_count", "lower", "plan"]

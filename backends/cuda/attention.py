@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from ...ir import Operation
 from ...ir.dialects.kernel_attention import Attention, AttentionGrad, logical_shapes, result_maps
 from ..errors import UnsupportedFusionError
-from ..strides import collapse, contiguous_strides
+from ..strides import cdiv, collapse, contiguous_strides
 from . import launch as L
 from .scalar import ITEMSIZE, ctype, literal, math_fn
 from .templates import Kernel, indent, offsets, signature
@@ -160,13 +160,13 @@ def _owned(count: int, cols: int, body: list[str]) -> list[str]:
     inner = [f"const int i = e / {cols}, c = e % {cols};", *body]
     if count % THREADS:
         inner = [f"if (e < {count}) {{", *indent(inner, 2), "}"]
-    return ["#pragma unroll", f"for (int r = 0; r < {L.cdiv(count, THREADS)}; ++r) {{",
+    return ["#pragma unroll", f"for (int r = 0; r < {cdiv(count, THREADS)}; ++r) {{",
             f"  const int e = r * {THREADS} + (int)threadIdx.x;", *indent(inner, 2), "}"]
 
 
 def _acc(dtype: str, name: str, count: int) -> list[str]:
     """A zeroed register array of the elements this thread owns (see `_owned`)."""
-    n = L.cdiv(count, THREADS)
+    n = cdiv(count, THREADS)
     return [f"{ctype(dtype)} {name}[{n}];", "#pragma unroll",
             f"for (int r = 0; r < {n}; ++r) {name}[r] = {literal(dtype, 0)};"]
 
@@ -215,11 +215,11 @@ def forward_kernel(name: str, g: Geometry) -> Kernel:
     t, d, dv, item = g.t, g.d, g.dv, g.item
     bq, bk = choose_tiles(
         g.tq, g.tk, lambda o, i: item * (o * d + i * (d + 1) + i * dv + o * (i + 1) + 3 * o),
-        lambda o: L.cdiv(o * dv, THREADS) * item, "attention")
+        lambda o: cdiv(o * dv, THREADS) * item, "attention")
     sp, pp = bk + 1, d + 1
     smem = _smem(t, [("sQ", bq * d), ("sK", bk * pp), ("sV", bk * dv), ("sS", bq * sp),
                      ("sM", bq), ("sL", bq), ("sA", bq)])
-    nqt = L.cdiv(g.tq, bq)
+    nqt = cdiv(g.tq, bq)
     inf = literal(g.dtype, float("inf"))
     exp, log = math_fn("exp", g.dtype), math_fn("log", g.dtype)
     body = [
@@ -334,7 +334,7 @@ def dkv_kernel(name: str, g: Geometry) -> Kernel:
     bk, bq = choose_tiles(
         g.tk, g.tq, lambda o, i: item * (o * (d + 1) + o * (dv + 1) + i * d + i * dv
                                          + 2 * i * (o + 1) + 2 * i),
-        lambda o: (L.cdiv(o * d, THREADS) + L.cdiv(o * dv, THREADS)) * item, "attention_grad")
+        lambda o: (cdiv(o * d, THREADS) + cdiv(o * dv, THREADS)) * item, "attention_grad")
     sp = bk + 1
     smem = _smem(t, [("sK", bk * (d + 1)), ("sV", bk * (dv + 1)), ("sQ", bq * d),
                      ("sdO", bq * dv), ("sP", bq * sp), ("sdS", bq * sp), ("sLse", bq),
@@ -369,7 +369,7 @@ def dkv_kernel(name: str, g: Geometry) -> Kernel:
     ]
     return _kernel(name, g, [("dk", True), ("dv", True), ("q", False), ("k", False),
                              ("v", False), ("lse", False), ("do", False), ("drow", False)],
-                   L.cdiv(g.tk, bk), smem, body)
+                   cdiv(g.tk, bk), smem, body)
 
 
 def dq_kernel(name: str, g: Geometry) -> Kernel:
@@ -378,11 +378,11 @@ def dq_kernel(name: str, g: Geometry) -> Kernel:
     bq, bk = choose_tiles(
         g.tq, g.tk, lambda o, i: item * (o * d + o * dv + 2 * o + i * (d + 1) + i * (dv + 1)
                                          + o * (i + 1)),
-        lambda o: L.cdiv(o * d, THREADS) * item, "attention_grad")
+        lambda o: cdiv(o * d, THREADS) * item, "attention_grad")
     sp = bk + 1
     smem = _smem(t, [("sQ", bq * d), ("sdO", bq * dv), ("sLse", bq), ("sDr", bq),
                      ("sK", bk * (d + 1)), ("sV", bk * (dv + 1)), ("sdS", bq * sp)])
-    nqt = L.cdiv(g.tq, bq)
+    nqt = cdiv(g.tq, bq)
     body = [
         f"const int q0 = ({nqt - 1} - (int)blockIdx.x) * {bq};  // the longest rows first",
         *g.batch_offsets(["q", "lse", "do", "drow"]),

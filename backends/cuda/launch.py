@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ..strides import cdiv
+
 BLOCK = 256            # threads per block of elementwise kernels
 MAX_GRID_X = 2**31 - 1
 MAX_GRID_YZ = 65535
@@ -36,10 +38,6 @@ class LaunchConfig:
     @property
     def threads(self) -> int:
         return math.prod(self.grid) * math.prod(self.block)
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def next_pow2(n: int) -> int:

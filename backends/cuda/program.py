@@ -16,25 +16,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from ...ir import TensorType
 from ...ir import memory_plan as mp
+from ..storage import Slot
 from . import launch as L
-
-
-@dataclass(eq=False)
-class Slot:
-    """kind: "arg" (key: input index), "param" (key: param id), "const" (value), "temp" (an
-    op result) or "scratch" (an op's working memory). Temps and scratch sit at byte
-    `offset` of the arena, except temps the graph returns (`offset` None: fresh per call)."""
-
-    kind: str
-    type: TensorType
-    key: int | str | None = None
-    path: str = ""
-    value: np.ndarray | None = None
-    offset: int | None = None
 
 
 @dataclass(frozen=True)

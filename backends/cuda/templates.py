@@ -17,7 +17,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from ..strides import collapse, contiguous_strides
+from ..strides import cdiv, collapse, contiguous_strides
 from . import launch as L
 from .scalar import ITEMSIZE, cast, combine, ctype, identity
 
@@ -162,7 +162,7 @@ def map_kernel(name: str, shape: Sequence[int], outs: Sequence[Operand], ins: Se
     params = ([(ctype(o.dtype), f"out{k}", True) for k, o in enumerate(outs)]
               + [(ctype(o.dtype), f"in{k}", False) for k, o in enumerate(ins)]
               + [(ctype(e.dtype), f"ex{k}", e.writable) for k, e in enumerate(extras)])
-    cfg = L.elementwise(L.cdiv(n, width), sm_count)
+    cfg = L.elementwise(cdiv(n, width), sm_count)
     head = signature(name, params, cfg.block[0], restrict)
     lines = [head + " {", f"  const {itype} n = {n};"]
     gid = f"({itype})blockIdx.x * blockDim.x + threadIdx.x"
@@ -389,8 +389,8 @@ def transpose_kernel(name: str, shape: Sequence[int], perm: Sequence[int], dtype
         f"{t}* tile = reinterpret_cast<{t}*>(ember_smem);",
         f"for ({itype} z = blockIdx.z; z < {nbatch}; z += gridDim.z) {{",
         *indent(offsets("z", batch, ["ob", "ib"], itype), 2),
-        f"  for ({itype} by = blockIdx.y; by < {L.cdiv(nb, tile)}; by += gridDim.y) {{",
-        f"    for ({itype} bx = blockIdx.x; bx < {L.cdiv(na, tile)}; bx += gridDim.x) {{",
+        f"  for ({itype} by = blockIdx.y; by < {cdiv(nb, tile)}; by += gridDim.y) {{",
+        f"    for ({itype} bx = blockIdx.x; bx < {cdiv(na, tile)}; bx += gridDim.x) {{",
         f"      const {itype} a0 = bx * {tile}, b0 = by * {tile};",
         f"      for (int j = threadIdx.y; j < {tile}; j += blockDim.y) {{",
         f"        const {itype} a = a0 + threadIdx.x, b = b0 + j;",

@@ -10,12 +10,12 @@ from llvmlite import ir
 from ..kernels import vmath
 from ..kernels.loops import for_range, loop
 from ..kernels.scalar import i64
-from .tiles import Emitter, Geometry, item_function
+from .tiles import Blocking, Emitter, item_function
 
 BWD_IO = ["dq", "dk", "dv", "q", "k", "v", "o", "lse", "do"]
 
 
-def backward_item(mod: ir.Module, g: Geometry, bufs: list[str], name: str) -> ir.Function:
+def backward_item(mod: ir.Module, g: Blocking, bufs: list[str], name: str) -> ir.Function:
     """`item(dq, dk, dv, q, k, v, o, lse, do, <scratch buffers>, bi)`: all of batch
     element bi."""
     fn = item_function(mod, f"{name}.batch", BWD_IO + bufs, {"dq", "dk", "dv", *bufs})

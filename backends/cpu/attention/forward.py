@@ -43,10 +43,10 @@ from ..kernels.scalar import i64
 from ..machine.host import Isa
 from ..parallel.outline import chunk_index, parallel_chunks, parallel_region
 from .backward import backward_item
-from .tiles import Emitter, Geometry, item_function
+from .tiles import Blocking, Emitter, item_function
 
 
-def _regions(g: Geometry, forward: bool) -> tuple[dict[str, int], int]:
+def _regions(g: Blocking, forward: bool) -> tuple[dict[str, int], int]:
     """Byte offsets of one thread's scratch buffers (element counts below) and its bytes."""
     bq, bk = g.bq, g.bk
     if forward:
@@ -61,7 +61,7 @@ def _regions(g: Geometry, forward: bool) -> tuple[dict[str, int], int]:
     return dict(zip(sizes, offs)), total
 
 
-def _threads(g: Geometry, forward: bool, threads: int) -> tuple[int, int]:
+def _threads(g: Blocking, forward: bool, threads: int) -> tuple[int, int]:
     """(parallel items, threads): (batch, query block) pairs forward, batch elements
     backward; small ones stay on one thread (a hand-off costs more than they take)."""
     flops = 2 * g.nbatch * g.tq * g.tk * (g.d + g.dv) * (1 if forward else 3) / (
@@ -72,14 +72,14 @@ def _threads(g: Geometry, forward: bool, threads: int) -> tuple[int, int]:
 
 def attention_scratch(op: Operation, isa: Isa, threads: int) -> int:
     """Scratch bytes of an attention op: one set of block buffers per thread."""
-    g, forward = Geometry(op, isa), op.name == "kernel.attention"
+    g, forward = Blocking(op, isa), op.name == "kernel.attention"
     return _threads(g, forward, threads)[1] * _regions(g, forward)[1]
 
 
 FWD_IO = ["o", "lse", "q", "k", "v"]
 
 
-def _forward_item(mod: ir.Module, g: Geometry, bufs: list[str], name: str) -> ir.Function:
+def _forward_item(mod: ir.Module, g: Blocking, bufs: list[str], name: str) -> ir.Function:
     """`item(o, lse, q, k, v, <scratch buffers>, it)`: query block it % nqb of batch
     element it // nqb."""
     fn = item_function(mod, f"{name}.block", FWD_IO + bufs, {"o", "lse", *bufs})
@@ -146,7 +146,7 @@ def emit_attention(b: ir.IRBuilder, op: Operation, outs: list, ins: list, scratc
                    isa: Isa, threads: int, name: str) -> None:
     """The op's kernel: its items (see `_threads`) over the thread pool, each thread
     with its own block buffers in `scratch`."""
-    g, forward = Geometry(op, isa), op.name == "kernel.attention"
+    g, forward = Blocking(op, isa), op.name == "kernel.attention"
     offs, per = _regions(g, forward)
     item = (_forward_item if forward else backward_item)(b.module, g, list(offs), name)
     items, t = _threads(g, forward, threads)

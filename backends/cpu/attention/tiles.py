@@ -1,5 +1,5 @@
 """The blocking and register tiles both cpu attention kernels are made of (forward.py
-has the forward and the plan, backward.py the backward): an op's Geometry, and an
+has the forward and the plan, backward.py the backward): an op's Blocking, and an
 Emitter of element, vector and tile code over its buffers, each read or written through
 its map over its logical shape."""
 
@@ -12,7 +12,7 @@ from llvmlite import ir
 from ....ir import Operation
 from ....ir.dialects.kernel_attention import result_maps
 from ....ir.opdef import OPS
-from ...strides import contiguous_strides
+from ...strides import cdiv, contiguous_strides
 from ..kernels import scalar as S
 from ..kernels.loops import carried, for_range, loop
 from ..kernels.scalar import I32, I64, PTR, i64
@@ -23,12 +23,7 @@ BK = 48  # keys per block, a multiple of MR: small, so little of a causal diagon
 BIG = 1 << 30  # a key index no query reaches (rows past Tk)
 
 
-def cdiv(a: int, b: int) -> int:
-    """a / b rounded up."""
-    return -(-a // b)
-
-
-class Geometry:
+class Blocking:
     """Sizes, strides and blocking of one attention op."""
 
     def __init__(self, op: Operation, isa: Isa):
@@ -60,7 +55,7 @@ class Geometry:
 class Emitter:
     """Element and vector helpers over one builder, for one geometry."""
 
-    def __init__(self, b: ir.IRBuilder, g: Geometry):
+    def __init__(self, b: ir.IRBuilder, g: Blocking):
         self.b, self.g = b, g
         self.el = S.REG[g.dtype]
         self.vt = ir.VectorType(self.el, g.lanes)

@@ -177,7 +177,7 @@ class Executable:
         if self._arena is None:
             raw = raw_bytes(n)
         else:
-            raw = self._arena[self.plan.offsets[i]:self.plan.offsets[i] + n]
+            raw = self._arena[s.offset:s.offset + n]
         return raw if s.kind == "scratch" else \
             raw.view(numpy_dtype(s.type.dtype)).reshape(s.type.shape)
 

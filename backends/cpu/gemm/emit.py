@@ -29,6 +29,7 @@ from dataclasses import dataclass, replace
 
 from llvmlite import ir
 
+from ...strides import cdiv
 from ..kernels import scalar as S
 from ..kernels.loops import carried, for_range, loop
 from ..kernels.scalar import I32, I64, PTR, i64
@@ -302,10 +303,6 @@ def pack_b(mod: ir.Module, p: GemmProblem, nr: int, lanes: int, name: str) -> ir
     return fn
 
 
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 @dataclass
 class GemmProblem:
     """One (batch element's) C = A B: shapes, element strides, dtype."""
@@ -344,20 +341,20 @@ def plan_own(p: GemmProblem, isa: Isa, threads: int) -> dict:
     blocked = p.k * p.n * size > PACK_B_BYTES or p.m * p.k * size > BLOCK_A_BYTES
     # B's rows a large power-of-two stride apart alias in L1: pack B when it is reused
     pack_b_ = blocked or p.sb_n != 1 or (p.m >= 8 * blk.mr and p.k * p.n * size > caches.l1d)
-    npanels = _cdiv(p.n, nr)
+    npanels = cdiv(p.n, nr)
     split, t = "m", 1
     if threads > 1 and p.flops >= THREAD_FLOPS:
         if not blocked and not pack_b_:
-            t = min(threads, _cdiv(p.m, blk.mr))
+            t = min(threads, cdiv(p.m, blk.mr))
         elif (p.m < p.n or not blocked) and npanels >= 2 and not (
-                p.finish_rows and not blocked and _cdiv(p.m, blk.mr) >= threads):
+                p.finish_rows and not blocked and cdiv(p.m, blk.mr) >= threads):
             split, t = "n", min(threads, npanels)
         else:
-            t = min(threads, _cdiv(p.m, blk.mr))
+            t = min(threads, cdiv(p.m, blk.mr))
     mc = blk.mc // blk.mr * blk.mr
     if blocked:  # equal row blocks (512: 174 + 174 + 164, not 252 + 252 + 8)
         tm = t if split == "m" else 1  # and a multiple of t of them when threads split rows
-        mc = _cdiv(_cdiv(p.m, tm * _cdiv(p.m, tm * mc)), blk.mr) * blk.mr
+        mc = cdiv(cdiv(p.m, tm * cdiv(p.m, tm * mc)), blk.mr) * blk.mr
     kc = min(blk.kc, p.k)
     # one thread, one block of rows (a slice of a weight gradient's long K, M small): B is
     # packed a kc-deep block at a time, just before its one use, and stays in L2; packed
@@ -418,10 +415,10 @@ def emit_own(b: ir.IRBuilder, p: GemmProblem, a, b_ptr, c, scratch, isa: Isa, th
         parallel_for(b, packb, ctx, plan["npanels"], tb, f"{name}.pb")
     # straight on A the row blocks are evened out (16 rows: 8 + 8, not 14 + a 2-row block
     # that computes 14); blocked, they are mr rows
-    mr = blk.mr if plan["blocked"] else _cdiv(p.m, _cdiv(p.m, blk.mr))
+    mr = blk.mr if plan["blocked"] else cdiv(p.m, cdiv(p.m, blk.mr))
     transposed_a = p.sa_k != 1 and p.k > 1
     uk_full = microkernel(mod, dt, lanes, mr, blk.nv, False, prefetch_a=transposed_a)
-    nv_t = _cdiv(n_tail, lanes) if n_tail else 0
+    nv_t = cdiv(n_tail, lanes) if n_tail else 0
     uk_tail = (microkernel(mod, dt, lanes, mr, nv_t, not plan["pack_b"], prefetch_a=transposed_a)
                if n_tail else None)
 
@@ -467,7 +464,7 @@ def emit_own(b: ir.IRBuilder, p: GemmProblem, a, b_ptr, c, scratch, isa: Isa, th
     p0, p1 = (lo, hi) if split == "n" else (i64(0), i64(plan["npanels"]))
     if not plan["blocked"]:
         # straight on A, all of K at once; threads take row blocks or column panels
-        m_blocks = _cdiv(p.m, mr)
+        m_blocks = cdiv(p.m, mr)
 
         def rowblock(ib):
             r0 = bb.mul(ib, i64(mr))
@@ -493,7 +490,7 @@ def emit_own(b: ir.IRBuilder, p: GemmProblem, a, b_ptr, c, scratch, isa: Isa, th
             items = m_blocks
     else:
         mc, kc = plan["mc"], plan["kc"]
-        n_mblocks = _cdiv(p.m, mc)
+        n_mblocks = cdiv(p.m, mc)
         items = n_mblocks if split == "m" else plan["npanels"]
 
         if per_k:  # B's kc-deep blocks packed as they come: kc, and K's remainder
