@@ -12,7 +12,16 @@ __all__ = ["OnnxImportError", "load", "save"]
 
 
 def load(model, *args, **kwargs):
-    """An ONNX model (a path or an `onnx.ModelProto`) as an ember Module."""
+    """An ONNX model (a path, bytes or an `onnx.ModelProto`) as an ember Module.
+
+    `load(model, constants=None, base_dir=None, *, trainable=None)`. Weights (what feeds a
+    MatMul, Gemm, Conv, a normalization's scale or bias, an embedding, or any float tensor
+    of more than one element) become Params; scalar numbers of the forward stay constants.
+    `trainable` picks which weights train (None/True all, False none, names or globs, or a
+    predicate `(name, array) -> bool`; the rest are frozen Params). An opset before 13 is
+    upgraded by onnx.version_converter. `module.import_report()` says what became of each
+    initializer and why. The rule in full: `ember.interop.onnx_import`'s docstring.
+    """
     from .onnx_import import load as _load
 
     return _load(model, *args, **kwargs)

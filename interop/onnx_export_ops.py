@@ -10,10 +10,15 @@ exact parts instead: `one_hot` as Equal against an index range (ONNX OneHot coun
 labels from the end; ember gives them no class), `softplus` with its beta and threshold
 around ONNX's plain Softplus, `cmp ne` as Not(Equal), `unslice` as Pad (a step > 1 spreads
 the elements first, by a reshape and a Pad: no ScatterND, no index tensors).
+
+With symbolic dims (`em.TensorSpec(("N", 64))`) the rules still write static numbers; the
+exporter finds those that follow a size (`Poly`, a polynomial of the sizes) and has
+`Nodes.sizes` compute them at run time from `Shape` of the inputs.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -37,6 +42,44 @@ class Const:
     dtype: str
 
 
+Monomial = tuple[str, ...]  # sorted names of symbolic dims; () is the constant term
+
+
+@dataclass(frozen=True)
+class Poly:
+    """An integer polynomial of symbolic sizes, at most linear in each (`2*N*T + 1`): the
+    shape numbers a model's graph holds (a reshape to [N*T, d], a broadcast to [N, ...])."""
+
+    terms: tuple[tuple[Monomial, int], ...]  # no zero coefficients, constant term first
+
+    @classmethod
+    def of(cls, coefficients: dict[Monomial, int]) -> Poly:
+        return cls(tuple(sorted(((tuple(sorted(m)), int(c)) for m, c in coefficients.items()
+                                 if c), key=lambda t: (len(t[0]), t[0]))))
+
+    def __call__(self, sizes: dict[str, int]) -> int:
+        return sum(c * math.prod(sizes[s] for s in m) for m, c in self.terms)
+
+    @property
+    def constant(self) -> int | None:
+        """The value where no symbolic size is in it, else None."""
+        return None if any(m for m, _ in self.terms) else sum(c for _, c in self.terms)
+
+    @property
+    def symbol(self) -> str | None:
+        """The name where this is exactly one symbolic size, else None."""
+        if len(self.terms) == 1:
+            (m, c), = self.terms
+            if c == 1 and len(m) == 1:
+                return m[0]
+        return None
+
+    def __str__(self) -> str:
+        text = " + ".join("*".join([str(c)] * (c != 1 or not m) + list(m))
+                          for m, c in self.terms)
+        return text.replace("+ -", "- ") or "0"
+
+
 @dataclass
 class Node:
     op_type: str
@@ -57,6 +100,14 @@ class Nodes:
         self.doc = ""
         self._taken = set(reserved)
         self._count: dict[str, int] = {}
+        # symbolic dims: where each is read (graph input, axis), and the size tensors made
+        self.sources: dict[str, tuple[str, int]] = {}
+        self._sizes: dict = {}
+
+    @property
+    def taken(self) -> set[str]:
+        """Every name in use: the reserved ones and every value written so far."""
+        return set(self._taken)
 
     def fresh(self, base: str) -> str:
         while True:
@@ -82,6 +133,76 @@ class Nodes:
     def ints(self, values) -> str:
         """A 1-D int64 constant: the shape, axes or index operands ONNX takes as inputs."""
         return self.const(np.asarray(list(values), np.int64))
+
+    def _once(self, key, make: Callable[[], str]) -> str:
+        """A size tensor written once: later uses read the first one."""
+        if key not in self._sizes:
+            self._sizes[key] = make()
+        return self._sizes[key]
+
+    def rename_last(self, old: str, new: str) -> bool:
+        """Name the last node's output `new` where it is `old` (the size tensors it is one
+        of follow); False where the last node is not `old`'s."""
+        if not self.nodes or self.nodes[-1].outputs != [old]:
+            return False
+        self.nodes[-1].outputs = [new]
+        self._sizes = {k: new if v == old else v for k, v in self._sizes.items()}
+        return True
+
+    def size(self, p: Poly) -> str:
+        """A [1] int64 tensor holding `p` at run time: `Shape` of the input that has each
+        symbolic size (read once), products of them, times and plus constants."""
+        def monomial(m: Monomial) -> str:
+            if len(m) == 1:
+                x, axis = self.sources[m[0]]
+                return self.node("Shape", x, start=axis, end=axis + 1)
+            return self.node("Mul", self._once(("monomial", m[:-1]), lambda: monomial(m[:-1])),
+                             self._once(("monomial", m[-1:]), lambda: monomial(m[-1:])))
+
+        def make() -> str:
+            out = None
+            for m, c in reversed(p.terms):  # the constant term last
+                term = self.ints([c]) if not m else \
+                    self._once(("monomial", m), lambda m=m: monomial(m))
+                if m and c != 1:
+                    term = self.node("Mul", term, self.ints([c]))
+                out = term if out is None else self.node("Add", out, term)
+            return out if out is not None else self.ints([0])
+
+        return self._once(("poly", p), make)
+
+    def scalar(self, d: Poly | int) -> str:
+        """A 0-d int64 tensor of a size (Range takes its bounds as scalars)."""
+        d = d.constant if isinstance(d, Poly) and d.constant is not None else d
+        if isinstance(d, int):
+            return self.const(np.int64(d))
+        return self._once(("scalar", d), lambda: self.node("Squeeze", self.size(d)))
+
+    def range(self, d: Poly | int) -> str:
+        """0, 1, ..., d - 1 (int64), made at run time."""
+        return self._once(("range", d), lambda: self.node(
+            "Range", self.const(np.int64(0)), self.scalar(d), self.const(np.int64(1))))
+
+    def sizes(self, entries) -> str:
+        """A 1-D int64 tensor of `entries` (ints and Polys), computed at run time: runs of
+        ints as one constant, a Poly each, concatenated."""
+        entries = [e.constant if isinstance(e, Poly) and e.constant is not None else e
+                   for e in entries]
+        if not any(isinstance(e, Poly) for e in entries):
+            return self.ints(entries)
+
+        def make() -> str:
+            parts, run = [], []
+            for e in entries:
+                if isinstance(e, Poly):
+                    parts += [self.ints(run)] if run else []
+                    parts, run = parts + [self.size(e)], []
+                else:
+                    run.append(e)
+            parts += [self.ints(run)] if run else []
+            return parts[0] if len(parts) == 1 else self.node("Concat", *parts, axis=0)
+
+        return self._once(("sizes", tuple(entries)), make)
 
 
 Rule = Callable[..., str]  # (nodes, op, *input names) -> the name of the op's result

@@ -87,3 +87,33 @@ def slice_axes(x: Tensor, bounds: dict[int, slice]) -> Tensor:
     for axis, s in backward.items():
         x = take(x, axis, np.arange(*s.indices(x.shape[axis])))
     return x
+
+
+def strides(shape) -> list[int]:
+    """The element strides of a C-ordered array of `shape`."""
+    out = [1] * len(shape)
+    for i in reversed(range(len(shape) - 1)):
+        out[i] = out[i + 1] * shape[i + 1]
+    return out
+
+
+def element_base(shape, index_shape, axis: int) -> tuple[np.ndarray, int]:
+    """For ONNX's GatherElements and ScatterElements: the flat position in an array of
+    `shape` of each position of an index array of `index_shape` (no larger on any dim but
+    `axis`) with its `axis` coordinate 0, and the stride of `axis`: the flat position of
+    index value i there is base + i * stride."""
+    st = strides(shape)
+    base = np.zeros(index_shape, np.int64)
+    for d, n in enumerate(index_shape):
+        if d != axis:
+            base += (np.arange(n, dtype=np.int64) * st[d]).reshape(
+                [n if i == d else 1 for i in range(len(index_shape))])
+    return base, st[axis]
+
+
+def take_elements(x: Tensor, flat) -> Tensor:
+    """x's elements at the flat positions `flat` (a numpy array or an integer Tensor, in
+    range): one `ember.gather` of x flattened, shaped as `flat`; its gradient a
+    scatter_add."""
+    idx = tensor(flat)
+    return x.trace.op("ember.gather", x.reshape(-1), idx.astype("i64"), axis=0)

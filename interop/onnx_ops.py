@@ -5,77 +5,33 @@ ember's functional API, `lower(node, *inputs)` (a Tensor, or a tuple for several
 
 A node whose inputs are all known at import is not lowered but folded with numpy (see
 onnx_import.fold), so shape arithmetic needs no entry here.
+
+The table itself (`RULES`, `rule`, `problems`) is interop/onnx_rules.py's; this module holds
+the core ops, interop/onnx_ops_logic.py the logic and arithmetic extras (And, Mod, TopK,
+Einsum, ...), interop/onnx_ops_index.py GatherElements/GatherND/Scatter* and sequences,
+with `NUMPY_FOLDS`; importing this module registers them all.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 
 from ..frontend import functional as F
 from ..frontend.tensor import Tensor
 from ..ir import numpy_dtype
-from .onnx_errors import OnnxImportError
+from . import onnx_ops_index, onnx_ops_logic  # noqa: F401  (their rules join RULES)
 from .onnx_lower import concat, gather, pad, slice_axes, tensor
+from .onnx_ops_index import NUMPY_FOLDS
 from .onnx_read import Node
+from .onnx_rules import DTYPES, RULES, Rule, attr, problems, rule
+from .onnx_rules import fail as _fail
+from .onnx_rules import ints as _ints
+from .onnx_rules import norm_axis as _axis
 
-# ONNX TensorProto element types ember has (FLOAT, DOUBLE, FLOAT16, INT64, INT32, BOOL)
-DTYPES = {1: "f32", 11: "f64", 10: "f16", 7: "i64", 6: "i32", 9: "i1"}
-
-
-@dataclass(frozen=True)
-class Rule:
-    lower: Callable
-    attrs: frozenset[str]
-    static: frozenset[int]
-    buffers: frozenset[int]
-    check: Callable[[Node], list[str]] | None
-
-
-RULES: dict[str, Rule] = {}
-
-
-def rule(*ops: str, attrs: str = "", static=(), buffers=(), check=None):
-    """Register `lower` for `ops`, understanding the space-separated `attrs`."""
-    def register(lower):
-        for op in ops:
-            RULES[op] = Rule(lower, frozenset(attrs.split()), frozenset(static),
-                             frozenset(buffers), check)
-        return lower
-    return register
-
-
-def problems(node: Node) -> list[str]:
-    """What of `node` ember does not support (empty: all of it is)."""
-    r = RULES.get(node.op_type) if node.domain in ("", "ai.onnx") else None
-    if r is None:
-        return [f"op {node.domain + '.' if node.domain else ''}{node.op_type} is not supported"]
-    out = [f"attribute {a!r} is not supported" for a in node.attrs if a not in r.attrs]
-    return out + (r.check(node) if r.check else [])
-
-
-def attr(node: Node, name: str, default=None):
-    v = node.attrs.get(name, default)
-    return v.decode() if isinstance(v, bytes) else v
-
-
-def _fail(node: Node, what: str) -> OnnxImportError:
-    return OnnxImportError(f"{node.where}: {what}")
-
-
-def _axis(node: Node, axis: int, ndim: int) -> int:
-    if not -ndim <= axis < max(ndim, 1):
-        raise _fail(node, f"axis {axis} is out of range for rank {ndim}")
-    return axis % max(ndim, 1)
-
-
-def _ints(v) -> list[int]:
-    return [int(i) for i in np.asarray(v).reshape(-1)]
-
+__all__ = ["DTYPES", "NUMPY_FOLDS", "RULES", "Rule", "attr", "problems", "rule"]
 
 # -- elementwise ------------------------------------------------------------------------
 

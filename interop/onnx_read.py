@@ -3,8 +3,9 @@ before it is used, its initializers as numpy arrays, its inputs and outputs.
 
 Nothing in a file is executed or unpickled: the protobuf is parsed by `onnx`, external
 data is read here (`load_external_data=False`), only from files inside the model's own
-folder, each bounds-checked. A damaged file, a missing external file, a name used but
-never defined, or a cycle raises OnnxImportError before anything is built.
+folder, each bounds-checked. A model of an opset before 13 is upgraded to 13 by
+`onnx.version_converter` (one notice on stderr). A damaged file, a missing external file,
+a name used but never defined, or a cycle raises OnnxImportError before anything is built.
 """
 
 from __future__ import annotations
@@ -12,13 +13,16 @@ from __future__ import annotations
 import graphlib
 import math
 import os
+import sys
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from .onnx_errors import OnnxImportError
 
-MIN_OPSET = 13  # older opsets define Softmax, Squeeze, ReduceSum, ... differently
+# older opsets define Softmax, Squeeze, ReduceSum, ... differently: a model of one is
+# upgraded to MIN_OPSET by onnx.version_converter on import (`_upgrade`)
+MIN_OPSET = 13
 
 
 @dataclass(frozen=True)
@@ -63,11 +67,12 @@ def read(model, base_dir: str | None = None) -> OnnxGraph:
     """A path, bytes or an `onnx.ModelProto` as an OnnxGraph; OnnxImportError if damaged."""
     proto, base_dir = _parse(model, base_dir)
     graph = proto.graph
-    opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), None)
-    if opset is None or opset < MIN_OPSET:
-        raise OnnxImportError(f"the model uses opset {opset} of the default ONNX domain; ember "
-                              f"imports opsets {MIN_OPSET} and later (onnx.version_converter "
-                              "can upgrade a model)")
+    opset = _opset(proto)
+    if opset is None:
+        raise OnnxImportError("the model imports no opset of the default ONNX domain")
+    if opset < MIN_OPSET:
+        proto, opset = _upgrade(proto, opset), MIN_OPSET
+        graph = proto.graph
     initializers = {t.name: _array(t, base_dir) for t in graph.initializer}
     if graph.sparse_initializer:
         raise OnnxImportError("sparse initializers are not supported: "
@@ -77,8 +82,35 @@ def read(model, base_dir: str | None = None) -> OnnxGraph:
     outputs = [o.name for o in graph.output]
     if not outputs:
         raise OnnxImportError("the graph has no outputs")
+    kinds = {o.name: o.type.WhichOneof("value") for o in graph.output}
+    if not_tensors := [f"{n!r} ({k.removesuffix('_type')})" for n, k in kinds.items()
+                       if k not in (None, "tensor_type")]:
+        raise OnnxImportError(f"graph outputs {', '.join(not_tensors)} are not tensors (an "
+                              "imported model returns tensors; sequences may be used inside "
+                              "the graph)")
     nodes = _ordered(nodes, set(initializers) | {i.name for i in inputs}, outputs)
     return OnnxGraph(nodes, initializers, inputs, outputs, opset, _value_types(proto))
+
+
+def _opset(proto) -> int | None:
+    return next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), None)
+
+
+def _upgrade(proto, opset: int):
+    """A model of an opset before MIN_OPSET, converted to MIN_OPSET by
+    `onnx.version_converter` with a one-line notice; OnnxImportError with the converter's
+    own message where it cannot convert the model."""
+    from onnx import version_converter
+
+    try:
+        upgraded = version_converter.convert_version(proto, MIN_OPSET)
+    except Exception as e:  # the converter's C++ assertions arrive as RuntimeError, ...
+        raise OnnxImportError(f"the model uses opset {opset} of the default ONNX domain; ember "
+                              f"imports opsets {MIN_OPSET} and later, and onnx.version_converter "
+                              f"cannot upgrade it: {str(e).strip()}") from None
+    print(f"ember: the model's opset {opset} was upgraded to {MIN_OPSET} on import "
+          "(onnx.version_converter)", file=sys.stderr)
+    return upgraded
 
 
 def _parse(model, base_dir: str | None):

@@ -82,7 +82,6 @@ EXPECTED_SKIPS = {
         "test_training_dropout", "test_training_dropout_default",
         "test_training_dropout_default_mask", "test_training_dropout_mask",
         "test_training_dropout_zero_ratio", "test_training_dropout_zero_ratio_mask"],
-    "opsets before 13": ["test_dropout_default_old", "test_dropout_random_old"],
     "string tensors": ["test_equal_string", "test_equal_string_broadcast"],
     "sequence and optional values": ["test_identity_opt", "test_identity_sequence"],
     "max/min of bool tensors or over an empty axis": [
