@@ -21,6 +21,7 @@ from .runtime.api import (  # noqa: A004
     compile,
     compile_grad,
     compile_train_step,
+    recompute_strategies,
 )
 from .runtime.checkpoint import CheckpointError
 from .runtime.data import DataLoader
@@ -49,8 +50,8 @@ __all__ = ["AnomalyError", "CheckpointError", "DataLoader", "ExecutionError", "G
            "ShapeError", "Tensor", "TensorSpec", "arange", "argmax", "argmin", "cat",
            "checkpoint_strategies", "chunk", "compile", "compile_grad", "compile_train_step",
            "cumsum", "distributed", "full", "init", "ir", "load", "load_torch", "nn", "ones",
-           "onnx", "optim", "save", "seed", "split", "stack", "summary", "trace", "tril", "triu",
-           "unbind", "where", "zeros"]
+           "onnx", "optim", "recompute_strategies", "save", "seed", "split", "stack", "summary",
+           "trace", "tril", "triu", "unbind", "where", "zeros"]
 
 # `import ember.nn`, `from ember.nn import functional`, `import ember.optim` work as in
 # PyTorch, though the modules live in frontend/ and runtime/ (the layering's homes)

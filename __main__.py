@@ -177,7 +177,7 @@ def _train(args: argparse.Namespace) -> int:
         say(f"training {args.model} ({model.num_params():,} params) on "
             f"{args.data or 'digits'} with {optimizer}, {args.epochs} epochs, "
             f"batch {args.batch_size}{ranks}, {args.backend} backend"
-            + (f", checkpoint {args.checkpoint}" if args.checkpoint != "none" else "")
+            + (f", recompute {args.recompute}" if args.recompute != "none" else "")
             + (f", {args.accumulate} micro-batches per update" if args.accumulate > 1 else ""))
         if lead:  # rank 0 writes the logs, as it writes the checkpoints
             logs = MetricLogs.open(args.log_dir, args.log or [], append=bool(args.resume))
@@ -189,7 +189,7 @@ def _train(args: argparse.Namespace) -> int:
             results = train.fit(model, dataset, optimizer, epochs=args.epochs,
                                 batch_size=args.batch_size, backend=args.backend,
                                 seed=args.seed, dump_ir=args.dump_ir,
-                                progress=not args.no_progress, checkpoint=args.checkpoint,
+                                progress=not args.no_progress, recompute=args.recompute,
                                 memory_budget=args.memory_budget, save=args.save,
                                 resume=args.resume, detect_anomaly=args.detect_anomaly,
                                 data_parallel=comm if comm is not None else False,
@@ -369,10 +369,20 @@ class _ListPasses(argparse.Action):
         parser.exit()
 
 
+class _RecomputeOption(argparse.Action):
+    """--recompute, also under its deprecated old name --checkpoint (which now means
+    saving training state: --save, --resume)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if option_string == "--checkpoint":
+            print("ember: --checkpoint is deprecated: use --recompute", file=sys.stderr)
+        setattr(namespace, self.dest, values)
+
+
 def main(argv: list[str] | None = None) -> int:
     from ember import __version__
     from ember.passes.manager import describe_passes
-    from ember.runtime.api import checkpoint_strategies
+    from ember.runtime.api import recompute_strategies
 
     parser = argparse.ArgumentParser(prog="ember", description=__doc__)
     parser.add_argument("--version", action="version", version=f"ember {__version__}")
@@ -406,10 +416,11 @@ def main(argv: list[str] | None = None) -> int:
                    "batch); the lr schedule counts updates")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--backend", choices=("cpu", "interpreter", "cuda"), default="cpu")
-    t.add_argument("--checkpoint", default="none", choices=checkpoint_strategies(),
-                   help="activation checkpointing: what the backward recomputes")
+    t.add_argument("--recompute", "--checkpoint", default="none", choices=recompute_strategies(),
+                   action=_RecomputeOption, help="activation checkpointing: what the "
+                   "backward recomputes (--checkpoint: its deprecated old name)")
     t.add_argument("--memory-budget", type=int, default=None, metavar="BYTES",
-                   help="planned peak memory of the step (implies --checkpoint min-cut)")
+                   help="planned peak memory of the step (implies --recompute min-cut)")
     t.add_argument("--dump-ir", metavar="DIR", help="write the IR of every stage to DIR")
     t.add_argument("--save", metavar="PATH", help="checkpoint after each epoch and on Ctrl-C")
     t.add_argument("--resume", metavar="PATH", help="continue a run from a --save checkpoint, "

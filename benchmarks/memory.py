@@ -10,7 +10,7 @@ batch 16, over float inputs). Inputs are random: memory and time do not depend o
 values. Every row runs in a fresh process (with an empty compile cache), so its peak RSS
 (VmHWM) is that step's alone: Python, numpy, ember, LLVM compiling the step, and the
 step's buffers. Columns:
-- ran: the strategy whose graph the step runs (`ember.checkpoint`): the compile pipeline
+- ran: the strategy whose graph the step runs (`ember.recompute_strategy`): the compile pipeline
   keeps a strategy only where its fused graph plans less than its fallback's (all ->
   balanced -> none, runtime/pipeline.py);
 - planned: the memory plan's peak (`memory_report()["peak_bytes"]`: params, optimizer
@@ -24,7 +24,7 @@ step's buffers. Columns:
 - kernels: distinct kernel functions LLVM compiles (what compile time grows with);
 - matmuls: `kernel.matmul` ops in the compiled graph (recomputation adds some);
 - attn bwd: fused attention backward kernels (`kernel.attention_grad`, one per block when
-  the checkpointed graph lets `fuse` form them; otherwise 5 matmuls each and the scores).
+  the recomputed graph lets `fuse` form them; otherwise 5 matmuls each and the scores).
 """
 
 from __future__ import annotations
@@ -129,7 +129,7 @@ def row(name: str, strategy: str, quick: bool, steps: int) -> dict:
     base = vm_hwm()
     step = em.compile_train_step(model, em.nn.functional.cross_entropy,
                                  optim.SGD(lr=0.01, momentum=0.9), backend="cpu",
-                                 checkpoint=strategy)
+                                 recompute=strategy)
     step(x, y)  # compiles, then runs once
     times = []
     for _ in range(steps):
@@ -138,7 +138,7 @@ def row(name: str, strategy: str, quick: bool, steps: int) -> dict:
         times.append(time.perf_counter() - t)
     report = step.memory_report()
     return {"model": name, "strategy": strategy,
-            "ran": step.graph.attributes.get("ember.checkpoint", "none"),
+            "ran": step.graph.attributes.get("ember.recompute_strategy", "none"),
             "kernels": codegen.kernel_count(codegen.plan(step.graph)),
             "planned": report["peak_bytes"],
             "real": report["real_bytes"], "rss": vm_hwm(), "rss_base": base,

@@ -2,7 +2,7 @@
 
 Ops with regions or the `random` trait are never merged: two dropout masks with equal
 attributes are still two draws. Nor are ops marked `ember.recompute` (the copies the
-checkpoint pass makes on purpose, so that a value is recomputed instead of kept).
+recompute pass makes on purpose, so that a value is recomputed instead of kept).
 """
 
 from __future__ import annotations

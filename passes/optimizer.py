@@ -23,7 +23,7 @@ Contract (read by the runtime):
   `ember.param_groups` is dropped.
 
 `accumulate-grads{divide=k}` (gradient accumulation, runtime/accumulate.py) runs between
-autodiff (and checkpoint) and `optimizer`, or instead of it: each gradient `g` becomes
+autodiff (and recompute) and `optimizer`, or instead of it: each gradient `g` becomes
 `(acc + g) / k`, `acc` a new argument of the gradient's type after the original ones, one
 per gradient in `ember.grads` order, which the graph names in `ember.grad_inputs` (kept
 by `optimizer`). With `divide=1` the results are the new accumulated gradients.

@@ -1,4 +1,4 @@
-"""`checkpoint{strategy=none|all|balanced|min-cut budget=BYTES segments=N}`: what the
+"""`recompute{strategy=none|all|balanced|min-cut budget=BYTES segments=N}`: what the
 backward keeps and what it recomputes.
 
 Runs on the joint graph that autodiff returns (before the optimizer pass). The forward
@@ -48,7 +48,7 @@ backward meet copies there), so the compile pipeline plans the finished graph of
 strategy and of its `fallback` and keeps the strategy only where it plans less
 (runtime/pipeline.py, `Stages`).
 
-The graph gets `ember.checkpoint = "<strategy>"`, `ember.saved = ["%N", ...]` (the saved
+The graph gets `ember.recompute_strategy = "<strategy>"`, `ember.saved = ["%N", ...]` (the saved
 values as numbered in the dump right after this pass) and `ember.saved_bytes`.
 """
 
@@ -69,7 +69,7 @@ from ..ir.memory_plan import (
     op_step,
     plan,
 )
-from .autodiff.rules import checkpoint_class
+from .autodiff.rules import bound_class
 from .canonicalize import Canonicalize
 from .cse import Cse
 from .dce import Dce
@@ -118,7 +118,7 @@ def recomputable(op: Operation) -> bool:
 
 
 def compute_bound(op: Operation) -> bool:
-    return checkpoint_class(op.name) == "compute" or has_trait(op.name, "compute_bound")
+    return bound_class(op.name) == "compute" or has_trait(op.name, "compute_bound")
 
 
 def work(op: Operation) -> int:
@@ -407,8 +407,8 @@ def value_names(graph: Graph) -> dict[Value, str]:
 
 @register_pass
 @dataclass(frozen=True)
-class Checkpoint(Pass):
-    name: ClassVar[str] = "checkpoint"
+class Recompute(Pass):
+    name: ClassVar[str] = "recompute"
     STRATEGIES: ClassVar[tuple[str, ...]] = STRATEGIES
     strategy: str = "none"
     budget: int = 0
@@ -416,29 +416,29 @@ class Checkpoint(Pass):
 
     def __post_init__(self):
         if self.strategy not in STRATEGIES:
-            raise PipelineError(f"checkpoint: strategy={self.strategy!r} is not one of "
+            raise PipelineError(f"recompute: strategy={self.strategy!r} is not one of "
                                 f"{', '.join(STRATEGIES)}")
         if self.budget < 0:
-            raise PipelineError(f"checkpoint: budget must be a number of bytes >= 0, "
+            raise PipelineError(f"recompute: budget must be a number of bytes >= 0, "
                                 f"got {self.budget}")
         if self.segments < 0:
-            raise PipelineError(f"checkpoint: segments must be >= 1 (or 0: the strategy's "
+            raise PipelineError(f"recompute: segments must be >= 1 (or 0: the strategy's "
                                 f"default), got {self.segments}")
 
     def check(self, graph: Graph) -> None:
         a = graph.attributes
         if "ember.updates" in a:
-            raise PipelineError("checkpoint must run before optimizer: it splits the joint "
+            raise PipelineError("recompute must run before optimizer: it splits the joint "
                                 "forward+backward graph that autodiff returns, and the "
                                 "update is neither")
         if "ember.grads" not in a:
-            raise PipelineError("checkpoint needs the joint forward+backward graph: run "
-                                "autodiff first (e.g. -p 'decompose,autodiff,checkpoint')")
-        if "ember.checkpoint" in a:
-            raise PipelineError(f"checkpoint: @{graph.name} is already checkpointed "
-                                f"(strategy {a['ember.checkpoint']!r})")
+            raise PipelineError("recompute needs the joint forward+backward graph: run "
+                                "autodiff first (e.g. -p 'decompose,autodiff,recompute')")
+        if "ember.recompute_strategy" in a:
+            raise PipelineError(f"recompute: @{graph.name} has been through recompute already "
+                                f"(strategy {a['ember.recompute_strategy']!r})")
         if any(op.regions for op in graph.ops):
-            raise PipelineError("checkpoint must run before fuse: it recomputes single ops, "
+            raise PipelineError("recompute must run before fuse: it recomputes single ops, "
                                 "not fused kernels")
 
     def apply(self, graph: Graph) -> Graph:
@@ -458,12 +458,12 @@ class Checkpoint(Pass):
             if self.budget:
                 peak = joint.peak(s)
                 if peak > self.budget:
-                    raise PipelineError(f"checkpoint: strategy {self.strategy} needs a planned "
+                    raise PipelineError(f"recompute: strategy {self.strategy} needs a planned "
                                         f"peak of {peak} bytes, over the budget of "
                                         f"{self.budget}; try strategy=min-cut")
         materialize(graph, s)
         names = value_names(graph)
-        graph.attributes["ember.checkpoint"] = self.strategy
+        graph.attributes["ember.recompute_strategy"] = self.strategy
         graph.attributes["ember.saved"] = [names[v] for v in s.saved]
         graph.attributes["ember.saved_bytes"] = sum(map(nbytes, s.saved))
         return graph
@@ -483,14 +483,14 @@ class Checkpoint(Pass):
                 best = (peak, s)
         return best[1]
 
-    def fallback(self) -> Checkpoint | None:
+    def fallback(self) -> Recompute | None:
         """What the compile pipeline runs instead where this strategy's finished graph
         (fused, with the optimizer's update) plans no less memory than this one's: `none`
         for balanced and min-cut, `balanced` for all (itself checked against `none`). None
         for `none`, and under a budget (the budget's schedule is what was asked for)."""
         if self.strategy == "none" or self.budget:
             return None
-        return Checkpoint("balanced" if self.strategy == "all" else "none")
+        return Recompute("balanced" if self.strategy == "all" else "none")
 
     def _min_cut(self, joint: Joint) -> Schedule:
         top = joint.total_work()  # one byte outweighs all recomputation
@@ -512,7 +512,7 @@ class Checkpoint(Pass):
             s = joint.schedule(lambda op: False, n)
             best, lowest = self._consider(joint, s, best, lowest)
         if best is None:
-            raise PipelineError(f"checkpoint: the memory budget of {self.budget} bytes cannot "
+            raise PipelineError(f"recompute: the memory budget of {self.budget} bytes cannot "
                                 f"be met: the best achievable planned peak is {lowest[0]} "
                                 f"bytes ({lowest[1]})")
         return best[2]

@@ -27,7 +27,7 @@ import numbers
 import numpy as np
 
 from ..ir import numpy_dtype
-from .pipeline import SIMPLIFY, checkpoint_spec
+from .pipeline import SIMPLIFY, recompute_spec
 
 
 def accumulate_count(value) -> int:
@@ -42,7 +42,7 @@ def accumulate_count(value) -> int:
 
 
 def accumulation_pipeline(optimizer_spec: str | None, k: int, linear: str = "split",
-                          checkpoint: str = "none",
+                          recompute: str = "none",
                           memory_budget: int | None = None) -> list[str]:
     """The accumulate graph's pipeline (`optimizer_spec` None: returns `acc + g`) or the
     update graph's (the optimizer's update of `(acc + g) / k`); both as
@@ -50,7 +50,7 @@ def accumulation_pipeline(optimizer_spec: str | None, k: int, linear: str = "spl
     tail = ([f"accumulate-grads{{divide={k}}}", optimizer_spec] if optimizer_spec is not None
             else ["accumulate-grads"])
     return ["autodiff", f"decompose{{linear={linear}}}",
-            *checkpoint_spec(checkpoint, memory_budget), *tail, *SIMPLIFY, "fuse"]
+            *recompute_spec(recompute, memory_budget), *tail, *SIMPLIFY, "fuse"]
 
 
 class Accumulator:

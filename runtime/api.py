@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 
 from ..frontend.module import Module
@@ -14,19 +15,27 @@ from .dynamic import DynamicDims, DynamicFunction, DynamicGradFunction, DynamicT
 from .optim import Optimizer
 from .steps import GradFunction, TrainStep
 
-# what a `checkpoint{strategy=...}` pass may offer, in order; only those it has are listed
+# what a `recompute{strategy=...}` pass may offer, in order; only those it has are listed
 _KNOWN_STRATEGIES = ("none", "all", "balanced", "min-cut")
 
 
-def checkpoint_strategies() -> tuple[str, ...]:
-    """The activation-checkpointing strategies this build supports ("none" always)."""
-    cls = PASSES.get("checkpoint")
+def recompute_strategies() -> tuple[str, ...]:
+    """The recompute (activation checkpointing) strategies this build supports ("none"
+    always)."""
+    cls = PASSES.get("recompute")
     if cls is None:
         return ("none",)
     offered = getattr(cls, "STRATEGIES", None) or getattr(cls, "strategies", None)
     if offered is None:
         return ("none",)
     return tuple(s for s in _KNOWN_STRATEGIES if s == "none" or s in offered)
+
+
+def checkpoint_strategies() -> tuple[str, ...]:
+    """Deprecated old name of `recompute_strategies`."""
+    warnings.warn("checkpoint_strategies() is deprecated: use recompute_strategies()",
+                  DeprecationWarning, stacklevel=2)
+    return recompute_strategies()
 
 
 def compile(model: Module, *specs, backend: str = "cpu",  # noqa: A001  (em.compile)
@@ -50,17 +59,18 @@ def compile(model: Module, *specs, backend: str = "cpu",  # noqa: A001  (em.comp
 
 
 def compile_grad(model: Module, loss_fn: Callable, backend: str = "cpu",
-                 checkpoint: str = "none", memory_budget: int | None = None,
+                 recompute: str = "none", memory_budget: int | None = None,
                  linear: str = "split", detect_anomaly: bool = False,
                  dynamic_dims: dict | None = None,
-                 buckets: tuple[int, ...] | None = None, n_inputs: int = 1) -> GradFunction:
+                 buckets: tuple[int, ...] | None = None, n_inputs: int = 1,
+                 checkpoint: str | None = None) -> GradFunction:
     """`fn(x, y)` returning em.GradientsParams of `loss_fn(model(x), y)`; compiles on first
-    call. `n_inputs`, `checkpoint` and `memory_budget` as for `compile_train_step` (the
+    call. `n_inputs`, `recompute` and `memory_budget` as for `compile_train_step` (the
     budget is the planned peak of the gradient graph): `fn(x, mask, y)` with `n_inputs=2`
     differentiates `loss_fn(model(x, mask), y)`; `dynamic_dims` and `buckets` as for
     `compile` (indices count every argument: x, y, ...)."""
-    options = _training_options(backend, linear, checkpoint, memory_budget, detect_anomaly,
-                                n_inputs)
+    options = _training_options(backend, linear, _renamed(recompute, checkpoint),
+                                memory_budget, detect_anomaly, n_inputs)
     dynamic = DynamicDims.of((), dynamic_dims, buckets)
     if dynamic is not None:
         return DynamicGradFunction(model, loss_fn, dynamic, **options)
@@ -68,13 +78,14 @@ def compile_grad(model: Module, loss_fn: Callable, backend: str = "cpu",
 
 
 def compile_train_step(model: Module, loss_fn: Callable, optimizer: Optimizer,
-                       backend: str = "cpu", checkpoint: str = "none",
+                       backend: str = "cpu", recompute: str = "none",
                        memory_budget: int | None = None, linear: str = "split",
                        detect_anomaly: bool = False,
                        data_parallel: bool | Communicator = False,
                        dynamic_dims: dict | None = None,
                        buckets: tuple[int, ...] | None = None,
-                       n_inputs: int = 1, accumulate: int = 1) -> TrainStep:
+                       n_inputs: int = 1, accumulate: int = 1,
+                       checkpoint: str | None = None) -> TrainStep:
     """`step(x, y)`: forward, backward and update in one compiled graph; returns the loss.
 
     `n_inputs`: how many leading arguments of each call go to the model; the rest go to
@@ -82,11 +93,12 @@ def compile_train_step(model: Module, loss_fn: Callable, optimizer: Optimizer,
     y)`. Every argument with a first axis shares the batch size (the error names the
     argument: its index and role, model input k or loss argument k).
 
-    `checkpoint`: which activations the backward recomputes instead of keeping (see
-    `checkpoint_strategies()`: "none", "all", "balanced", "min-cut"); `memory_budget`
+    `recompute`: which activations the backward recomputes instead of keeping (activation
+    checkpointing, as torch.utils.checkpoint; `checkpoint=` is its deprecated old name; see
+    `recompute_strategies()`: "none", "all", "balanced", "min-cut"); `memory_budget`
     (bytes, the planned peak of the whole step) makes "min-cut" search for the cheapest
     recomputation that fits, and other strategies fail at compile time when over it; it
-    implies "min-cut" when `checkpoint` is "none".
+    implies "min-cut" when `recompute` is "none".
     `detect_anomaly`: check every result for NaN/Inf and, if found, name the first op that
     produced it (slow: for debugging).
     `data_parallel`: True (join the process group the launcher set up, see
@@ -113,8 +125,8 @@ def compile_train_step(model: Module, loss_fn: Callable, optimizer: Optimizer,
     Batch-statistic layers (BatchNorm) see each micro-batch alone, as in PyTorch.
     """
     accumulate = accumulate_count(accumulate)  # a usage error before anything is built
-    options = _training_options(backend, linear, checkpoint, memory_budget, detect_anomaly,
-                                n_inputs)
+    options = _training_options(backend, linear, _renamed(recompute, checkpoint),
+                                memory_budget, detect_anomaly, n_inputs)
     options["accumulate"] = accumulate
     dynamic = DynamicDims.of((), dynamic_dims, buckets)
     if dynamic is not None:
@@ -134,24 +146,34 @@ def compile_train_step(model: Module, loss_fn: Callable, optimizer: Optimizer,
     return DataParallelStep(model, loss_fn, optimizer, data_parallel, **options)
 
 
-def _training_options(backend: str, linear: str, checkpoint: str, memory_budget: int | None,
+def _renamed(recompute: str, checkpoint: str | None) -> str:
+    """`recompute=`, or the strategy given by its deprecated old name `checkpoint=` (which
+    now means saving training state only)."""
+    if checkpoint is None:
+        return recompute
+    warnings.warn("checkpoint= is deprecated: the strategy is now recompute= (checkpoint "
+                  "means saving training state)", DeprecationWarning, stacklevel=3)
+    return checkpoint
+
+
+def _training_options(backend: str, linear: str, recompute: str, memory_budget: int | None,
                       detect_anomaly: bool, n_inputs: int) -> dict:
-    """The options a gradient function or training step is built with, the checkpoint
+    """The options a gradient function or training step is built with, the recompute
     strategy checked (steps.py checks `n_inputs`: a bad one fails here too, not at the
     first call)."""
-    return dict(backend=backend, linear=linear, checkpoint=_strategy(checkpoint, memory_budget),
+    return dict(backend=backend, linear=linear, recompute=_strategy(recompute, memory_budget),
                 memory_budget=memory_budget, detect_anomaly=detect_anomaly, n_inputs=n_inputs)
 
 
-def _strategy(checkpoint: str, memory_budget: int | None) -> str:
-    """The checkpoint strategy to run: checked, and "min-cut" when only a budget is given."""
-    available = checkpoint_strategies()
+def _strategy(recompute: str, memory_budget: int | None) -> str:
+    """The recompute strategy to run: checked, and "min-cut" when only a budget is given."""
+    available = recompute_strategies()
     if memory_budget is not None:
         if memory_budget <= 0:
             raise ValueError(f"memory_budget must be a positive number of bytes, "
                              f"got {memory_budget}")
-        checkpoint = "min-cut" if checkpoint == "none" else checkpoint
-    if checkpoint not in available:
-        raise ValueError(f"checkpoint strategy {checkpoint!r} is not available in this version; "
+        recompute = "min-cut" if recompute == "none" else recompute
+    if recompute not in available:
+        raise ValueError(f"recompute strategy {recompute!r} is not available in this version; "
                          f"choose one of {', '.join(available)}")
-    return checkpoint
+    return recompute

@@ -120,9 +120,9 @@ class DataParallelStep(TrainStep):
 
     def pipeline(self):
         if self.accumulator is not None:  # every call: the gradients added to the buffers
-            return accumulation_pipeline(None, self.accumulate, self.linear, self.checkpoint,
+            return accumulation_pipeline(None, self.accumulate, self.linear, self.recompute,
                                          self.memory_budget)
-        return grad_pipeline(self.linear, self.checkpoint, self.memory_budget)
+        return grad_pipeline(self.linear, self.recompute, self.memory_budget)
 
     def _phase(self) -> str | None:
         return None  # one gradient graph, whichever call of a cycle runs it

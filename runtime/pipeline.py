@@ -15,7 +15,7 @@ from ..ir.memory_plan import plan_memory
 from ..ir.parser import parse
 from ..ir.printer import print_graph
 from ..passes.manager import Pass, PassManager, parse_pipeline
-from ..passes.recompute import Checkpoint
+from ..passes.recompute import Recompute
 from ..settings import PASS_TIMING
 
 SIMPLIFY = ["canonicalize", "cse", "dce"]
@@ -25,37 +25,37 @@ def inference_pipeline(linear: str = "split") -> list[str]:
     return [f"decompose{{linear={linear}}}", *SIMPLIFY, "fuse"]
 
 
-def grad_pipeline(linear: str = "split", checkpoint: str = "none",
+def grad_pipeline(linear: str = "split", recompute: str = "none",
                   memory_budget: int | None = None) -> list[str]:
     """autodiff runs before decompose: the dedicated rules of nn.* ops (layer_norm,
     attention, softmax, cross_entropy, ...) keep fewer activations than differentiating
     their decomposition (a 2-layer GPT step saves 13.7 MB instead of 19.2, same values)."""
     return ["autodiff", f"decompose{{linear={linear}}}",
-            *checkpoint_spec(checkpoint, memory_budget), *SIMPLIFY, "fuse"]
+            *recompute_spec(recompute, memory_budget), *SIMPLIFY, "fuse"]
 
 
-def checkpoint_spec(strategy: str = "none", memory_budget: int | None = None) -> list[str]:
-    """The `checkpoint{...}` entry after autodiff (none for strategy "none")."""
+def recompute_spec(strategy: str = "none", memory_budget: int | None = None) -> list[str]:
+    """The `recompute{...}` entry after autodiff (none for strategy "none")."""
     if strategy == "none" and not memory_budget:
         return []
     budget = f" budget={int(memory_budget)}" if memory_budget else ""
-    return [f"checkpoint{{strategy={strategy}{budget}}}"]
+    return [f"recompute{{strategy={strategy}{budget}}}"]
 
 
-def training_pipeline(optimizer_spec: str, linear: str = "split", checkpoint: str = "none",
+def training_pipeline(optimizer_spec: str, linear: str = "split", recompute: str = "none",
                       memory_budget: int | None = None) -> list[str]:
-    """Fusion runs under every checkpoint strategy: `fuse` never puts a recomputed copy
+    """Fusion runs under every recompute strategy: `fuse` never puts a recomputed copy
     (`ember.recompute`) or another backward op in one kernel with a forward op, groups
     recomputed copies as their originals were grouped (so they reuse the forward's kernel
-    bodies), and in a checkpointed graph merges backward ops into a kernel that reads a
+    bodies), and in a recomputed graph merges backward ops into a kernel that reads a
     value past its last unfused reader only when every op in between joins that kernel
     and the late bytes are no more than the temporaries it no longer stores, so a fused
-    checkpointed step keeps the memory the strategy saved (its planned peak is no larger
+    recomputed step keeps the memory the strategy saved (its planned peak is no larger
     than the unfused one's; passes/fuse/grouping.py); where the
     finished graph still plans no less than its fallback's, `Stages` runs the fallback.
     autodiff runs first, as in `grad_pipeline`."""
-    checkpointing = checkpoint_spec(checkpoint, memory_budget)
-    return ["autodiff", f"decompose{{linear={linear}}}", *checkpointing, optimizer_spec,
+    recomputing = recompute_spec(recompute, memory_budget)
+    return ["autodiff", f"decompose{{linear={linear}}}", *recomputing, optimizer_spec,
             *SIMPLIFY, "fuse"]
 
 
@@ -79,10 +79,10 @@ def stage_names(pipeline: list[str]) -> list[str]:
 
 
 def candidates(passes: list[Pass]) -> list[list[Pass]]:
-    """The pipeline, then, while its `checkpoint` has a fallback (`Checkpoint.fallback`),
+    """The pipeline, then, while its `recompute` has a fallback (`Recompute.fallback`),
     the pipeline with that instead: the strategy that recomputes most first."""
     out = [passes]
-    at = next((k for k, p in enumerate(passes) if isinstance(p, Checkpoint)), None)
+    at = next((k for k, p in enumerate(passes) if isinstance(p, Recompute)), None)
     while at is not None and (alt := out[-1][at].fallback()) is not None:
         out.append([*passes[:at], alt, *passes[at + 1:]])
     return out
@@ -92,11 +92,11 @@ class Stages:
     """Runs a pipeline on a traced graph and keeps the IR text of every stage, with each
     op's source location (`loc(...)`; `strip_locations` gives the plain text).
 
-    A checkpointed pipeline runs its `candidates` and keeps the final graph that plans the
-    least memory (ir/memory_plan.py), the one that recomputes less on a tie: checkpointing
+    A recomputed pipeline runs its `candidates` and keeps the final graph that plans the
+    least memory (ir/memory_plan.py), the one that recomputes less on a tie: recomputing
     that saves nothing once fused and updated is only slower (a 16-layer MLP under "all":
     its recomputed copies meet the grads and optimizer state at the end of the backward,
-    1.3% over `none`). Its `ember.checkpoint` names the strategy that ran; the stage names
+    1.3% over `none`). Its `ember.recompute_strategy` names the strategy that ran; the stage names
     stay those of `pipeline`. IR passes only, each a fraction of the backend's compile; the
     stage texts wait, as on a stage-cache hit, until someone asks for one.
 
@@ -161,12 +161,12 @@ class Stages:
         return best[1]
 
     def _chosen(self) -> list[Pass]:
-        """The candidate the final graph came from: its checkpoint's strategy."""
+        """The candidate the final graph came from: its recompute strategy."""
         if len(self._candidates) == 1:
             return self._candidates[0]
-        strategy = self.graph.attributes.get("ember.checkpoint")
+        strategy = self.graph.attributes.get("ember.recompute_strategy")
         return next(c for c in self._candidates
-                    if any(isinstance(p, Checkpoint) and p.strategy == strategy for p in c))
+                    if any(isinstance(p, Recompute) and p.strategy == strategy for p in c))
 
     def _run(self, graph: Graph, timing: bool = False) -> Graph:
         """Run every pass on `graph`, keeping each stage's text; the final graph."""

@@ -59,8 +59,8 @@ class _Training(Compiled):
 
     def settings(self) -> list[str]:
         shown = [f"n_inputs={self.n_inputs}"] if self.n_inputs != 1 else []
-        strategy = getattr(self, "checkpoint", "none")  # set by each subclass
-        return shown + ([f"checkpoint={strategy!r}"] if strategy != "none" else [])
+        strategy = getattr(self, "recompute", "none")  # set by each subclass
+        return shown + ([f"recompute={strategy!r}"] if strategy != "none" else [])
 
     def finish(self, entry: Entry, table: dict, outs: list) -> list:
         """Check the loss, keep loss and metrics, write buffers; returns the tail."""
@@ -111,14 +111,14 @@ class GradFunction(_Training):
     kind = "grad"
 
     def __init__(self, model: Module, loss_fn: Callable, backend: str = "cpu",
-                 linear: str = "split", checkpoint: str = "none",
+                 linear: str = "split", recompute: str = "none",
                  memory_budget: int | None = None, detect_anomaly: bool = False,
                  n_inputs: int = 1):
         super().__init__(model, loss_fn, backend, linear, detect_anomaly, n_inputs)
-        self.checkpoint, self.memory_budget = checkpoint, memory_budget
+        self.recompute, self.memory_budget = recompute, memory_budget
 
     def pipeline(self):
-        return grad_pipeline(self.linear, self.checkpoint, self.memory_budget)
+        return grad_pipeline(self.linear, self.recompute, self.memory_budget)
 
     @one_call_at_a_time
     def __call__(self, *inputs: np.ndarray) -> GradientsParams:
@@ -159,14 +159,14 @@ class TrainStep(_Training):
     kind = "train_step"
 
     def __init__(self, model: Module, loss_fn: Callable, optimizer, backend: str = "cpu",
-                 linear: str = "split", checkpoint: str = "none",
+                 linear: str = "split", recompute: str = "none",
                  memory_budget: int | None = None, detect_anomaly: bool = False,
                  n_inputs: int = 1, accumulate: int = 1):
         accumulate = accumulate_count(accumulate)
         super().__init__(model, loss_fn, backend, linear, detect_anomaly, n_inputs)
         _check_covers(model, optimizer)
         self.optimizer = optimizer
-        self.checkpoint, self.memory_budget = checkpoint, memory_budget
+        self.recompute, self.memory_budget = recompute, memory_budget
         self._repeating: BoundStep | None = None  # the last call's, tried first (`repeat`)
         self.accumulate = accumulate
         self.accumulator = Accumulator(accumulate) if accumulate > 1 else None
@@ -187,9 +187,9 @@ class TrainStep(_Training):
         phase = self._phase()
         if phase is None:
             return training_pipeline(self.optimizer.pass_spec(), self.linear,
-                                     self.checkpoint, self.memory_budget)
+                                     self.recompute, self.memory_budget)
         spec = self.optimizer.pass_spec() if phase == "update" else None
-        return accumulation_pipeline(spec, self.accumulate, self.linear, self.checkpoint,
+        return accumulation_pipeline(spec, self.accumulate, self.linear, self.recompute,
                                      self.memory_budget)
 
     def _trace(self, specs: tuple) -> Graph:

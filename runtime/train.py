@@ -111,7 +111,7 @@ def stop_on_interrupt():
 
 def fit(model: nn.Module, data: Dataset, optimizer, epochs: int = 10, batch_size: int = 32,
         backend: str = "cpu", seed: int = 0, dump_ir: str | None = None,
-        progress: bool = True, out=None, checkpoint: str = "none",
+        progress: bool = True, out=None, recompute: str = "none",
         memory_budget: int | None = None, save: str | None = None, resume: str | None = None,
         detect_anomaly: bool = False, step: TrainStep | None = None,
         data_parallel=False, logs: MetricLogs | None = None,
@@ -130,7 +130,7 @@ def fit(model: nn.Module, data: Dataset, optimizer, epochs: int = 10, batch_size
 
     if step is None:
         step = compile_train_step(model, nn.functional.cross_entropy, optimizer,
-                                  backend=backend, checkpoint=checkpoint,
+                                  backend=backend, recompute=recompute,
                                   memory_budget=memory_budget, detect_anomaly=detect_anomaly,
                                   data_parallel=data_parallel, accumulate=accumulate)
     comm = getattr(step, "comm", None)

@@ -1,8 +1,9 @@
-"""Backward rules, one per op name, each next to its checkpoint class (as in burn).
+"""Backward rules, one per op name, each next to what bounds the op, compute or
+memory (burn's classes of ops for rematerialization).
 
 A rule is `(builder, op, out_grads, needs) -> operand grads`: it emits the ops computing
 the gradient of every operand whose `needs` entry is true and returns None for the others,
-so no backward op is emitted for inputs or frozen params. The checkpoint class says what a
+so no backward op is emitted for inputs or frozen params. What bounds an op says what a
 rematerializing pass should do with the op's result: "compute" (expensive: keep it) or
 "memory" (cheap: recompute it in the backward pass).
 """
@@ -39,16 +40,16 @@ Backward = Callable[[Builder, Operation, Grads, list[bool]], Grads]
 @dataclass(frozen=True)
 class Rule:
     backward: Backward
-    checkpoint: str  # "compute" | "memory"
+    bound: str  # "compute" | "memory"
 
 
 RULES: dict[str, Rule] = {}
 
 
-def rule(*names: str, checkpoint: str = "memory"):
+def rule(*names: str, bound: str = "memory"):
     def register(fn: Backward) -> Backward:
         for n in names:
-            RULES[n] = Rule(fn, checkpoint)
+            RULES[n] = Rule(fn, bound)
         return fn
     return register
 
@@ -311,7 +312,7 @@ def _concat(b, op, gs, needs):
     return each(needs, *map(part, range(len(op.operands))))
 
 
-@rule("ember.matmul", checkpoint="compute")
+@rule("ember.matmul", bound="compute")
 def _matmul(b, op, gs, needs):
     (g,), (x, y) = gs, op.operands
     return each(needs, lambda: unbroadcast(b, b.op("ember.matmul", g, mT(b, y)), x.type),
@@ -320,7 +321,7 @@ def _matmul(b, op, gs, needs):
 
 # --- nn ops: dedicated rules, cheaper and more stable than differentiating a lowering ---
 
-@rule("nn.linear", checkpoint="compute")
+@rule("nn.linear", bound="compute")
 def _linear(b, op, gs, needs):
     """x[..., d] @ w[d, o] + b[o]: leading dims of x and g are flattened into rows."""
     (g,), (x, w, *_) = gs, op.operands
@@ -382,7 +383,7 @@ def _erf(b, g, x, out):  # d/dx erf(x) = 2/sqrt(pi) exp(-x^2)
     return b.op("ember.mul", g, b.op("ember.mul", e, const(b, 2 / math.sqrt(math.pi), dtype)))
 
 
-@rule("ember.allreduce", checkpoint="compute")
+@rule("ember.allreduce", bound="compute")
 def _allreduce(b, op, gs, needs):
     """Every rank's loss reads the sum: each rank's input gets the sum of their gradients."""
     return [b.op("ember.allreduce", gs[0])]
@@ -414,7 +415,7 @@ def _conv(op: Operation, **extra) -> dict:
     return {**pick(op, CONV_ATTRS), **extra}
 
 
-@rule("ember.conv2d", checkpoint="compute")
+@rule("ember.conv2d", bound="compute")
 def _conv2d(b, op, gs, needs):
     (g,), (x, w) = gs, op.operands[:2]
     return each(needs,
@@ -424,7 +425,7 @@ def _conv2d(b, op, gs, needs):
                              **_conv(op, weight_shape=list(w.type.shape))))
 
 
-@rule("ember.conv2d_grad_input", checkpoint="compute")
+@rule("ember.conv2d_grad_input", bound="compute")
 def _conv2d_grad_input(b, op, gs, needs):
     """y = conv2d's adjoint in its input; linear in g (adjoint: conv2d) and in w."""
     (dy,), (g, w) = gs, op.operands
@@ -433,7 +434,7 @@ def _conv2d_grad_input(b, op, gs, needs):
                              **_conv(op, weight_shape=list(w.type.shape))))
 
 
-@rule("ember.conv2d_grad_weight", checkpoint="compute")
+@rule("ember.conv2d_grad_weight", bound="compute")
 def _conv2d_grad_weight(b, op, gs, needs):
     (dw,), (x, g) = gs, op.operands
     return each(needs,
@@ -460,7 +461,7 @@ def _avg_pool2d_grad(b, g, x, out):  # linear in its operand; the adjoint is the
 
 # --- new nn ops: dedicated rules -----------------------------------------------------
 
-@rule("nn.conv2d", checkpoint="compute")
+@rule("nn.conv2d", bound="compute")
 def _nn_conv2d(b, op, gs, needs):
     g = gs[0]
     dx, dw = _conv2d(b, op, gs, needs[:2])
@@ -546,7 +547,7 @@ def _gelu(b, g, x, out):
     return b.op("ember.mul", g, d)
 
 
-@rule("nn.attention", checkpoint="compute")
+@rule("nn.attention", bound="compute")
 def _attention(b, op, gs, needs):
     """p = softmax(q k^T s + mask) is recomputed (as the decomposition spells it, so CSE
     shares it with a decomposed forward); masked entries have p = 0 and get no gradient."""
@@ -564,7 +565,7 @@ def _attention(b, op, gs, needs):
                 lambda: b.op("ember.matmul", mT(b, p), g))
 
 
-def checkpoint_class(op_name: str) -> str | None:
+def bound_class(op_name: str) -> str | None:
     """"compute" (keep the result) or "memory" (recompute it); None for ops without a rule."""
     r = RULES.get(op_name)
-    return r.checkpoint if r else None
+    return r.bound if r else None

@@ -23,9 +23,9 @@ consumers outside its kernel read is stored as one more result of the kernel; an
 elementwise op that a reduction reads joins an epilogue only where that stores less (not
 when what it reads there is stored anyway: a layer norm's backward reads dy and gamma, not
 three products of them); and no merge may create a cycle between kernels. On a joint
-training graph forward and backward ops never share a kernel (a copy the checkpoint pass
+training graph forward and backward ops never share a kernel (a copy the recompute pass
 marks `ember.recompute` counts as backward, so it stays where the backward reads it, and
-no forward kernel gains a result only the backward reads); on a checkpointed graph
+no forward kernel gains a result only the backward reads); on a recomputed graph
 recomputed copies are grouped as the forward grouped their originals (so their kernels
 repeat layer after layer, as the forward's do, and cost a backend no new function each),
 and a backward merge is refused when the kernel would keep a value alive past its last

@@ -12,7 +12,7 @@ from ...ir.dense import splat_element
 from ...ir.memory_plan import RESIDENT_OPS
 from ...ir.opdef import has_trait, normalize_axes
 
-RECOMPUTE = "ember.recompute"  # the checkpoint pass's mark on recomputed copies
+RECOMPUTE = "ember.recompute"  # the recompute pass's mark on recomputed copies
 VIEWS = ("ember.transpose", "ember.broadcast", "ember.reshape")
 REDUCTIONS = {"ember.reduce_sum": "add", "ember.reduce_mean": "add", "ember.reduce_max": "max"}
 Dims = tuple  # one entry per dim of a value: the space dim it runs along, None for size 1

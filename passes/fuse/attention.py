@@ -6,12 +6,12 @@ and probabilities are never stored; the backward keeps only lse, one value per r
 
 The match is on values, not on how they were written: q, k, v and do are compared as
 strided views of their buffers (analysis.strided), so a hand-written
-softmax(q @ k.T * s) @ v fuses as nn.attention does, and a copy of p that the checkpoint
+softmax(q @ k.T * s) @ v fuses as nn.attention does, and a copy of p that the recompute
 pass recomputes for the backward meets the forward it copies. It is all or nothing per p:
 if any value between the scaled scores and the gradients has a reader outside these forms
 (a mask other than causal, a user reading the scores or p), that p is left as it was, and
 the unfused kernels compute the same values. Only the scores' matmul may have other
-readers (a checkpointed graph that keeps it and recomputes p from it): it is erased once
+readers (a recomputed graph that keeps it and recomputes p from it): it is erased once
 none is left.
 
 A result that the graph only reads transposed (o, dq, dk, dv go back from [B, H, T, D] to

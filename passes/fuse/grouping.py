@@ -2,7 +2,7 @@
 merges with the groups producing its operands when one iteration space embeds into the
 other, subject to the cost rules (one reduced dim set per kernel, no reducing epilogue,
 one matmul per kernel, no forward/backward mixing, no cycle between kernels, no epilogue
-result that only adds a store (`only_adds_a_result`), and on a checkpointed graph
+result that only adds a store (`only_adds_a_result`), and on a recomputed graph
 recomputed copies grouped as their originals and no input kept alive at a cost). Before
 that, a matmul whose rows a reshape splits (a Linear on [B, T, C]) is rewritten to
 produce that shape itself (`unflatten_matmuls`), so its consumers can join it, and
@@ -124,7 +124,7 @@ def _allocates_nothing(op: Operation) -> bool:
 
 
 def _marks(op: Operation) -> dict:
-    """The checkpoint pass's mark of op, for the ops that replace it."""
+    """The recompute pass's mark of op, for the ops that replace it."""
     return {RECOMPUTE: op.attributes[RECOMPUTE]} if RECOMPUTE in op.attributes else {}
 
 
@@ -152,11 +152,11 @@ class Grouper:
         self.block, self.epilogues, self.reductions = block, epilogues, reductions
         self.forward = forward
         self.pos = {op: i for i, op in enumerate(block.ops)}
-        # in a checkpointed graph a backward kernel must not keep its inputs alive longer
+        # in a recomputed graph a backward kernel must not keep its inputs alive longer
         # than the unfused ops did (recomputed copies are meant to die right after use),
         # and recomputed copies are grouped as the forward grouped their originals
-        self.checkpointed = any(op.attributes.get(RECOMPUTE) for op in block.ops)
-        self.original = originals(block, forward) if self.checkpointed else {}
+        self.recomputed = any(op.attributes.get(RECOMPUTE) for op in block.ops)
+        self.original = originals(block, forward) if self.recomputed else {}
         self.last_use = {r: max((self.pos.get(u, -1) for u, _ in r.uses), default=-1)
                          for op in block.ops for r in op.results}
         self.group: dict[Operation, Group] = {}
@@ -358,7 +358,7 @@ class Grouper:
             return False
         if cons.backward != prod.backward:
             return False  # forward and backward (recomputed) ops never share a kernel
-        if self.checkpointed and cons.backward and (self.other_origins(cons, prod)
+        if self.recomputed and cons.backward and (self.other_origins(cons, prod)
                                                     or self.extends_inputs(cons, prod)):
             return False
         if self.only_adds_a_result(cons, prod):
@@ -414,10 +414,10 @@ class Grouper:
         read instead. (An activation whose chain feeds the next GEMM stays: stored once
         either way, its input is in registers there.) A layer norm's backward then reads
         dy and gamma rather than three products of them that the GEMM before it stored
-        (GPT B: 0.97x the step's time). Not on a checkpointed graph, whose backward
+        (GPT B: 0.97x the step's time). Not on a recomputed graph, whose backward
         kernels follow the forward's and repeat layer after layer (an op moved to its
         readers there made kernels as deep as the model)."""
-        if self.checkpointed or prod.matmul is None or cons.matmul is not None or cons.reduce \
+        if self.recomputed or prod.matmul is None or cons.matmul is not None or cons.reduce \
                 or len(cons.ops) != 1 or cons.ops[0].name in VIEWS:
             return False
         (op,) = cons.ops

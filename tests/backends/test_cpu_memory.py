@@ -1,6 +1,6 @@
 """The cpu backend runs the memory plan: its temporaries share one arena at the planner's
 offsets, so what a training step really allocates follows the planned peak under every
-checkpointing strategy, and checkpointing really saves memory; an arena that cannot be
+recompute strategy, and recomputing really saves memory; an arena that cannot be
 allocated fails at compile time."""
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def test_real_bytes_follow_the_plan_under_every_strategy(name, capsys):
     for s in STRATEGIES:
         em.seed(0)
         step = em.compile_train_step(cls(), F.cross_entropy, optim.SGD(lr=0.1),
-                                     backend="cpu", checkpoint=s)
+                                     backend="cpu", recompute=s)
         step(x, y)
         rows[s] = r = step.memory_report()
         # the plan models what the cpu does (views, in-place fused kernels, returned

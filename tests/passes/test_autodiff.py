@@ -11,7 +11,7 @@ from hypothesis.extra import numpy as hnp
 
 from ember.backends import interpreter
 from ember.ir import Builder, Graph, Location, TensorType, verify
-from ember.passes.autodiff import Autodiff, AutodiffError, checkpoint_class
+from ember.passes.autodiff import Autodiff, AutodiffError, bound_class
 from ember.passes.manager import PipelineError
 
 T = TensorType
@@ -176,9 +176,9 @@ def test_value_used_twice_and_chains_accumulate():
     grad_check(fn, [rng.normal(size=(2, 3)), rng.normal(size=(3, 3))], {0, 1})
 
 
-def test_checkpoint_classes():  # that every op has a rule: tests/ir/test_registry.py
-    assert checkpoint_class("ember.matmul") == checkpoint_class("nn.linear") == "compute"
-    assert checkpoint_class("ember.exp") == "memory"
+def test_bound_classes():  # that every op has a rule: tests/ir/test_registry.py
+    assert bound_class("ember.matmul") == bound_class("nn.linear") == "compute"
+    assert bound_class("ember.exp") == "memory"
 
 
 # --- what autodiff emits -----------------------------------------------------------------

@@ -1,6 +1,6 @@
 """`fuse` turns a decomposed attention and its backward into kernel.attention and
 kernel.attention_grad: the fused graph computes what the unfused one does (interpreter),
-every form it cannot fuse is left unfused with the same values, checkpointed graphs fuse
+every form it cannot fuse is left unfused with the same values, recomputed graphs fuse
 the recomputed copy of p against its forward, and results the graph reads transposed are
 written in that layout (no copy kernel)."""
 
@@ -111,9 +111,9 @@ def test_f32_fuses_and_agrees():
 
 
 @pytest.mark.parametrize("strategy", ["none", "balanced", "min-cut", "all"])
-def test_checkpointed_training_graph_fuses_the_recomputed_copy(strategy):
+def test_recomputing_training_graph_fuses_the_recomputed_copy(strategy):
     net = mixed()
-    pipeline = f"autodiff,decompose,checkpoint{{strategy={strategy}}},optimizer,{GRAD[9:]}"
+    pipeline = f"autodiff,decompose,recompute{{strategy={strategy}}},optimizer,{GRAD[9:]}"
     fused, unfused = fused_and_unfused(net.graph, pipeline)
     assert names(fused).count("kernel.attention_grad") == 1, strategy
     rng = np.random.default_rng(1)

@@ -96,11 +96,11 @@ def test_flat_product_keeps_its_other_readers():
 
 
 @pytest.mark.parametrize("strategy", ["balanced", "all"])
-def test_checkpointed_linear_on_nd_input(strategy):
+def test_recomputing_linear_on_nd_input(strategy):
     """Recomputed copies keep their mark through the rewrite: forward and backward still
     never share a kernel, and the values are the unfused graph's."""
     fused, unfused, inputs, params = step(
-        (2, 3), f"decompose,autodiff,checkpoint{{strategy={strategy}}},canonicalize,cse,dce")
+        (2, 3), f"decompose,autodiff,recompute{{strategy={strategy}}},canonicalize,cse,dce")
     agree(fused, unfused, inputs, params)
     assert any(op.name == "kernel.matmul" and "kernel.tanh" in
                [o.name for o in op.regions[0].blocks[0].ops] for op in fused.ops)

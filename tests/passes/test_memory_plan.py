@@ -120,7 +120,7 @@ def test_in_place_only_where_the_operand_dies():
 
 
 def test_report_classes_of_a_training_step():
-    g = PassManager(parse_pipeline("decompose,autodiff,checkpoint{strategy=balanced},"
+    g = PassManager(parse_pipeline("decompose,autodiff,recompute{strategy=balanced},"
                                    "optimizer{kind=adam},canonicalize,cse,dce")).run(
         mlp(2, 8, 4).graph)
     net = mlp(2, 8, 4)
@@ -151,7 +151,7 @@ def test_the_peak_without_placing_is_the_peak():
 @pytest.mark.parametrize("strategy", ["none", "all"])
 def test_mixed_model_runs_from_the_arena(strategy):
     net = mixed()
-    g = PassManager(parse_pipeline(f"decompose,autodiff,checkpoint{{strategy={strategy}}}")
+    g = PassManager(parse_pipeline(f"decompose,autodiff,recompute{{strategy={strategy}}}")
                     ).run(net.graph)
     rng = np.random.default_rng(0)
     check_plan(g, [rng.normal(size=(4, 3, 8, 8)), np.array([0, 1, 2, 3]), np.array(1)],

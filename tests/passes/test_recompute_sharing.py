@@ -1,4 +1,4 @@
-"""Checkpointing shares its recomputed copies: a matmul runs at most once per backward
+"""Recompute shares its recomputed copies: a matmul runs at most once per backward
 segment (strategy `all` used to rebuild a chain from the inputs for every value the
 backward read, 289 recomputed matmuls on the 16-block MLP), no strategy plans a higher
 peak than `none`, the values and gradients stay those of `none`, an attention's backward
@@ -23,8 +23,8 @@ from ember.passes.memory import plan_memory
 from ember.passes.recompute import (
     MAX_SEGMENTS,
     STEP_CAP,
-    Checkpoint,
     Joint,
+    Recompute,
     compute_bound,
 )
 
@@ -79,10 +79,10 @@ def tanh_mlp() -> tuple[Graph, list, dict]:
 MODELS = {"mlp": tanh_mlp, "gpt": gpt, "mixed": lambda: (mixed().graph, None, None)}
 
 
-def checkpointed(graph: Graph, strategy: str, segments: int = 0) -> Graph:
+def recomputed(graph: Graph, strategy: str, segments: int = 0) -> Graph:
     seg = f" segments={segments}" if segments else ""
     return verify(PassManager(parse_pipeline(
-        f"decompose,autodiff,checkpoint{{strategy={strategy}{seg}}}")).run(graph))
+        f"decompose,autodiff,recompute{{strategy={strategy}{seg}}}")).run(graph))
 
 
 def matmuls(graph: Graph) -> int:
@@ -91,14 +91,14 @@ def matmuls(graph: Graph) -> int:
 
 @pytest.mark.parametrize("name", ["mlp", "gpt"])
 def test_all_recomputes_each_matmul_at_most_once_per_segment(name):
-    none = matmuls(checkpointed(MODELS[name]()[0], "none"))
+    none = matmuls(recomputed(MODELS[name]()[0], "none"))
     forward = matmuls(verify(PassManager(parse_pipeline("decompose")).run(MODELS[name]()[0])))
     for s in ("balanced", "min-cut"):
-        assert matmuls(checkpointed(MODELS[name]()[0], s)) == none, s
+        assert matmuls(recomputed(MODELS[name]()[0], s)) == none, s
     for segments in (1, 2, 3):
-        got = matmuls(checkpointed(MODELS[name]()[0], "all", segments))
+        got = matmuls(recomputed(MODELS[name]()[0], "all", segments))
         assert none < got <= none + segments * forward, (segments, got, none)
-    assert matmuls(checkpointed(MODELS[name]()[0], "all")) <= none + MAX_SEGMENTS * forward
+    assert matmuls(recomputed(MODELS[name]()[0], "all")) <= none + MAX_SEGMENTS * forward
 
 
 def test_each_compute_bound_op_is_copied_at_most_once_per_segment():
@@ -112,10 +112,10 @@ def test_each_compute_bound_op_is_copied_at_most_once_per_segment():
 
 @pytest.mark.parametrize("name", list(MODELS))
 def test_no_strategy_plans_a_higher_peak_than_none(name):
-    peaks = {s: plan_memory(checkpointed(MODELS[name]()[0], s)).peak_bytes for s in STRATEGIES}
+    peaks = {s: plan_memory(recomputed(MODELS[name]()[0], s)).peak_bytes for s in STRATEGIES}
     for segments in (1, 3, 4):
         peaks[f"all/{segments}"] = plan_memory(
-            checkpointed(MODELS[name]()[0], "all", segments)).peak_bytes
+            recomputed(MODELS[name]()[0], "all", segments)).peak_bytes
     assert all(p <= peaks["none"] for p in peaks.values()), peaks
     assert peaks["all"] <= peaks["balanced"], peaks
 
@@ -123,19 +123,19 @@ def test_no_strategy_plans_a_higher_peak_than_none(name):
 @pytest.mark.parametrize("name", ["mlp", "gpt"])
 def test_values_and_gradients_are_nones(name):
     graph, inputs, values = MODELS[name]()
-    want = interpreter.run(checkpointed(graph, "none"), inputs, values)
+    want = interpreter.run(recomputed(graph, "none"), inputs, values)
     for s, segments in [(s, 0) for s in STRATEGIES[1:]] + [("all", 1), ("all", 3)]:
-        got = interpreter.run(checkpointed(MODELS[name]()[0], s, segments), inputs, values)
+        got = interpreter.run(recomputed(MODELS[name]()[0], s, segments), inputs, values)
         assert len(got) == len(want)
         for a, b in zip(got, want):
             assert a.dtype == b.dtype and np.array_equal(a, b), (s, segments)
 
 
 def fused(strategy: str, segments: int = 0) -> Graph:
-    """The gpt training graph as the training pipeline orders it, checkpointed and fused."""
+    """The gpt training graph as the training pipeline orders it, recomputed and fused."""
     seg = f" segments={segments}" if segments else ""
     return verify(PassManager(parse_pipeline(
-        f"autodiff,decompose,checkpoint{{strategy={strategy}{seg}}},canonicalize,cse,dce,"
+        f"autodiff,decompose,recompute{{strategy={strategy}{seg}}},canonicalize,cse,dce,"
         "fuse")).run(gpt()[0]))
 
 
@@ -167,7 +167,7 @@ def test_all_takes_the_lowest_peak_within_the_step_cap(name):
         MODELS[name]()[0])
     joint = Joint(graph)
     step = joint.total_work(joint.forward + joint.backward)
-    chosen = Checkpoint(strategy="all")._all(joint)
+    chosen = Recompute(strategy="all")._all(joint)
     within = [s for s in (joint.schedule(lambda op: False, n) for n in range(1, 5))
               if step + s.cost <= STEP_CAP * step]
     if within:
@@ -178,7 +178,7 @@ def test_all_takes_the_lowest_peak_within_the_step_cap(name):
 
 
 def test_segments_option():
-    assert str(parse_pipeline("checkpoint{strategy=all segments=3}")[0]) == \
-        "checkpoint{strategy=all segments=3}"
+    assert str(parse_pipeline("recompute{strategy=all segments=3}")[0]) == \
+        "recompute{strategy=all segments=3}"
     with pytest.raises(PipelineError, match="segments must be >= 1"):
-        parse_pipeline("checkpoint{segments=-1}")
+        parse_pipeline("recompute{segments=-1}")

@@ -112,18 +112,18 @@ def test_the_lr_schedule_advances_once_per_update():
 
 def test_under_the_recompute_strategy():
     strategy = next(s for s in ("balanced", "all", "min-cut")
-                    if s in em.checkpoint_strategies())
+                    if s in em.recompute_strategies())
     big, small = mlp(), mlp()
     ref = em.compile_train_step(big, loss, optim.AdamW(lr=1e-2))
     step = em.compile_train_step(small, loss, optim.AdamW(lr=1e-2), accumulate=2,
-                                 checkpoint=strategy)
+                                 recompute=strategy)
     x, y = data(32 * 4)
     for i in range(4):
         ref(x[32 * i:32 * (i + 1)], y[32 * i:32 * (i + 1)])
         step(x[32 * i:32 * i + 16], y[32 * i:32 * i + 16])
         step(x[32 * i + 16:32 * (i + 1)], y[32 * i + 16:32 * (i + 1)])
         assert_close(big, small)
-    assert "checkpoint" in step.stages and "accumulate-grads" in step.stages
+    assert "recompute" in step.stages and "accumulate-grads" in step.stages
 
 
 def test_interpreter_backend_too():

@@ -125,8 +125,18 @@ def test_unknown_model_or_strategy_is_an_error(capsys):
     assert train("--epochs", 1, "--model", "nope") == 1
     assert "ember train: error: unknown model 'nope'" in capsys.readouterr().err
     with pytest.raises(SystemExit):
+        train("--recompute", "bogus")
+    assert "invalid choice: 'bogus'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # the deprecated old name still parses
         train("--checkpoint", "bogus")
     assert "invalid choice: 'bogus'" in capsys.readouterr().err
+
+
+def test_the_old_option_name_checkpoint_says_it_is_deprecated(capsys):
+    assert train("--epochs", 1, "--checkpoint", "balanced") == 0
+    captured = capsys.readouterr()
+    assert "--checkpoint is deprecated: use --recompute" in captured.err
+    assert "recompute balanced" in captured.out
 
 
 def test_ember_dump_ir_env_and_step_ir(tmp_path, monkeypatch):

@@ -1,4 +1,4 @@
-"""Compiled functions over their life: compile_grad under every checkpoint strategy gives
+"""Compiled functions over their life: compile_grad under every recompute strategy gives
 the gradients of "none" (no larger a plan); the per-shape cache is bounded (least recently
 used goes first) and what leaves it, or a deleted function, frees its executables."""
 
@@ -31,17 +31,17 @@ def batch(n):
 
 
 @pytest.mark.parametrize("backend", ["interpreter", "cpu"])
-def test_compile_grad_checkpointed_equals_none_with_a_smaller_plan(backend):
+def test_compile_grad_recomputing_equals_none_with_a_smaller_plan(backend):
     em.seed(0)
     model = Deep()
     x, y = batch(512)  # activations, not params and grads, set the peak
     grads, peaks = {}, {}
     for strategy in ("none", "balanced", "min-cut", "all"):
         f = em.compile_grad(model, nn.functional.cross_entropy, backend=backend,
-                            checkpoint=strategy)
+                            recompute=strategy)
         grads[strategy] = f(x, y)
         peaks[strategy] = plan_memory(f.graph).peak_bytes
-        assert ("checkpoint" in " ".join(f.stages)) == (strategy != "none")
+        assert ("recompute" in " ".join(f.stages)) == (strategy != "none")
     for strategy, g in grads.items():
         for p in model.parameters():
             np.testing.assert_allclose(g[p.id], grads["none"][p.id], rtol=1e-5, atol=1e-6,
@@ -57,7 +57,7 @@ def test_compile_grad_memory_budget_implies_min_cut_and_an_impossible_one_says_s
     x, y = batch(32)
     f = em.compile_grad(model, nn.functional.cross_entropy, backend="interpreter",
                         memory_budget=10**9)
-    assert f.checkpoint == "min-cut" and f(x, y)
+    assert f.recompute == "min-cut" and f(x, y)
     with pytest.raises(ValueError, match="cannot be met: the best achievable planned peak"):
         em.compile_grad(model, nn.functional.cross_entropy, backend="interpreter",
                         memory_budget=10)(x, y)
@@ -99,7 +99,7 @@ def test_a_deleted_train_step_frees_its_executables():
 
 def test_compile_grad_reports_its_memory_like_a_train_step():
     em.seed(0)
-    f = em.compile_grad(Deep(), nn.functional.cross_entropy, checkpoint="all")
+    f = em.compile_grad(Deep(), nn.functional.cross_entropy, recompute="all")
     f(*batch(64))
     report = f.memory_report()
     # the report's plan adds the kernels' scratch (packed GEMM panels) to the graph's

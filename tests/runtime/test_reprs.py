@@ -24,9 +24,9 @@ def test_graph_repr_is_one_line_and_html_folds_the_text():
 def test_compiled_reprs_name_model_settings_and_shapes():
     em.seed(0)
     step = em.compile_train_step(Mlp(), nn.functional.cross_entropy, optim.SGD(lr=0.1),
-                                 checkpoint="all")
+                                 recompute="all")
     assert repr(step) == ("TrainStep(Mlp, SGD(lr=0.1, momentum=0.0, nesterov=False, "
-                          "weight_decay=0.0), checkpoint='all', backend='cpu', "
+                          "weight_decay=0.0), recompute='all', backend='cpu', "
                           "not compiled yet)")
     assert "<details>" not in step._repr_html_()
     step(np.zeros((4, 64), np.float32), np.zeros(4, np.int64))

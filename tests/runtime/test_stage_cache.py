@@ -112,7 +112,7 @@ def test_an_intact_entry_that_does_not_parse_is_compiled_again(entries):
 
 
 @pytest.mark.parametrize("other", [
-    {"checkpoint": "all"},
+    {"recompute": "all"},
     {"opt": optim.AdamW(lr=1e-2, weight_decay=0.5)},
     {"opt": optim.SGD(lr=1e-2, momentum=0.9)},
     {"backend": "cpu"},

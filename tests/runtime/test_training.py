@@ -102,10 +102,24 @@ def test_wrong_input_shape_names_module_and_both_shapes():
     assert "layers.0" in msg and "20" in msg and "64" in msg
 
 
-def test_unknown_checkpoint_strategy_is_rejected():
-    with pytest.raises(ValueError, match="checkpoint strategy"):
+def test_unknown_recompute_strategy_is_rejected():
+    with pytest.raises(ValueError, match="recompute strategy 'bogus'"):
         em.compile_train_step(Mlp(), nn.functional.cross_entropy, optim.SGD(lr=0.1),
-                              checkpoint="bogus")
+                              recompute="bogus")
+
+
+def test_the_old_name_checkpoint_still_picks_the_strategy_with_a_warning():
+    """`checkpoint=` (now: saving training state) is the deprecated spelling of
+    `recompute=`, kept for one release, as is `em.checkpoint_strategies()`."""
+    with pytest.warns(DeprecationWarning, match="recompute="):
+        step = em.compile_train_step(Mlp(), nn.functional.cross_entropy, optim.SGD(lr=0.1),
+                                     checkpoint="all")
+    assert step.recompute == "all"
+    with pytest.warns(DeprecationWarning, match="recompute"):
+        grad = em.compile_grad(Mlp(), nn.functional.cross_entropy, checkpoint="balanced")
+    assert grad.recompute == "balanced"
+    with pytest.warns(DeprecationWarning, match="recompute_strategies"):
+        assert em.checkpoint_strategies() == em.recompute_strategies()
 
 
 def test_ember_train_reaches_90_percent_on_digits(tmp_path, capsys):
@@ -160,24 +174,24 @@ class DropMlp(nn.Module):
         return self.head(nn.functional.relu(self.fc2(x)))
 
 
-def test_every_offered_checkpoint_strategy_trains_exactly_like_none(data):
-    from ember.runtime.api import checkpoint_strategies
+def test_every_offered_recompute_strategy_trains_exactly_like_none(data):
+    from ember.runtime.api import recompute_strategies
 
-    strategies = checkpoint_strategies()
+    strategies = recompute_strategies()
     assert strategies[0] == "none"
     results, saved = {}, {}
     for strategy in strategies:
         em.seed(0)
         model = DropMlp()
         step = em.compile_train_step(model, nn.functional.cross_entropy, optim.Adam(lr=1e-2),
-                                     backend="interpreter", checkpoint=strategy)
+                                     backend="interpreter", recompute=strategy)
         for x, y in batches(data, 4):
             step(x, y)
         results[strategy] = {k: p.val() for k, p in model.named_parameters()}
         report = step.memory_report()
         assert report["peak_bytes"] >= report["params"] + report["optimizer_state"] > 0
         saved[strategy] = report["saved"]
-        assert ("checkpoint" in step.stages) == (strategy != "none")
+        assert ("recompute" in step.stages) == (strategy != "none")
     for strategy, params in results.items():  # recomputed dropout draws the same mask
         for k, v in params.items():
             np.testing.assert_array_equal(v, results["none"][k], err_msg=f"{strategy} {k}")
@@ -186,15 +200,15 @@ def test_every_offered_checkpoint_strategy_trains_exactly_like_none(data):
 
 
 def test_memory_budget_implies_min_cut_and_a_hopeless_one_fails_clearly(data):
-    from ember.runtime.api import checkpoint_strategies
+    from ember.runtime.api import recompute_strategies
 
-    if "min-cut" not in checkpoint_strategies():
-        pytest.skip("no min-cut checkpointing in this build")
+    if "min-cut" not in recompute_strategies():
+        pytest.skip("no min-cut recompute in this build")
     em.seed(0)
     step = em.compile_train_step(Mlp(), nn.functional.cross_entropy, optim.SGD(lr=0.1),
                                  backend="interpreter", memory_budget=10**9)
     step(data.x_train[:32], data.y_train[:32])
-    assert step.graph.attributes["ember.checkpoint"] == "min-cut"
+    assert step.graph.attributes["ember.recompute_strategy"] == "min-cut"
     em.seed(0)
     step = em.compile_train_step(Mlp(), nn.functional.cross_entropy, optim.SGD(lr=0.1),
                                  backend="interpreter", memory_budget=1000)

@@ -1,4 +1,4 @@
-"""`fuse` on checkpointed graphs keeps what checkpointing saved: recomputed copies never
+"""`fuse` on recomputed graphs keeps what recompute saved: recomputed copies never
 share a kernel with forward ops, and backward kernels do not keep their inputs alive
 longer than the unfused ops did, so the fused planned peaks stay ordered
 none >= balanced >= all and no larger than the unfused ones; recomputed copies are grouped
@@ -24,10 +24,10 @@ def run_pipeline(graph, pipeline: str):
     return verify(PassManager(parse_pipeline(pipeline), verify_each=True).run(graph))
 
 
-def test_fused_peaks_keep_the_checkpoint_order_on_the_mixed_model():
+def test_fused_peaks_keep_the_recompute_order_on_the_mixed_model():
     unfused, fused = {}, {}
     for s in STRATEGIES:
-        base = f"decompose,autodiff,checkpoint{{strategy={s}}},optimizer,canonicalize,cse,dce"
+        base = f"decompose,autodiff,recompute{{strategy={s}}},optimizer,canonicalize,cse,dce"
         unfused[s] = plan_memory(run_pipeline(mixed().graph, base)).peak_bytes
         g = run_pipeline(mixed().graph, base + ",fuse")
         assert any(op.name in ("kernel.fused", "kernel.matmul") for op in g.ops), s
@@ -68,7 +68,7 @@ def body(op) -> str:
 
 
 def kernel_bodies(strategy: str, depth: int) -> set[str]:
-    g = run_pipeline(residual_stack(depth), f"autodiff,decompose,checkpoint{{strategy={strategy}}},"
+    g = run_pipeline(residual_stack(depth), f"autodiff,decompose,recompute{{strategy={strategy}}},"
                      "optimizer{kind=adamw},canonicalize,cse,dce,fuse")
     return {body(op) for op in g.ops if op.name.startswith("kernel.")}
 
@@ -83,11 +83,11 @@ def test_kernel_bodies_repeat_across_layers_under_every_strategy(strategy):
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES[1:])
-def test_a_checkpointed_adamw_update_is_one_kernel_per_param(strategy):
+def test_a_recomputing_adamw_update_is_one_kernel_per_param(strategy):
     """Each param's update reads its gradient first and last; every op in between joins
     the kernel, so reading it late costs no memory, and the update is one kernel (new
-    param, both moments), as without checkpointing."""
-    base = (f"autodiff,decompose,checkpoint{{strategy={strategy}}},optimizer{{kind=adamw}},"
+    param, both moments), as without recomputing."""
+    base = (f"autodiff,decompose,recompute{{strategy={strategy}}},optimizer{{kind=adamw}},"
             "canonicalize,cse,dce")
     unfused = plan_memory(run_pipeline(residual_stack(2), base)).peak_bytes
     g = run_pipeline(residual_stack(2), base + ",fuse")

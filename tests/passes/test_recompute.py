@@ -1,4 +1,4 @@
-"""Checkpointing strategies on whole models: the same gradients, bit for bit, whatever is
+"""Recompute strategies on whole models: the same gradients, bit for bit, whatever is
 recomputed; planned memory ordered none >= balanced >= all; the 16-block MLP's activation
 memory; min-cut under a budget; and the pass's place in a pipeline."""
 
@@ -12,7 +12,7 @@ from ember.backends import interpreter
 from ember.ir import verify
 from ember.passes import PassManager, PipelineError, parse_pipeline
 from ember.passes.memory import plan_memory
-from ember.passes.recompute import STRATEGIES, Checkpoint
+from ember.passes.recompute import STRATEGIES, Recompute
 
 ORDER = ("none", "balanced", "min-cut", "all")
 
@@ -42,8 +42,8 @@ def test_mixed_model_same_gradients_and_ordered_peaks(order, capsys):
               np.array(3)]
     results, rows = {}, {}
     for s in ORDER:
-        g = run_pipeline(mixed().graph, f"{order},checkpoint{{strategy={s}}}")
-        assert g.attributes["ember.checkpoint"] == s
+        g = run_pipeline(mixed().graph, f"{order},recompute{{strategy={s}}}")
+        assert g.attributes["ember.recompute_strategy"] == s
         results[s] = interpreter.run(g, inputs, net.values())
         rep = plan_memory(g).report()
         rows[s] = {**rep, "ops": len(g.ops), "recomputed": len(recomputed(g))}
@@ -62,7 +62,7 @@ def test_mixed_model_same_gradients_and_ordered_peaks(order, capsys):
 
 
 def test_mixed_model_dropout_copies_keep_their_mask():
-    g = run_pipeline(mixed().graph, "decompose,autodiff,checkpoint{strategy=all}")
+    g = run_pipeline(mixed().graph, "decompose,autodiff,recompute{strategy=all}")
     drops = [op for op in g.ops if op.name == "ember.dropout"]
     forward = drops[0]
     copies = [op for op in drops if op.attributes.get("ember.recompute")]
@@ -77,7 +77,7 @@ def test_mlp16_balanced_halves_activation_memory_without_recomputing_matmuls(cap
     """16 x (Linear 512 -> GELU), batch 256: IR only (nothing runs)."""
     rows = {}
     for s in ORDER:
-        g = run_pipeline(mlp().graph, f"decompose,autodiff,checkpoint{{strategy={s}}}")
+        g = run_pipeline(mlp().graph, f"decompose,autodiff,recompute{{strategy={s}}}")
         names = recomputed(g)
         rep = plan_memory(g).report()
         rows[s] = {**rep, "recomputed": len(names), "matmuls": names.count("ember.matmul"),
@@ -95,21 +95,21 @@ def test_mlp16_balanced_halves_activation_memory_without_recomputing_matmuls(cap
 
 
 def test_min_cut_meets_a_budget_or_names_the_best_peak():
-    peaks = {s: plan_memory(run_pipeline(mixed().graph, f"decompose,autodiff,checkpoint"
+    peaks = {s: plan_memory(run_pipeline(mixed().graph, f"decompose,autodiff,recompute"
                                          f"{{strategy={s}}}")).peak_bytes
              for s in ("none", "all")}
     for budget in (peaks["none"], (peaks["none"] + peaks["all"]) // 2, peaks["all"] + 64):
         g = run_pipeline(mixed().graph,
-                         f"decompose,autodiff,checkpoint{{strategy=min-cut budget={budget}}}")
+                         f"decompose,autodiff,recompute{{strategy=min-cut budget={budget}}}")
         assert plan_memory(g).peak_bytes <= budget
     with pytest.raises(PipelineError, match=r"the memory budget of 1000 bytes cannot be met: "
                                             r"the best achievable planned peak is \d+ bytes"):
-        run_pipeline(mixed().graph, "decompose,autodiff,checkpoint{strategy=min-cut budget=1000}")
+        run_pipeline(mixed().graph, "decompose,autodiff,recompute{strategy=min-cut budget=1000}")
 
 
 def test_a_budget_the_strategy_exceeds_is_an_error():
     with pytest.raises(PipelineError, match="strategy none needs a planned peak of"):
-        run_pipeline(mixed().graph, "decompose,autodiff,checkpoint{budget=1000}")
+        run_pipeline(mixed().graph, "decompose,autodiff,recompute{budget=1000}")
 
 
 def test_looser_budgets_recompute_less():
@@ -117,18 +117,18 @@ def test_looser_budgets_recompute_less():
     costs = []
     for s in ("none", "all"):
         costs.append(plan_memory(run_pipeline(net.graph if s == "none" else mixed().graph,
-                                              f"decompose,autodiff,checkpoint{{strategy={s}}}")
+                                              f"decompose,autodiff,recompute{{strategy={s}}}")
                                  ).peak_bytes)
-    loose, tight = (run_pipeline(mixed().graph, f"decompose,autodiff,checkpoint{{strategy=min-cut "
+    loose, tight = (run_pipeline(mixed().graph, f"decompose,autodiff,recompute{{strategy=min-cut "
                                                 f"budget={b}}}") for b in (costs[0], costs[1] + 64))
     assert len(recomputed(loose)) <= len(recomputed(tight))
 
 
 @pytest.mark.parametrize("pipeline, reason", [
-    ("checkpoint", "run autodiff first"),
-    ("decompose,checkpoint", "run autodiff first"),
-    ("decompose,autodiff,optimizer,checkpoint", "must run before optimizer"),
-    ("decompose,autodiff,checkpoint,checkpoint", "already checkpointed"),
+    ("recompute", "run autodiff first"),
+    ("decompose,recompute", "run autodiff first"),
+    ("decompose,autodiff,optimizer,recompute", "must run before optimizer"),
+    ("decompose,autodiff,recompute,recompute", "through recompute already"),
 ])
 def test_pipeline_order_is_checked(pipeline, reason):
     with pytest.raises(PipelineError, match=reason):
@@ -136,17 +136,17 @@ def test_pipeline_order_is_checked(pipeline, reason):
 
 
 def test_options():
-    assert Checkpoint.STRATEGIES == STRATEGIES == ("none", "all", "balanced", "min-cut")
-    assert str(parse_pipeline("checkpoint{strategy=min-cut budget=4096}")[0]) == \
-        "checkpoint{strategy=min-cut budget=4096}"
+    assert Recompute.STRATEGIES == STRATEGIES == ("none", "all", "balanced", "min-cut")
+    assert str(parse_pipeline("recompute{strategy=min-cut budget=4096}")[0]) == \
+        "recompute{strategy=min-cut budget=4096}"
     with pytest.raises(PipelineError, match="strategy='half'"):
-        parse_pipeline("checkpoint{strategy=half}")
+        parse_pipeline("recompute{strategy=half}")
     with pytest.raises(PipelineError, match="budget"):
-        parse_pipeline("checkpoint{budget=-1}")
+        parse_pipeline("recompute{budget=-1}")
 
 
 def test_linear_keep_runs_end_to_end():
-    """decompose{linear=keep}: nn.linear stays in the forward (kept by checkpointing as a
+    """decompose{linear=keep}: nn.linear stays in the forward (kept by recompute as a
     compute-bound op); its dedicated backward gives split's gradients."""
     net = mixed()
     rng = np.random.default_rng(1)
@@ -155,7 +155,7 @@ def test_linear_keep_runs_end_to_end():
     out = {}
     for linear in ("keep", "split"):
         g = run_pipeline(mixed().graph, f"decompose{{linear={linear}}},autodiff,"
-                                        "checkpoint{strategy=balanced},canonicalize,cse,dce")
+                                        "recompute{strategy=balanced},canonicalize,cse,dce")
         assert g.attributes["ember.linear"] == linear
         kept = [op for op in g.ops if op.name == "nn.linear"]
         assert bool(kept) == (linear == "keep")
@@ -165,8 +165,8 @@ def test_linear_keep_runs_end_to_end():
         np.testing.assert_allclose(a, b, rtol=2e-5, atol=1e-6)
 
 
-def test_training_step_after_checkpoint():
-    """checkpoint, then the optimizer and the usual cleanup: the update matches none's."""
+def test_training_step_after_recompute():
+    """recompute, then the optimizer and the usual cleanup: the update matches none's."""
     net = mlp(3, 8, 4, activation="tanh")
     rng = np.random.default_rng(2)
     inputs = [rng.normal(size=(4, 8)).astype(np.float32), np.array([1, 0, 3, 9])]
@@ -174,7 +174,7 @@ def test_training_step_after_checkpoint():
     out = {}
     for s in ORDER:
         g = run_pipeline(mlp(3, 8, 4, activation="tanh").graph,
-                         f"decompose,autodiff,checkpoint{{strategy={s}}},optimizer,"
+                         f"decompose,autodiff,recompute{{strategy={s}}},optimizer,"
                          "canonicalize,cse,dce")
         assert recomputed(g) or s == "none"  # cse keeps the copies
         out[s] = interpreter.run(g, inputs + extra, net.values())
@@ -216,7 +216,7 @@ def test_frontend_model_trains_identically_under_every_strategy(capsys):
         em.seed(0)
         model = Net()
         step = em.compile_train_step(model, F.cross_entropy, optim.SGD(lr=0.1),
-                                     backend="interpreter", checkpoint=s)
+                                     backend="interpreter", recompute=s)
         losses = [step(x, y) for _ in range(3)]
         runs[s] = losses, {k: np.array(v) for k, v in model.state_dict().items()}
         rows[s] = step.memory_report()

@@ -1,10 +1,10 @@
-"""Why a checkpointed training step compiles slower than the `none` one: for each
+"""Why a recomputed training step compiles slower than the `none` one: for each
 strategy, the compile time split into IR passes and backend stages, the kernel ops and
 the distinct kernel bodies the cpu backend compiles (one LLVM function each,
 backends/cpu/codegen.py `_kernel_key`), the planned peak, and which bodies exist only
 under checkpointing (issue 13, Deliver 3: within 1.5x of none's compile time).
 
-Run: `python benchmarks/compile_checkpoint.py` (`--quick` for a smaller GPT,
+Run: `python benchmarks/compile_recompute.py` (`--quick` for a smaller GPT,
 `--strategies none,all`, `--show N` prints N bodies found only under checkpointing,
 `--steps K` times K interleaved steps per strategy in one process afterwards). The model
 is the GPT block stack of benchmarks/memory.py (4 layers, n_embd 128, T 128, batch 16)
@@ -43,7 +43,7 @@ def compile_step(strategy: str, quick: bool):
     em.seed(0)
     model, (x, y) = build("gpt", quick)
     step = em.compile_train_step(model, em.nn.functional.cross_entropy,
-                                 optim.AdamW(lr=1e-3), backend="cpu", checkpoint=strategy)
+                                 optim.AdamW(lr=1e-3), backend="cpu", recompute=strategy)
     step(x, y)
     return step, (x, y)
 

@@ -1,7 +1,7 @@
-// RUN: ember opt %s -p 'autodiff,checkpoint' | filecheck %s --check-prefix=NONE
-// RUN: ember opt %s -p 'autodiff,checkpoint{strategy=balanced}' | filecheck %s --check-prefix=BALANCED
-// RUN: ember opt %s -p 'autodiff,checkpoint{strategy=min-cut}' | filecheck %s --check-prefix=MINCUT
-// RUN: ember opt %s -p 'autodiff,checkpoint{strategy=all}' | filecheck %s --check-prefix=ALL
+// RUN: ember opt %s -p 'autodiff,recompute' | filecheck %s --check-prefix=NONE
+// RUN: ember opt %s -p 'autodiff,recompute{strategy=balanced}' | filecheck %s --check-prefix=BALANCED
+// RUN: ember opt %s -p 'autodiff,recompute{strategy=min-cut}' | filecheck %s --check-prefix=MINCUT
+// RUN: ember opt %s -p 'autodiff,recompute{strategy=all}' | filecheck %s --check-prefix=ALL
 
 // x @ w1 -> tanh -> dropout -> @ w2 -> exp -> sum. The backward reads the tanh output (its
 // own rule), the dropout output (w2's gradient) and the exp output (its own rule).
@@ -10,7 +10,7 @@
 
 // none keeps all three (exp %6, dropout %4, tanh %3) and recomputes nothing.
 // NONE-LABEL: func.func @net
-// NONE-SAME:    ember.checkpoint = "none"
+// NONE-SAME:    ember.recompute_strategy = "none"
 // NONE-SAME:    ember.saved = ["%6", "%4", "%3"], ember.saved_bytes = 1088
 // NONE-NOT:     ember.recompute
 

@@ -1,8 +1,8 @@
-"""A checkpointed pipeline keeps its strategy only where the finished graph (fused, with
+"""A recomputed pipeline keeps its strategy only where the finished graph (fused, with
 the optimizer's update) plans less memory than its fallback's. An 8-layer tanh MLP on a
 small batch peaks at the end of the backward, where grads and momentum meet the copies a
-checkpointed backward recomputes, so "balanced" and "all" run none's schedule there; a
-transformer block's checkpointing pays and stays. Values are none's either way; the stage
+recomputed backward recomputes, so "balanced" and "all" run none's schedule there; a
+transformer block's recomputing pays and stays. Values are none's either way; the stage
 names are the requested pipeline's."""
 
 from __future__ import annotations
@@ -40,14 +40,14 @@ def stages(model: nn.Module, shape: tuple, strategy: str) -> Stages:
                        (TensorSpec(shape, "f32"), TensorSpec((shape[0],), "i64")),
                        training=True)
     return Stages(g, training_pipeline(optim.SGD(lr=0.1, momentum=0.9).pass_spec(),
-                                       checkpoint=strategy))
+                                       recompute=strategy))
 
 
 def test_candidates_fall_back_from_all_to_balanced_to_none():
-    got = [[p.strategy for p in c if p.name == "checkpoint"]
-           for c in candidates(parse_pipeline("autodiff,checkpoint{strategy=all},fuse"))]
+    got = [[p.strategy for p in c if p.name == "recompute"]
+           for c in candidates(parse_pipeline("autodiff,recompute{strategy=all},fuse"))]
     assert got == [["all"], ["balanced"], ["none"]]
-    budget = parse_pipeline("autodiff,checkpoint{strategy=min-cut budget=1000},fuse")
+    budget = parse_pipeline("autodiff,recompute{strategy=min-cut budget=1000},fuse")
     assert candidates(budget) == [budget]  # a budget is what was asked for
     assert len(candidates(parse_pipeline("autodiff,fuse"))) == 1
 
@@ -59,13 +59,13 @@ def test_a_strategy_is_kept_only_where_it_plans_less_after_fusion(model, shape, 
     got = {s: stages(model, shape, s) for s in ("balanced", "all")}
     for s, st in got.items():
         assert plan_memory(st.graph).peak_bytes <= none, s
-        assert "checkpoint" in st.names  # the requested pipeline's stages
-        ran = st.graph.attributes["ember.checkpoint"]
-        assert f'ember.checkpoint = "{ran}"' in st.text("checkpoint")  # texts: the one run
-        assert st.unfused().attributes["ember.checkpoint"] == ran
-    assert got["all"].graph.attributes["ember.checkpoint"] in (kept, "balanced")
+        assert "recompute" in st.names  # the requested pipeline's stages
+        ran = st.graph.attributes["ember.recompute_strategy"]
+        assert f'ember.recompute_strategy = "{ran}"' in st.text("recompute")  # texts: the one run
+        assert st.unfused().attributes["ember.recompute_strategy"] == ran
+    assert got["all"].graph.attributes["ember.recompute_strategy"] in (kept, "balanced")
     if kept == "none":
-        assert {st.graph.attributes["ember.checkpoint"] for st in got.values()} == {"none"}
+        assert {st.graph.attributes["ember.recompute_strategy"] for st in got.values()} == {"none"}
     else:
         assert plan_memory(got["balanced"].graph).peak_bytes < none
 
@@ -78,9 +78,9 @@ def test_a_fallen_back_step_trains_exactly_like_none():
         em.seed(0)
         model = Tanh()
         step = em.compile_train_step(model, F.cross_entropy, optim.SGD(lr=0.1, momentum=0.9),
-                                     backend="interpreter", checkpoint=s)
+                                     backend="interpreter", recompute=s)
         losses = [step(x, y) for _ in range(2)]
-        assert step.graph.attributes.get("ember.checkpoint", "none") == "none"
+        assert step.graph.attributes.get("ember.recompute_strategy", "none") == "none"
         params[s] = [p.val() for p in model.parameters()], losses
     assert params["all"][1] == params["none"][1]
     for a, b in zip(params["all"][0], params["none"][0]):
