@@ -18,7 +18,7 @@ arguments the optimizer pass adds, `ember.state`), `inputs` (every other argumen
 checkpointing keeps), `scratch` (kernels' working memory alive at the peak) and
 `temporaries` (the rest of the arena at the peak), so that params + optimizer_state +
 inputs + constants + saved + scratch + temporaries == peak_bytes (the whole saved set is
-alive where the backward starts, so whenever the forward ops come first, as `checkpoint`
+alive where the backward starts, so whenever the forward ops come first, as `recompute`
 orders them, the peak holds it).
 
 Kernel scratch (packed GEMM panels, conv and attention tiles) is the backend's to size:
@@ -145,7 +145,7 @@ def plan(steps: list[Step], resident: dict[Hashable, str], outputs: Iterable,
     """Plan `steps` (in order); `resident` values (args, params, constants) are not in the
     arena; `outputs` live to the end. Every buffer starts on an `align`-byte boundary.
     `place=False` skips the offsets (none, arena 0): the peak does not depend on them, and
-    a search over schedules (the checkpoint pass) wants only the peak."""
+    a search over schedules (the recompute pass) wants only the peak."""
     end = len(steps)
     define: dict[Hashable, int] = {}
     last: dict[Hashable, int] = {}

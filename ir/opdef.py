@@ -6,7 +6,7 @@ by its name. Traits used by passes and backends:
 - `pure`: no side effects (removable when unused, mergeable by CSE)
 - `elementwise`: result[i] depends on operand[i] only (after numpy broadcasting)
 - `reduction`: reduces over `axes`
-- `compute_bound` / `memory_bound`: the checkpoint class (keep vs recompute)
+- `compute_bound` / `memory_bound`: what bounds the op, so what recompute keeps or recomputes
 - `random`: draws from the counter-based generator
 - `terminator`: ends a block
 """
