@@ -16,6 +16,7 @@ import functools
 import math
 import random
 import secrets
+import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -104,6 +105,12 @@ class ParamId:
 
     def __repr__(self) -> str:
         return f"ParamId('{self}')"
+
+
+def _unshared(state: _State) -> bool:
+    """Whether one Param alone refers to `state` (no clone shares its initial value): the
+    Param's reference, this function's argument and getrefcount's."""
+    return sys.getrefcount(state) <= 3
 
 
 class _State:
@@ -302,7 +309,15 @@ class Param:
         the count is the one its last step left, it skips reading them."""
         self._value, self._device = value, device
         Edits.values += 1
+        self._forget_initial()
         return value
+
+    def _forget_initial(self) -> None:
+        """Drop the initial value once the Param holds another, unless a clone shares it
+        (copies share `_state`): a trained model keeps one copy of each param, not two."""
+        if self._value is not None and self._state.value is not None \
+                and _unshared(self._state):
+            self._state.value = None
 
     def map(self, fn) -> Param:
         """A Param holding `fn(self.val())`, with the same id, kind and requires_grad."""

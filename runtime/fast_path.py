@@ -144,7 +144,8 @@ class BoundStep:
             outs = None
             if turn is not None and self.fed_unchanged(opt, turn.fed):
                 outs = run.call(turn, head, self.values() if run.binds_params else ())
-            if outs is None:
+            bound = outs is not None
+            if not bound:
                 if not general:
                     return None
                 outs = run([*head, *self.state(opt)] if self.slots else head, self.values())
@@ -157,6 +158,9 @@ class BoundStep:
         for p, value in zip(self.rebound, outs[user:end]):
             p._value = value  # set_value's own case: a C-contiguous array of the Param's type
         Edits.values += 1  # counted as set_value counts: another bound step looks again
+        if not bound:  # (the first step: the Params' initial values may go)
+            for p in self.rebound:
+                p._forget_initial()
         self.values_seen = Edits.values
         step.rng_step += 1
         if self.slots:

@@ -281,6 +281,9 @@ class Feedback:
                                self._args if self._guarded else None, self._native_scalars,
                                self.exe.guard_slot))
         self.turn, self._other = turns
+        for i in self._in_slots:  # the turns bind these now: the arrays this call read there
+            self.exe._held.pop(i, None)  # (initial params, zero optimizer state) may go
+            self.exe._ptrs[i] = None  # (a general call binds every slot again)
         self._kept = {}
         for rows, positions, source, held in (
                 (self._args, self._arg_pos, inputs, self._held_args),

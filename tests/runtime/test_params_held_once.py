@@ -1,0 +1,67 @@
+"""A trained model holds each param and optimizer slot once: the first step's inputs (the
+Params' initial values, the zero optimizer state) are not kept alive after the runtime
+rebound them (issue 36), unless a clone still shares a Param's initial value."""
+
+from __future__ import annotations
+
+import copy
+import gc
+import weakref
+
+import numpy as np
+import pytest
+
+import ember as em
+from ember import nn, optim
+
+
+def mlp() -> nn.Module:
+    return nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 4))
+
+
+def data():
+    rng = np.random.default_rng(0)
+    return rng.standard_normal((64, 16)).astype(np.float32), rng.integers(0, 4, 64)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "interpreter"])
+def test_initial_values_and_zero_slots_go_once_rebound(backend):
+    em.seed(0)
+    model, opt = mlp(), optim.AdamW(lr=1e-2)
+    step = em.compile_train_step(model, nn.functional.cross_entropy, opt, backend=backend)
+    initial = [weakref.ref(p.val()) for p in model.parameters()]
+    zeros = [weakref.ref(opt.slot(p.id, name, p)) for p in model.parameters()
+             for name in ("exp_avg", "exp_avg_sq")]  # AdamW's, as a first step makes them
+    x, y = data()
+    for _ in range(4):
+        step(x, y)
+    gc.collect()
+    assert not [r for r in initial if r() is not None]
+    assert not [r for r in zeros if r() is not None]
+    assert all(p._state.value is None for p in model.parameters())
+    assert sorted(next(iter(opt.state.values()))) == ["exp_avg", "exp_avg_sq"]  # (those)
+
+
+def test_a_clone_keeps_the_initial_value_it_shares():
+    em.seed(0)
+    model = mlp()
+    twin = model.clone()
+    first = [p.val().copy() for p in model.parameters()]
+    step = em.compile_train_step(model, nn.functional.cross_entropy, optim.SGD(lr=0.1))
+    x, y = data()
+    step(x, y), step(x, y)
+    for before, p, q in zip(first, model.parameters(), twin.parameters()):
+        assert not np.array_equal(p.val(), before)  # trained
+        np.testing.assert_array_equal(q.val(), before)  # the clone: as it was
+
+
+def test_a_param_copy_read_later_sees_the_value_it_was_copied_with():
+    p = nn.Linear(3, 2).weight
+    v0 = p.val().copy()
+    q = copy.copy(p)
+    p.set_value(np.zeros(p.shape, np.float32))
+    np.testing.assert_array_equal(q.val(), v0)
+    r = nn.Linear(3, 2).weight
+    r.val()
+    r.set_value(np.ones(r.shape, np.float32))
+    assert r._state.value is None and r.val().sum() == r.val().size
