@@ -14,13 +14,15 @@ import re
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from .core import Location
 from .lexer import MAX_DEPTH, Lexer, ParseError, Token, show
-from .types import DTYPES, FLOAT_DTYPES, ScalarType, TensorType, numpy_dtype
+from .types import DTYPES, FLOAT_DTYPES, ScalarType, TensorType, Type, numpy_dtype
+
+T = TypeVar("T")
 
 _LAZY_SPLAT = 1 << 20  # bigger splats stay read-only broadcast views instead of allocating
 _DIM = re.compile(r"([0-9]+)x")
@@ -57,8 +59,8 @@ class Alias:
 
 @dataclass(frozen=True)
 class FuncType:
-    inputs: tuple
-    outputs: tuple
+    inputs: tuple[Type, ...]
+    outputs: tuple[Type, ...]
 
 
 class AttributeParser(Lexer):
@@ -69,8 +71,8 @@ class AttributeParser(Lexer):
         self.seen_types: dict[str, TensorType] = {}
         # the text of each function type or attribute dict read so far, up to the end of its
         # line -> (it, its length, a bound on its nesting): see once_per_text
-        self.seen_func_types: dict[str, tuple] = {}
-        self.seen_attrs: dict[bool, dict[str, tuple]] = {False: {}, True: {}}
+        self.seen_func_types: dict[str, tuple[Any, int, int]] = {}
+        self.seen_attrs: dict[bool, dict[str, tuple[Any, int, int]]] = {False: {}, True: {}}
         super().__init__(text)
 
     # -- types ----------------------------------------------------------------------------
@@ -114,7 +116,7 @@ class AttributeParser(Lexer):
         self.lex(pos + 1)
         return TensorType(tuple(dims), word)
 
-    def type_list(self) -> list:
+    def type_list(self) -> list[Type]:
         self.expect("(")
         return self.comma_list(")", self.type)
 
@@ -129,7 +131,7 @@ class AttributeParser(Lexer):
         outs = self.type_list() if self.at("(") else [self.type()]
         return FuncType(tuple(ins), tuple(outs))
 
-    def once_per_text(self, seen: dict, read: Callable[[], Any]) -> Any:
+    def once_per_text(self, seen: dict[str, tuple[Any, int, int]], read: Callable[[], T]) -> T:
         """`read()` from the current token; what it returned before for the same text up to
         the end of the line, if anything (read afresh where nesting could pass MAX_DEPTH).
         The ops of a graph repeat their types and attributes (79 types and 156 attribute
@@ -141,7 +143,8 @@ class AttributeParser(Lexer):
         if known is not None and self.depth + known[2] <= MAX_DEPTH:
             value, length, _ = known
             self.lex(start + length)
-            return _fresh(value)
+            fresh: T = _fresh(value)
+            return fresh
         value = read()
         if self.end <= eol:  # what it read lies within `line`
             seen[line] = _fresh(value), self.end - start, line.count("[") + line.count("{")
@@ -162,7 +165,7 @@ class AttributeParser(Lexer):
         opening = self.expect("{")
         out: dict[str, Any] = {}
         with self.nested(opening):
-            def entry():
+            def entry() -> None:
                 tok = self.tok
                 if tok.kind not in ("id", "str"):
                     raise self.expected("an attribute name")
@@ -219,7 +222,7 @@ class AttributeParser(Lexer):
                 return self.type()
         raise self.expected("an attribute value")
 
-    def array(self) -> list:
+    def array(self) -> list[Any]:
         """`[...]`; a flat one of plain ints or strings (`[4096, 64, 1]`, `["p0:exp_avg"]`:
         most of a training step's arrays) in one match instead of a token at a time."""
         if self.depth < MAX_DEPTH:  # else the slow path, which says the nesting is too deep
@@ -260,6 +263,7 @@ class AttributeParser(Lexer):
         if tok.kind == "hex" and dtype in FLOAT_DTYPES:
             if neg:
                 raise self.error("expected a float bit pattern without '-'", tok.pos)
+            assert isinstance(value, int)  # a hex token's value is an integer
             return self.hex_float(value, dtype, tok.pos)
         if dtype in FLOAT_DTYPES:
             value = self.to_float(value, tok)
@@ -280,7 +284,8 @@ class AttributeParser(Lexer):
         if dtype == "bf16":
             dtype, bits = "f32", bits << 16
         ifmt, ffmt = _HEX_FLOAT[dtype]
-        return struct.unpack(ffmt, struct.pack(ifmt, bits))[0]
+        value: float = struct.unpack(ffmt, struct.pack(ifmt, bits))[0]
+        return value
 
     # -- dense elements -------------------------------------------------------------------
 
@@ -289,6 +294,7 @@ class AttributeParser(Lexer):
         self.advance()
         self.expect("<")
         start = self.tok
+        body: tuple[str, Any]
         if start.kind == "str":
             body = ("hex", self.advance())
         elif self.at(">"):
@@ -310,7 +316,7 @@ class AttributeParser(Lexer):
         except (ValueError, MemoryError, OverflowError) as e:  # numpy: too big to represent
             raise self.error(f"cannot hold dense elements of {t}: {e}", ttok.pos) from None
 
-    def dense_list(self) -> tuple[list, tuple[int, ...]]:
+    def dense_list(self) -> tuple[list[tuple[Token, Any]], tuple[int, ...]]:
         """Nested `[...]` of elements: the flat elements and the shape they form."""
         start = self.expect("[")
         with self.nested(start):
@@ -333,7 +339,7 @@ class AttributeParser(Lexer):
             return num, (-value if neg else value)
         raise self.expected("a dense element (a number, true or false)")
 
-    def dense_value(self, body: tuple, t: TensorType, pos: int) -> np.ndarray:
+    def dense_value(self, body: tuple[str, Any], t: TensorType, pos: int) -> np.ndarray:
         kind, data = body
         size = math.prod(t.shape)
         if kind == "empty":
@@ -413,7 +419,7 @@ class AttributeParser(Lexer):
         return a.reshape(t.shape).copy()
 
     @staticmethod
-    def splat_array(v: np.ndarray, shape: tuple, size: int) -> np.ndarray:
+    def splat_array(v: np.ndarray, shape: tuple[int, ...], size: int) -> np.ndarray:
         v = np.asarray(v)
         return np.full(shape, v, v.dtype) if size <= _LAZY_SPLAT else np.broadcast_to(v, shape)
 
@@ -427,7 +433,7 @@ class AttributeParser(Lexer):
         self.advance()
         self.expect("(")
         tok = self.tok
-        result = None
+        result: Location | Alias | None = None
         if tok.kind == "hash":
             self.advance()
             result = Alias(tok.text, tok.pos)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from .core import Block, Location, Operation, Region, Value
@@ -20,6 +21,7 @@ class Builder:
 
     @classmethod
     def before_op(cls, op: Operation) -> Builder:
+        assert op.parent is not None, f"{op.name} is not in a block"
         return cls(op.parent, before=op, loc=op.loc)
 
     def insert(self, op: Operation) -> Operation:
@@ -32,8 +34,9 @@ class Builder:
         self._at += 1
         return op
 
-    def create(self, name: str, operands: list[Value] = (), attrs: dict[str, Any] | None = None,
-               result_types: list[Type] | None = None, regions: list[Region] = (),
+    def create(self, name: str, operands: Sequence[Value] = (),
+               attrs: dict[str, Any] | None = None,
+               result_types: Sequence[Type] | None = None, regions: Sequence[Region] = (),
                loc: Location | None = None) -> Operation:
         """Create and insert `name`; result types are inferred unless given."""
         attrs = dict(attrs or {})

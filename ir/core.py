@@ -7,7 +7,7 @@ by name in `ir.opdef`. So unregistered ops parse, print and round-trip, as in ML
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,8 +55,9 @@ class Value:
 class Operation:
     """One operation: `%r = "dialect.name"(operands) {attributes} ({regions}) : types`."""
 
-    def __init__(self, name: str, operands: list[Value] = (), result_types: list[Type] = (),
-                 attributes: dict[str, Any] | None = None, regions: list[Region] = (),
+    def __init__(self, name: str, operands: Sequence[Value] = (),
+                 result_types: Sequence[Type] = (),
+                 attributes: dict[str, Any] | None = None, regions: Sequence[Region] = (),
                  loc: Location | None = None):
         self.name = name
         self.operands: list[Value] = []
@@ -131,7 +132,8 @@ class Operation:
 class Block:
     """A list of operations with typed arguments; the last op is the terminator."""
 
-    def __init__(self, arg_types: list[Type] = (), arg_names: list[str | None] | None = None):
+    def __init__(self, arg_types: Sequence[Type] = (),
+                 arg_names: Sequence[str | None] | None = None):
         names = arg_names or [None] * len(arg_types)
         self.args = [Value(t, self, i, n) for i, (t, n) in enumerate(zip(arg_types, names))]
         self.ops: list[Operation] = []
@@ -163,7 +165,7 @@ class Block:
 class Region:
     """A list of blocks owned by an operation (a fused kernel's scalar body)."""
 
-    def __init__(self, blocks: list[Block] = ()):
+    def __init__(self, blocks: Sequence[Block] = ()):
         self.blocks: list[Block] = []
         self.parent: Operation | None = None
         for b in blocks:
@@ -187,8 +189,8 @@ class Graph:
     which params, so a dump fed back through `ember opt` loses nothing.
     """
 
-    def __init__(self, name: str = "forward", arg_types: list[Type] = (),
-                 arg_names: list[str | None] | None = None, loc: Location | None = None):
+    def __init__(self, name: str = "forward", arg_types: Sequence[Type] = (),
+                 arg_names: Sequence[str | None] | None = None, loc: Location | None = None):
         self.name = name
         self.body = Block(arg_types, arg_names)
         self.loc = loc

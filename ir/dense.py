@@ -14,14 +14,14 @@ def splat_element(a: np.ndarray) -> np.generic | None:
     an empty array); a broadcast view answers without reading its elements."""
     if a.size == 0:
         return None
-    first = a.flat[0]
+    first: np.generic = a.flat[0]
     if a.size == 1 or not any(a.strides):
         return first
     raw = np.ascontiguousarray(a).reshape(-1).view(np.uint8).reshape(a.size, -1)
     return first if bool((raw == raw[0]).all()) else None
 
 
-def dense_key(a: np.ndarray) -> tuple:
+def dense_key(a: np.ndarray) -> tuple[str, str, tuple[int, ...], bool, bytes]:
     """A hashable key equal for arrays of the same dtype, shape and element bits; a splat is
     keyed by its one element."""
     first = splat_element(a)

@@ -7,7 +7,7 @@ the text.
 
 from __future__ import annotations
 
-from .core import Graph, Operation
+from .core import Graph, Operation, Value
 from .printer import GraphPrinter
 
 _SHAPES = {"ember.param": "ellipse", "ember.constant": "ellipse", "func.return": "house"}
@@ -16,7 +16,7 @@ _SHAPES = {"ember.param": "ellipse", "ember.constant": "ellipse", "func.return":
 def to_dot(graph: Graph) -> str:
     """`digraph "name" { ... }` for the graph's arguments, ops and their uses."""
     names = GraphPrinter(graph, debuginfo=False)
-    node: dict = {}
+    node: dict[Value, str] = {}
     lines = [f"digraph {_quote(graph.name)} {{",
              '  node [shape=box, fontname="monospace", fontsize=10];']
     for i, a in enumerate(graph.args):

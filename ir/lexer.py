@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import bisect
 import re
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 MAX_DEPTH = 100  # nesting of regions, arrays and dicts: deeper input is an error, not a crash
 
@@ -96,6 +99,8 @@ class Lexer:
         of one regex. `end` is where the text read so far ends (`pos`)."""
         self.end = pos
         m = _TOKEN.match(self.text, pos)
+        # `slow` matches the empty string, so there is always a match, and its group is named
+        assert m is not None and m.lastgroup is not None
         kind = m.lastgroup
         if kind == "slow":
             pos = m.end()
@@ -162,7 +167,7 @@ class Lexer:
             raise self.error("integer literal too long", tok.pos) from None
 
     @contextmanager
-    def nested(self, opening: Token):
+    def nested(self, opening: Token) -> Iterator[None]:
         """Counts nesting depth so that hostile input cannot exhaust Python's stack."""
         self.depth += 1
         if self.depth > MAX_DEPTH:
@@ -172,9 +177,9 @@ class Lexer:
         finally:
             self.depth -= 1
 
-    def comma_list(self, close: str, item) -> list:
+    def comma_list(self, close: str, item: Callable[[], T]) -> list[T]:
         """`item (',' item)* close`, or just `close`."""
-        out = []
+        out: list[T] = []
         if not self.accept(close):
             out.append(item())
             while self.accept(","):

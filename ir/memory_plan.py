@@ -35,8 +35,9 @@ from __future__ import annotations
 import bisect
 import math
 from collections import defaultdict
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from .core import Graph, Operation, Value
 from .opdef import has_trait
@@ -49,7 +50,9 @@ CLASSES = ("params", "optimizer_state", "inputs", "constants", "saved", "scratch
            "temporaries")
 
 
-def nbytes(key) -> int:
+def nbytes(key: Any) -> int:
+    """The bytes of a planner key: anything with a `.type` (a Value, a Scratch, a backend's
+    own key); 0 unless that type is a tensor type."""
     t = key.type
     return t.nbytes if isinstance(t, TensorType) else 0
 
@@ -99,10 +102,10 @@ class Step:
     operands of an elementwise op). `view`: the result is operand 0's buffer."""
 
     name: str
-    operands: list
-    results: list
+    operands: list[Any]
+    results: list[Any]
     forward: bool = False
-    reuse: list | None = None
+    reuse: list[Any] | None = None
     view: bool = False
 
 
@@ -111,7 +114,7 @@ class Buffer:
     size: int
     start: int
     end: int
-    values: list = field(default_factory=list)
+    values: list[Any] = field(default_factory=list)
     offset: int = 0
 
 
@@ -140,7 +143,7 @@ class MemoryPlan:
         return "\n".join(f"{k:<{width}}  {v:>14,}" for k, v in r.items())
 
 
-def plan(steps: list[Step], resident: dict[Hashable, str], outputs: Iterable,
+def plan(steps: list[Step], resident: dict[Hashable, str], outputs: Iterable[Hashable],
          align: int = ALIGN, place: bool = True) -> MemoryPlan:
     """Plan `steps` (in order); `resident` values (args, params, constants) are not in the
     arena; `outputs` live to the end. Every buffer starts on an `align`-byte boundary.
@@ -149,7 +152,7 @@ def plan(steps: list[Step], resident: dict[Hashable, str], outputs: Iterable,
     end = len(steps)
     define: dict[Hashable, int] = {}
     last: dict[Hashable, int] = {}
-    forward_defined: set = set()
+    forward_defined: set[Hashable] = set()
     saved: dict[Hashable, None] = {}
     for t, s in enumerate(steps):
         for v in s.operands:
@@ -220,7 +223,8 @@ def plan(steps: list[Step], resident: dict[Hashable, str], outputs: Iterable,
                       list(saved))
 
 
-def _donor(s: Step, r, t: int, last, buffer_of, claimed: set[int]):
+def _donor(s: Step, r: Any, t: int, last: dict[Hashable, int], buffer_of: dict[Hashable, Buffer],
+           claimed: set[int]) -> Any:
     """An operand whose buffer `r` may overwrite: same type, dying at this step, its buffer
     not already taken by another result of the step nor read through a view by another
     operand (whose map `in_place_operands` did not compare)."""
@@ -237,7 +241,7 @@ def _donor(s: Step, r, t: int, last, buffer_of, claimed: set[int]):
     return None
 
 
-def in_place_operands(op: Operation, storage: list) -> list[int]:
+def in_place_operands(op: Operation, storage: Sequence[object]) -> list[int]:
     """The operands `op` may write its result over: those it reads at the very index it
     writes (and at no other), before writing it. That holds for an elementwise op's
     operands of the result's type, and for a single-output `kernel.fused` without
@@ -246,7 +250,11 @@ def in_place_operands(op: Operation, storage: list) -> list[int]:
     one buffer passed twice (x * x.T) must be read through that one map both times."""
     if op.name == "kernel.fused":
         a = op.attributes
-        if (len(op.results) != 1 or math.prod(a["space"]) != op.result.type.size
+        if len(op.results) != 1:
+            return []
+        t = op.result.type
+        assert isinstance(t, TensorType)  # a kernel.fused result is a tensor (verified)
+        if (math.prod(a["space"]) != t.size
                 or any(b.name == "kernel.reduce" for b in op.regions[0].blocks[0].ops)):
             return []
         same = [k for k, m in enumerate(a["maps"]) if m == a["out_maps"][0] and all(
@@ -284,7 +292,7 @@ class _Blocks:
     time (quadratic on deep training graphs). Blocks ending at one address never share a
     step: each holds the byte below it."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         # top -> the blocks' starts, ends and bases, in step order
         self.at: dict[int, tuple[list[int], list[int], list[int]]] = {}
 
@@ -308,7 +316,7 @@ class _Spans:
 
     __slots__ = ("starts", "ends")
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.starts: list[int] = []
         self.ends: list[int] = []
 
@@ -399,7 +407,7 @@ def graph_steps(graph: Graph, scratch: Callable[[Operation], int] | None = None
     """The graph's ops as steps (with `scratch(op)` bytes of scratch each), and its
     resident values by class."""
     fwd = forward_ops(graph)
-    resident: dict[Hashable, str] = dict(argument_classes(graph))
+    resident: dict[Hashable, str] = dict(argument_classes(graph).items())
     steps = []
     for op in graph.ops:
         if op.name == "func.return":
@@ -412,7 +420,7 @@ def graph_steps(graph: Graph, scratch: Callable[[Operation], int] | None = None
     return steps, resident
 
 
-def op_step(op: Operation, operands: list, results: list, forward: bool) -> Step:
+def op_step(op: Operation, operands: list[Any], results: list[Any], forward: bool) -> Step:
     """`op` as a step over the keys `operands` and `results`: a view, or writing over
     what `in_place_operands` allows."""
     if op.name in VIEW_OPS:

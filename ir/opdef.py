@@ -13,11 +13,14 @@ by its name. Traits used by passes and backends:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeGuard, cast
 
 from .types import DTYPES, ScalarType, TensorType, Type
+
+if TYPE_CHECKING:  # for annotations only: opdef needs nothing of core at run time
+    from .core import Operation
 
 I64_MIN, I64_MAX = -2**63, 2**63 - 1  # integer attributes are i64, as they are printed
 
@@ -60,7 +63,8 @@ def register(cls: type[OpDef]) -> type[OpDef]:
     return cls
 
 
-def declare(dialect: str, base: type[OpDef], names: str, prefix: str = "", **extra) -> None:
+def declare(dialect: str, base: type[OpDef], names: str, prefix: str = "",
+            **extra: Any) -> None:
     """Register one subclass of `base` per name in `names` ("add sub"), as `dialect.<name>`:
     for families of ops that differ only in their name."""
     for n in names.split():
@@ -95,8 +99,10 @@ class OpDef:
     optional_attrs: ClassVar[dict[str, Any]] = {}
 
     @classmethod
-    def infer(cls, operand_types: list[Type], attrs: dict[str, Any]) -> list[Type] | None:
-        """Result types from operand types and attributes; None when given explicitly."""
+    def infer(cls, operand_types: list[TensorType], attrs: dict[str, Any]) -> list[Type] | None:
+        """Result types from operand types and attributes; None when given explicitly. The
+        operands are tensors (`check_signature`), unless the op has the `scalar_operands`
+        trait: such an op's `infer` takes `Sequence[Type]`."""
         return None
 
     @classmethod
@@ -120,16 +126,17 @@ class OpDef:
     @classmethod
     def result_types(cls, operand_types: list[Type], attrs: dict[str, Any]) -> list[Type] | None:
         cls.check_signature(operand_types, attrs)
-        return cls.infer(operand_types, attrs)
+        # tensors only, as check_signature found, unless the op's infer takes any Type
+        return cls.infer(cast("list[TensorType]", operand_types), attrs)
 
     @classmethod
-    def check_op(cls, op) -> None:
+    def check_op(cls, op: Operation) -> None:
         """The rules on the op itself that its operand types and attributes cannot show (a
         kernel's body, a scalar constant against its result type): InferenceError if broken.
         The verifier calls it once the op's types and regions are known to be valid."""
 
 
-def is_int(v: Any) -> bool:
+def is_int(v: Any) -> TypeGuard[int]:
     """An integer attribute value (a bool is not one, though Python says it is)."""
     return isinstance(v, int) and not isinstance(v, bool)
 
@@ -176,7 +183,7 @@ def broadcast_shapes(op: str, *shapes: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(out)
 
 
-def same_dtype(op: str, types: list[Type]) -> str:
+def same_dtype(op: str, types: Sequence[Type]) -> str:
     dtypes = {t.dtype for t in types}
     if len(dtypes) != 1:
         raise InferenceError(f"{op}: operand dtypes differ ({', '.join(str(t) for t in types)})")

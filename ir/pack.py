@@ -36,7 +36,7 @@ def pack(graph: Graph) -> dict[str, Any]:
 
     numbers: dict[Value, int] = {}  # every value, in the order `unpack` makes them
 
-    def block(b: Block) -> list:
+    def block(b: Block) -> list[Any]:
         args = [[index("types", str(v.type)),  # a name that is no str prints as argN, as None
                  index("names", v.name) if isinstance(v.name, str) else None] for v in b.args]
         for v in b.args:
@@ -70,7 +70,7 @@ def loads(data: bytes) -> dict[str, Any]:
     return packed
 
 
-def _read(texts: Any, what: str) -> list:
+def _read(texts: Any, what: str) -> list[Any]:
     """Each of `texts`, a type (`what` "type") or an attribute dict ("attrs") as MLIR text,
     read by one parser, one a line, so the types they repeat are read once too."""
     if not isinstance(texts, list) or not all(type(t) is str and "\n" not in t for t in texts):
@@ -123,7 +123,7 @@ class _Unpacker:
         self.block(body, g.body)
         return g
 
-    def block(self, packed: list, block: Block) -> None:
+    def block(self, packed: list[Any], block: Block) -> None:
         args, ops = packed
         values, names, types, attrs = self.values, self.names, self.types, self.attrs
         for t, name in args:

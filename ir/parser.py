@@ -13,11 +13,14 @@ and what was expected.
 from __future__ import annotations
 
 import re
-from typing import Any
+from collections.abc import Iterable
+from functools import partial
+from typing import cast
 
 from .attributes import Alias, AttributeParser, FuncType
 from .core import Block, Graph, Location, Operation, Region, Value
 from .lexer import ParseError, Token, decode
+from .types import Type
 
 __all__ = ["ParseError", "decode", "parse", "parse_module"]
 
@@ -47,7 +50,7 @@ class _Parser(AttributeParser):
 
     def __init__(self, text: str):
         self.scopes: list[dict[str, list[Value]]] = []
-        self.aliases: dict[str, Any] = {}
+        self.aliases: dict[str, Location | Alias | None] = {}
         self.func_pos: list[int] = []
         super().__init__(text)
 
@@ -133,7 +136,7 @@ class _Parser(AttributeParser):
         g.pos = self.line_col(self.func_pos[-1])
         self.expect("(")
         self.comma_list(")", lambda: self.block_arg(g.body))
-        results = []
+        results: list[Type] = []
         if self.accept("->"):
             results = self.type_list() if self.at("(") else [self.type()]
         if self.accept("attributes"):
@@ -143,7 +146,7 @@ class _Parser(AttributeParser):
         if not self.at("}"):
             raise self.expected("'}' (a func.func body is a single block)")
         end = self.advance()
-        g.loc = self.opt_loc()
+        g.loc = self.unresolved_loc()
         self.check_return(g, results, end.pos)
         return g
 
@@ -170,7 +173,7 @@ class _Parser(AttributeParser):
         self.check_return(g, list(ft.outputs), self.func_pos[-1])
         return g
 
-    def check_return(self, g: Graph, results: list, pos: int) -> None:
+    def check_return(self, g: Graph, results: list[Type], pos: int) -> None:
         """The signature's result types must be what `func.return` returns (MLIR checks it)."""
         term = g.body.terminator
         if term is None or term.name != "func.return":
@@ -187,7 +190,8 @@ class _Parser(AttributeParser):
         if tok.text != "@":
             return tok.text[1:]
         if self.tok.kind == "str" and self.tok.pos == tok.pos + 1:
-            return self.advance().value
+            name: str = self.advance().value
+            return name
         raise self.expected("a symbol name after '@'")
 
     # -- blocks and operations -----------------------------------------------------------
@@ -253,7 +257,7 @@ class _Parser(AttributeParser):
                 block = region.append(Block())
                 self.advance()
                 if self.accept("("):
-                    self.comma_list(")", lambda b=block: self.block_arg(b))
+                    self.comma_list(")", partial(self.block_arg, block))
                 self.expect(":")
                 self.block_ops(block)
         self.scopes.pop()
@@ -303,9 +307,9 @@ class _Parser(AttributeParser):
             while self.accept(","):
                 types.append(self.type())
             self.check_uses(uses, types, pos)
-        return Operation("func.return", [v for v, _ in uses], [], loc=self.opt_loc())
+        return Operation("func.return", [v for v, _ in uses], [], loc=self.unresolved_loc())
 
-    def check_uses(self, uses: list, types: list, pos: int) -> None:
+    def check_uses(self, uses: list[tuple[Value, Token]], types: list[Type], pos: int) -> None:
         if len(uses) != len(types):
             raise self.error(f"expected {_count(len(uses), 'operand type')}, got {len(types)}",
                              pos)
@@ -314,7 +318,7 @@ class _Parser(AttributeParser):
                 raise self.error(f"use of '{tok.text}' expected type {v.type} as defined, "
                                  f"got {t}", tok.pos)
 
-    def generic_op(self, results: list, in_func: bool = False) -> Operation:
+    def generic_op(self, results: list[tuple[str, int, int]], in_func: bool = False) -> Operation:
         name = self.advance().value
         uses = self.operands()
         if self.at("["):
@@ -336,7 +340,7 @@ class _Parser(AttributeParser):
             raise self.error(f"expected {_count(want, 'result type')}, got {len(ft.outputs)}",
                              pos)
         op = Operation(name, [v for v, _ in uses], list(ft.outputs), attrs, regions,
-                       self.opt_loc())
+                       self.unresolved_loc())
         i = 0
         for rname, n, pos in results:
             self.define(rname, op.results[i:i + n], pos)
@@ -345,7 +349,12 @@ class _Parser(AttributeParser):
 
     # -- location aliases -----------------------------------------------------------------
 
-    def resolve(self, loc: Any) -> Location | None:
+    def unresolved_loc(self) -> Location | None:
+        """`opt_loc()` for an op's or a graph's `loc`: a `loc(#alias)` is stored there as its
+        `Alias` until `parse_module` resolves it (aliases may be defined after their uses)."""
+        return cast("Location | None", self.opt_loc())
+
+    def resolve(self, loc: Location | Alias | None) -> Location | None:
         seen = set()
         while isinstance(loc, Alias):
             if loc.name not in self.aliases:
@@ -361,7 +370,7 @@ def _count(n: int, what: str) -> str:
     return f"{n} {what}" + ("" if n == 1 else "s")
 
 
-def _types(types) -> str:
+def _types(types: Iterable[object]) -> str:
     return ", ".join(map(str, types))
 
 

@@ -18,7 +18,7 @@ Pattern = Callable[[Operation, "Rewriter"], bool]
 class Rewriter:
     """What a pattern may do: build ops before the matched op and replace it."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.changed = False
 
     def builder(self, op: Operation) -> Builder:

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from numpy.typing import DTypeLike
 
 DTYPES = ("f32", "f64", "f16", "bf16", "i64", "i32", "i1")
 FLOAT_DTYPES = frozenset({"f32", "f64", "f16", "bf16"})
@@ -24,7 +29,7 @@ def numpy_dtype(dtype: str) -> np.dtype:
     return np.dtype(_NUMPY[dtype])
 
 
-def dtype_of(array_dtype) -> str:
+def dtype_of(array_dtype: DTypeLike) -> str:
     """The IR dtype of a numpy dtype (or anything np.dtype accepts)."""
     d = np.dtype(array_dtype)
     if d not in _FROM_NUMPY:
@@ -39,7 +44,7 @@ class TensorType:
     shape: tuple[int, ...]
     dtype: str
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise ValueError(f"unknown dtype {self.dtype!r}; expected one of {', '.join(DTYPES)}")
         object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
@@ -63,7 +68,7 @@ class TensorType:
     def is_float(self) -> bool:
         return self.dtype in FLOAT_DTYPES
 
-    def with_shape(self, shape) -> TensorType:
+    def with_shape(self, shape: Iterable[int]) -> TensorType:
         return TensorType(tuple(shape), self.dtype)
 
     def with_dtype(self, dtype: str) -> TensorType:
@@ -79,7 +84,7 @@ class ScalarType:
 
     dtype: str
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise ValueError(f"unknown dtype {self.dtype!r}; expected one of {', '.join(DTYPES)}")
 

@@ -9,6 +9,7 @@ not even a bug in an op's definition.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any, TypeVar
 
 from .core import Block, Graph, Operation, Value
 from .opdef import InferenceError, OpDef, VerifyError, is_int, lookup
@@ -16,6 +17,8 @@ from .types import MAX_BYTES, TensorType, Type
 
 # Dialects ember defines: an unknown op name in one of these is an error. Ops of other
 # dialects are opaque, as with mlir-opt --allow-unregistered-dialect.
+T = TypeVar("T")
+
 OWN_DIALECTS = frozenset({"ember", "nn", "kernel", "func"})
 
 
@@ -58,7 +61,8 @@ def _verify_block(block: Block, outer: set[Value], owner: Operation | Graph,
         for j, v in enumerate(op.operands):
             if v in defined:
                 continue
-            if v in outer:
+            if v in outer:  # defined above: so this is a kernel's body (else outer is defined)
+                assert kernel is not None
                 raise _error(op, f"op {_where(op)} uses operand #{j} from outside the body of "
                                  f"{kernel.name}, which reads values through its operands only")
             raise _error(op, f"op {_where(op)} uses operand #{j} before it is defined")
@@ -118,7 +122,7 @@ def _verify_op(op: Operation, d: type[OpDef], is_last: bool, in_kernel: bool) ->
         _check_size(op, f"op {_where(op)}: result {k}", t)
 
 
-def _guarded(op: Operation, fn: Callable, *args):
+def _guarded(op: Operation, fn: Callable[..., T], *args: Any) -> T:
     """`fn(*args)` with an InferenceError, or any other exception (a bug in the op's
     definition), turned into a VerifyError naming the op instead of a traceback."""
     try:
@@ -131,7 +135,7 @@ def _guarded(op: Operation, fn: Callable, *args):
 
 # -- graph attributes -------------------------------------------------------------------------
 
-def _arg(graph: Graph, key: str, i, kind: str) -> TensorType:
+def _arg(graph: Graph, key: str, i: Any, kind: str) -> TensorType:
     """Argument `i` of the graph, which attribute `key` says is `kind` ("a float" or "an
     integer") tensor."""
     n = len(graph.args)
@@ -139,13 +143,14 @@ def _arg(graph: Graph, key: str, i, kind: str) -> TensorType:
         raise _error(graph, f"graph attribute '{key}': {i!r} is not an argument index of "
                             f"@{graph.name}, which has {n} arguments")
     t = graph.args[i].type
+    assert isinstance(t, TensorType)  # verify() checks the arguments before the attributes
     if not (t.is_float if kind == "a float" else t.dtype in ("i32", "i64")):
         raise _error(graph, f"graph attribute '{key}': argument {i} of @{graph.name} is {t}, "
                             f"not {kind} tensor")
     return t
 
 
-def _finite_args(graph: Graph, key: str, value) -> None:
+def _finite_args(graph: Graph, key: str, value: Any) -> None:
     """`[i, ...]`: float arguments that must hold no NaN or Inf (backends/input_checks.py)."""
     if not isinstance(value, list):
         raise _error(graph, f"graph attribute '{key}' must be a list of argument indices, "
@@ -154,7 +159,7 @@ def _finite_args(graph: Graph, key: str, value) -> None:
         _arg(graph, key, i, "a float")
 
 
-def _label_args(graph: Graph, key: str, value) -> None:
+def _label_args(graph: Graph, key: str, value: Any) -> None:
     """`[[i, c], ...]`: integer arguments whose values must lie in [0, c); `[i, c, v]`: or
     equal v (a loss's ignore_index)."""
     pairs = isinstance(value, list) and all(isinstance(p, list) and len(p) in (2, 3)

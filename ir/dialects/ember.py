@@ -4,8 +4,8 @@ pools are in ember_windows.py)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from typing import ClassVar
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -48,7 +48,7 @@ class Constant(OpDef):
     optional_attrs = {"dtype": DTYPE}
 
     @classmethod
-    def infer(cls, operand_types, attrs):
+    def infer(cls, operand_types: list[TensorType], attrs: dict[str, Any]) -> list[Type]:
         v = attrs["value"]
         try:
             own = dtype_of(v.dtype)
@@ -66,10 +66,11 @@ class Scalars:
     `k.const(0.5)`. The backend lowering the expansion passes one that emits its own code
     (LLVM IR, C) for each op, in the dtype of the expanded op's operands."""
 
-    def __init__(self, emit: Callable, const: Callable):
+    def __init__(self, emit: Callable[[str, dict[str, Any], list[Any]], Any],
+                 const: Callable[[Any], Any]):
         self.emit, self.const = emit, const
 
-    def __getattr__(self, op: str) -> Callable:
+    def __getattr__(self, op: str) -> Callable[..., Any]:
         return lambda *args, **attrs: self.emit(op, attrs, list(args))
 
 
@@ -83,15 +84,15 @@ class Elementwise(OpDef):
 
     traits = ELEMENTWISE
     ref: ClassVar[Callable[..., np.ndarray]]
-    expand: ClassVar[Callable | None] = None
+    expand: ClassVar[Callable[..., Any] | None] = None
 
     @classmethod
-    def dtype(cls, types: list[Type], attrs) -> str:
+    def dtype(cls, types: Sequence[Type], attrs: dict[str, Any]) -> str:
         """The result's dtype; InferenceError where the operands do not fit the op."""
         return same_dtype(cls.name, types)
 
     @classmethod
-    def infer(cls, operand_types, attrs):
+    def infer(cls, operand_types: list[TensorType], attrs: dict[str, Any]) -> list[Type]:
         dtype = cls.dtype(operand_types, attrs)
         return [TensorType(broadcast_shapes(cls.name, *(t.shape for t in operand_types)), dtype)]
 
@@ -101,7 +102,7 @@ class Unary(Elementwise):
     float_only = True
 
     @classmethod
-    def dtype(cls, types, attrs):
+    def dtype(cls, types: Sequence[Type], attrs: dict[str, Any]) -> str:
         (t,) = types
         if cls.float_only and not t.is_float:
             what = "a float tensor" if isinstance(t, TensorType) else "a float"
@@ -113,7 +114,8 @@ class Binary(Elementwise):
     arity = (2, 2)
 
 
-def elementwise(base: type[Elementwise], name: str, ref: Callable, **extra) -> None:
+def elementwise(base: type[Elementwise], name: str, ref: Callable[..., np.ndarray],
+                **extra: Any) -> None:
     """Declare `ember.<name>`, a `base` whose meaning is numpy's `ref(*arrays)`."""
     register(type(name.title(), (base,), {"name": f"ember.{name}", **extra,
                                           "ref": staticmethod(lambda a, *xs: ref(*xs))}))
@@ -140,7 +142,7 @@ elementwise(Unary, "relu", lambda x: np.maximum(x, 0), float_only=False)
 elementwise(Unary, "abs", np.abs, float_only=False)
 
 
-def softplus_params(attrs) -> tuple[float, float]:
+def softplus_params(attrs: dict[str, Any]) -> tuple[float, float]:
     """(beta, threshold) of an `ember.softplus`: PyTorch's defaults, 1 and 20, if not given."""
     return attrs.get("beta", 1.0), attrs.get("threshold", 20.0)
 
@@ -154,13 +156,13 @@ class Softplus(Unary):
     optional_attrs = {"beta": float, "threshold": float}
 
     @staticmethod
-    def ref(a, x):
+    def ref(a: dict[str, Any], x: np.ndarray) -> np.ndarray:
         beta, threshold = softplus_params(a)
         t = x * beta
         return np.where(t > threshold, x, np.logaddexp(0, t) / beta)
 
     @staticmethod
-    def expand(k: Scalars, a, x):
+    def expand(k: Scalars, a: dict[str, Any], x: Any) -> Any:
         """log(1 + exp(t)) as max(t, 0) + log1p(exp(-|t|)), which never overflows, with
         log1p(u) = u log(w) / (w - 1), w = 1 + u (u where w rounds to 1): Goldberg's
         accurate log1p, from log alone."""
@@ -185,11 +187,11 @@ class Sign(Unary):
     float_only = False
 
     @staticmethod
-    def ref(a, x):
+    def ref(a: dict[str, Any], x: np.ndarray) -> np.ndarray:
         return x if x.dtype == np.bool_ else np.sign(x)
 
     @staticmethod
-    def expand(k: Scalars, a, x):
+    def expand(k: Scalars, a: dict[str, Any], x: Any) -> Any:
         zero = k.const(0)
         rest = k.select(k.cmp(x, zero, predicate="eq"), zero, x)  # +-0 -> 0; NaN stays
         return k.select(k.cmp(x, zero, predicate="gt"), k.const(1),
@@ -208,7 +210,7 @@ class Cmp(Elementwise):
     ref = staticmethod(lambda a, x, y: CMP[a["predicate"]](x, y))
 
     @classmethod
-    def dtype(cls, types, attrs):
+    def dtype(cls, types: Sequence[Type], attrs: dict[str, Any]) -> str:
         if attrs["predicate"] not in CMP:
             raise InferenceError(f"{cls.name} predicate {attrs['predicate']!r} is not one of "
                                  f"{', '.join(CMP)}")
@@ -222,10 +224,13 @@ class Select(Elementwise):
 
     name = "ember.select"
     arity = (3, 3)
-    ref = staticmethod(lambda a, c, x, y: np.where(c, x, y))
+
+    @staticmethod
+    def ref(a: dict[str, Any], c: np.ndarray, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        return np.where(c, x, y)
 
     @classmethod
-    def dtype(cls, types, attrs):
+    def dtype(cls, types: Sequence[Type], attrs: dict[str, Any]) -> str:
         c, a, b = types
         if c.dtype != "i1":
             raise InferenceError(f"{cls.name} condition must be i1, got {c}")
@@ -240,11 +245,14 @@ class Cast(Elementwise):
     ref = staticmethod(lambda a, x: x.astype(numpy_dtype(a["dtype"])))
 
     @classmethod
-    def dtype(cls, types, attrs):
-        return attrs["dtype"]
+    def dtype(cls, types: Sequence[Type], attrs: dict[str, Any]) -> str:
+        dtype: str = attrs["dtype"]
+        return dtype
 
 
-def expand(name: str, attrs, args: list, emit: Callable, const: Callable):
+def expand(name: str, attrs: dict[str, Any], args: list[Any],
+           emit: Callable[[str, dict[str, Any], list[Any]], Any], const: Callable[[Any], Any]
+           ) -> Any:
     """Elementwise op `name` (any dialect prefix) as its declared composition, built by a
     backend's own `emit(op, attrs, args)` and `const(value)`; None for an op without one,
     which the backend lowers itself."""
@@ -258,7 +266,7 @@ class Reduce(OpDef):
     attrs = {"axes": list, "keepdims": bool}
 
     @classmethod
-    def infer(cls, operand_types, attrs):
+    def infer(cls, operand_types: list[TensorType], attrs: dict[str, Any]) -> list[Type]:
         (t,) = operand_types
         axes = normalize_axes(cls.name, attrs["axes"], t.rank)
         if attrs["keepdims"]:
@@ -280,7 +288,7 @@ class Broadcast(OpDef):
     attrs = {"shape": SHAPE}
 
     @classmethod
-    def infer(cls, operand_types, attrs):
+    def infer(cls, operand_types: list[TensorType], attrs: dict[str, Any]) -> list[Type]:
         (t,) = operand_types
         shape = tuple(attrs["shape"])
         if len(shape) < t.rank or broadcast_shapes(cls.name, t.shape, shape) != shape:
@@ -296,7 +304,7 @@ class Reshape(OpDef):
     attrs = {"shape": SHAPE}
 
     @classmethod
-    def infer(cls, operand_types, attrs):
+    def infer(cls, operand_types: list[TensorType], attrs: dict[str, Any]) -> list[Type]:
         (t,) = operand_types
         shape = tuple(attrs["shape"])
         if math.prod(shape) != t.size:
@@ -312,7 +320,7 @@ class Transpose(OpDef):
     attrs = {"perm": list}
 
     @classmethod
-    def infer(cls, operand_types, attrs):
+    def infer(cls, operand_types: list[TensorType], attrs: dict[str, Any]) -> list[Type]:
         (t,) = operand_types
         perm = attrs["perm"]
         if sorted(perm) != list(range(t.rank)):
@@ -321,7 +329,8 @@ class Transpose(OpDef):
         return [t.with_shape(tuple(t.shape[p] for p in perm))]
 
 
-def _window(op: str, full: tuple, start: list, step: list, part: tuple) -> None:
+def _window(op: str, full: tuple[int, ...], start: list[int], step: list[int],
+            part: tuple[int, ...]) -> None:
     """That `part` is the elements start + i * step of `full`, per dim (slice, unslice)."""
     if not len(start) == len(step) == len(full) == len(part):
         raise InferenceError(f"{op}: start {start} and step {step} need one entry per dim of "
@@ -341,7 +350,7 @@ class _Windowed(OpDef):
     reads: ClassVar[bool]
 
     @classmethod
-    def infer(cls, operand_types, attrs):
+    def infer(cls, operand_types: list[TensorType], attrs: dict[str, Any]) -> list[Type]:
         (t,) = operand_types
         shape = tuple(attrs["shape"])
         full, part = (t.shape, shape) if cls.reads else (shape, t.shape)
@@ -377,7 +386,7 @@ class Concat(OpDef):
     attrs = {"axis": int}
 
     @classmethod
-    def infer(cls, operand_types, attrs):
+    def infer(cls, operand_types: list[TensorType], attrs: dict[str, Any]) -> list[Type]:
         first = operand_types[0]
         dtype = same_dtype(cls.name, operand_types)
         (axis,) = normalize_axes(cls.name, [attrs["axis"]], first.rank)
@@ -400,7 +409,7 @@ class Matmul(OpDef):
     arity = (2, 2)
 
     @classmethod
-    def infer(cls, operand_types, attrs):
+    def infer(cls, operand_types: list[TensorType], attrs: dict[str, Any]) -> list[Type]:
         a, b = operand_types
         dtype = same_dtype(cls.name, operand_types)
         if a.rank < 2 or b.rank < 2 or a.shape[-1] != b.shape[-2]:
@@ -420,7 +429,7 @@ class OneHot(OpDef):
     attrs = {"num_classes": COUNT, "dtype": DTYPE}
 
     @classmethod
-    def infer(cls, operand_types, attrs):
+    def infer(cls, operand_types: list[TensorType], attrs: dict[str, Any]) -> list[Type]:
         (t,) = operand_types
         if t.dtype not in ("i64", "i32"):
             raise InferenceError(f"ember.one_hot needs integer labels, got {t}")
@@ -444,7 +453,7 @@ class AllReduce(OpDef):
     arity = (1, 1)
 
     @classmethod
-    def infer(cls, operand_types, attrs):
+    def infer(cls, operand_types: list[TensorType], attrs: dict[str, Any]) -> list[Type]:
         (x,) = operand_types
         _float(cls.name, x)
         return [x]
@@ -465,7 +474,7 @@ class Dropout(OpDef):
     attrs = {"p": float, "seed": int, "key": int}
 
     @classmethod
-    def infer(cls, operand_types, attrs):
+    def infer(cls, operand_types: list[TensorType], attrs: dict[str, Any]) -> list[Type]:
         x, rng = operand_types
         _float(cls.name, x)
         if rng.shape != () or rng.dtype != "i64":
@@ -484,7 +493,7 @@ class Gather(OpDef):
     optional_attrs = {"axis": int}
 
     @classmethod
-    def infer(cls, operand_types, attrs):
+    def infer(cls, operand_types: list[TensorType], attrs: dict[str, Any]) -> list[Type]:
         table, idx = operand_types
         if attrs.get("axis", 0) != 0:
             raise InferenceError(f"ember.gather: only axis 0 is supported, got {attrs['axis']}")
@@ -504,7 +513,7 @@ class ScatterAdd(OpDef):
     attrs = {"shape": SHAPE}
 
     @classmethod
-    def infer(cls, operand_types, attrs):
+    def infer(cls, operand_types: list[TensorType], attrs: dict[str, Any]) -> list[Type]:
         idx, upd = operand_types
         shape = tuple(attrs["shape"])
         if idx.dtype not in ("i64", "i32"):

@@ -3,12 +3,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 from ..opdef import SHAPE, InferenceError, OpDef, fmt_shape, register, same_dtype
-from ..types import TensorType
+from ..types import TensorType, Type
 from .ember import _float
 
 
-def _pair(op: str, attrs, key: str, lo: int) -> tuple[int, int]:
+def _pair(op: str, attrs: dict[str, Any], key: str, lo: int) -> tuple[int, int]:
     """An attribute that must be a list of two integers >= lo ([sh, sw], [ph, pw], ...)."""
     v = attrs[key]
     if len(v) != 2 or min(v) < lo:
@@ -31,7 +34,8 @@ class ConvBase(OpDef):
     attrs = {"stride": list, "padding": list, "dilation": list, "groups": int}
 
     @classmethod
-    def conv_out(cls, x: tuple, w: tuple, attrs) -> tuple[int, ...]:
+    def conv_out(cls, x: tuple[int, ...], w: tuple[int, ...], attrs: dict[str, Any]
+                 ) -> tuple[int, ...]:
         """The output shape of conv2d(x, w), checking that the two fit these attributes."""
         op, g = cls.name, attrs["groups"]
         sh, sw = _pair(op, attrs, "stride", 1)
@@ -51,7 +55,7 @@ class ConvBase(OpDef):
         return (x[0], w[0], oh, ow)
 
     @classmethod
-    def check_operands(cls, operand_types, names):
+    def check_operands(cls, operand_types: list[TensorType], names: Sequence[str]) -> None:
         for t, n in zip(operand_types, names):
             _rank4(cls.name, n, t)
         same_dtype(cls.name, operand_types)
@@ -65,7 +69,7 @@ class Conv2d(ConvBase):
     name = "ember.conv2d"
 
     @classmethod
-    def infer(cls, operand_types, attrs):
+    def infer(cls, operand_types: list[TensorType], attrs: dict[str, Any]) -> list[Type]:
         cls.check_operands(operand_types, ("input", "weight"))
         x, w = operand_types
         return [x.with_shape(cls.conv_out(x.shape, w.shape, attrs))]
@@ -80,7 +84,7 @@ class Conv2dGradInput(ConvBase):
     attrs = {**ConvBase.attrs, "input_shape": SHAPE}
 
     @classmethod
-    def infer(cls, operand_types, attrs):
+    def infer(cls, operand_types: list[TensorType], attrs: dict[str, Any]) -> list[Type]:
         cls.check_operands(operand_types, ("gradient", "weight"))
         g, w = operand_types
         x = tuple(attrs["input_shape"])
@@ -99,7 +103,7 @@ class Conv2dGradWeight(ConvBase):
     attrs = {**ConvBase.attrs, "weight_shape": SHAPE}
 
     @classmethod
-    def infer(cls, operand_types, attrs):
+    def infer(cls, operand_types: list[TensorType], attrs: dict[str, Any]) -> list[Type]:
         cls.check_operands(operand_types, ("input", "gradient"))
         x, g = operand_types
         w = tuple(attrs["weight_shape"])
@@ -114,7 +118,7 @@ class PoolBase(OpDef):
     attrs = {"kernel": list, "stride": list, "padding": list}
 
     @classmethod
-    def pool_out(cls, x: tuple, attrs) -> tuple[int, ...]:
+    def pool_out(cls, x: tuple[int, ...], attrs: dict[str, Any]) -> tuple[int, ...]:
         op = cls.name
         kh, kw = _pair(op, attrs, "kernel", 1)
         sh, sw = _pair(op, attrs, "stride", 1)
@@ -137,7 +141,7 @@ class MaxPool2d(PoolBase):
     arity = (1, 1)
 
     @classmethod
-    def infer(cls, operand_types, attrs):
+    def infer(cls, operand_types: list[TensorType], attrs: dict[str, Any]) -> list[Type]:
         (x,) = operand_types
         _rank4(cls.name, "input", x)
         _float(cls.name, x)
@@ -152,7 +156,7 @@ class MaxPool2dGrad(PoolBase):
     arity = (2, 2)
 
     @classmethod
-    def infer(cls, operand_types, attrs):
+    def infer(cls, operand_types: list[TensorType], attrs: dict[str, Any]) -> list[Type]:
         x, g = operand_types
         _rank4(cls.name, "input", x)
         same_dtype(cls.name, operand_types)
@@ -178,7 +182,7 @@ class AvgPool2dGrad(PoolBase):
     attrs = {**PoolBase.attrs, "input_shape": SHAPE}
 
     @classmethod
-    def infer(cls, operand_types, attrs):
+    def infer(cls, operand_types: list[TensorType], attrs: dict[str, Any]) -> list[Type]:
         (g,) = operand_types
         x = tuple(attrs["input_shape"])
         _float(cls.name, g)

@@ -1,6 +1,9 @@
 """The `func` ops ember uses: `func.return` (the graph's terminator)."""
 
+from typing import Any
+
 from ..opdef import OpDef, register
+from ..types import TensorType, Type
 
 
 @register
@@ -10,5 +13,5 @@ class Return(OpDef):
     arity = (0, None)
 
     @classmethod
-    def infer(cls, operand_types, attrs):
+    def infer(cls, operand_types: list[TensorType], attrs: dict[str, Any]) -> list[Type]:
         return []

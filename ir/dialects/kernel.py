@@ -35,6 +35,8 @@ Transposed operands are transposed strides, so backward matmuls need no copies.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..opdef import (
     I64_MAX,
@@ -47,14 +49,17 @@ from ..opdef import (
     register,
     same_dtype,
 )
-from ..types import ScalarType, TensorType
+from ..types import ScalarType, TensorType, Type
 from . import ember  # noqa: F401  (registers the ops whose twins this dialect derives)
+
+if TYPE_CHECKING:
+    from ..core import Operation, Value
 
 SCALAR = frozenset({"pure", "scalar_operands"})
 REDUCE_KINDS = ("add", "max", "min", "mul")
 
 
-def _scalars(op: str, types) -> None:
+def _scalars(op: str, types: Iterable[Type]) -> None:
     for t in types:
         if not isinstance(t, ScalarType):
             raise InferenceError(f"{op} takes scalars (f32, i64, ...), got {t}")
@@ -65,9 +70,10 @@ class Twin(OpDef):
     arity, attributes, dtype rule and meaning are the ember op's own (a subclass of it)."""
 
     traits = SCALAR
+    dtype: ClassVar[Callable[[Sequence[Type], dict[str, Any]], str]]  # the ember op's, by the MRO
 
     @classmethod
-    def infer(cls, operand_types, attrs):
+    def infer(cls, operand_types: Sequence[Type], attrs: dict[str, Any]) -> list[Type]:
         _scalars(cls.name, operand_types)
         return [ScalarType(cls.dtype(operand_types, attrs))]
 
@@ -86,7 +92,7 @@ class KConstant(OpDef):
     attrs = {"value": (int, float, bool)}
 
     @classmethod
-    def check_op(cls, op) -> None:
+    def check_op(cls, op: Operation) -> None:
         """The value must be one of the result's dtype: every backend stores it as that."""
         v, dtype = op.attributes["value"], op.result.type.dtype
         if dtype == "i1":
@@ -123,7 +129,7 @@ class KDropout(OpDef):
     optional_attrs = {"rows": int}
 
     @classmethod
-    def infer(cls, operand_types, attrs):
+    def infer(cls, operand_types: Sequence[Type], attrs: dict[str, Any]) -> list[Type]:
         _scalars(cls.name, operand_types)
         x, step, *coords = operand_types
         if not x.is_float or step.dtype != "i64" or any(c.dtype != "i64" for c in coords):
@@ -142,7 +148,7 @@ class KReduce(OpDef):
     attrs = {"kind": str, "dims": list}
 
     @classmethod
-    def infer(cls, operand_types, attrs):
+    def infer(cls, operand_types: Sequence[Type], attrs: dict[str, Any]) -> list[Type]:
         _scalars(cls.name, operand_types)
         if attrs["kind"] not in REDUCE_KINDS:
             raise InferenceError(f"kernel.reduce kind {attrs['kind']!r} is not one of "
@@ -160,19 +166,19 @@ class KYield(OpDef):
     arity = (0, None)
 
     @classmethod
-    def infer(cls, operand_types, attrs):
+    def infer(cls, operand_types: Sequence[Type], attrs: dict[str, Any]) -> list[Type]:
         _scalars(cls.name, operand_types)
         return []
 
 
-def reach(space, strides) -> int:
+def reach(space: Sequence[int], strides: Sequence[int]) -> int:
     """The largest flat offset a map touches (-1 for an empty space)."""
     if any(d == 0 for d in space):
         return -1
     return sum((d - 1) * s for d, s in zip(space, strides))
 
 
-def check_map(op: str, what: str, space: list[int], strides, t: TensorType) -> None:
+def check_map(op: str, what: str, space: list[int], strides: Any, t: TensorType) -> None:
     if not isinstance(strides, list) or len(strides) != len(space) or not all(
             is_int(s) and 0 <= s <= I64_MAX for s in strides):
         raise InferenceError(f"{op}: the map of {what} must be {len(space)} strides >= 0 "
@@ -207,7 +213,7 @@ class KernelOp(OpDef):
     attrs = {"space": SHAPE, "maps": (list,), "out_maps": (list,), "out_types": (list,)}
 
     @classmethod
-    def infer(cls, operand_types, attrs):
+    def infer(cls, operand_types: list[TensorType], attrs: dict[str, Any]) -> list[Type]:
         space, maps, outs = attrs["space"], attrs["maps"], attrs["out_types"]
         if math.prod(space) > I64_MAX:
             raise InferenceError(f"{cls.name}: space {space} has more points than int64 counts")
@@ -232,7 +238,7 @@ class KernelOp(OpDef):
         return space
 
     @classmethod
-    def check_op(cls, op) -> None:
+    def check_op(cls, op: Operation) -> None:
         check_kernel(op)
 
 
@@ -252,7 +258,7 @@ class Matmul(KernelOp):
         return space[:-1]  # the epilogue runs once the sum over K is done
 
     @classmethod
-    def infer(cls, operand_types, attrs):
+    def infer(cls, operand_types: list[TensorType], attrs: dict[str, Any]) -> list[Type]:
         space = attrs["space"]
         if len(space) < 3:
             raise InferenceError(f"kernel.matmul: space must be [batch..., M, N, K], got "
@@ -275,16 +281,16 @@ class Matmul(KernelOp):
 
 # -- helpers shared by the pass and the backends ----------------------------------------
 
-def body(op) -> list:
+def body(op: Operation) -> list[Operation]:
     """The scalar ops of a kernel's body, terminator included."""
     return op.regions[0].blocks[0].ops
 
 
-def varying(op) -> dict:
+def varying(op: Operation) -> dict[Value, frozenset[int]]:
     """For each scalar value of a kernel body: the set of space dims it varies along."""
     block = op.regions[0].blocks[0]
     maps = op.attributes["maps"]
-    out: dict = {}
+    out: dict[Value, frozenset[int]] = {}
     if op.name == "kernel.matmul":
         rank = len(op.attributes["space"]) - 1
         mn = {rank - 2, rank - 1}
@@ -307,7 +313,7 @@ def varying(op) -> dict:
     return out
 
 
-def check_kernel(op) -> None:
+def check_kernel(op: Operation) -> None:
     """The body rules `infer` cannot see: block arguments match the operands, the yield
     matches the results, reduces share their dims, and what is stored with stride 0 along
     a dim does not vary along it. Raises InferenceError naming the rule."""

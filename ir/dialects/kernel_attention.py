@@ -28,16 +28,17 @@ ds = p * (do v^T - rowsum(do * o)) * scale.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from ..opdef import OPS, SHAPE, InferenceError, OpDef, register, same_dtype
-from ..types import TensorType
+from ..types import TensorType, Type
 from .kernel import check_cover, check_map
 
 ATTRS = {"batch": SHAPE, "sizes": SHAPE, "maps": (list,), "causal": bool, "scale": float}
 LAYOUT = {"out_maps": (list,), "out_types": (list,)}
 
 
-def logical_shapes(attrs: dict) -> dict[str, list[int]]:
+def logical_shapes(attrs: dict[str, Any]) -> dict[str, list[int]]:
     """The logical shape of every operand and result name, from `batch` and `sizes`."""
     b, (tq, tk, d, dv) = list(attrs["batch"]), attrs["sizes"]
     return {"q": b + [tq, d], "k": b + [tk, d], "v": b + [tk, dv], "o": b + [tq, dv],
@@ -45,13 +46,16 @@ def logical_shapes(attrs: dict) -> dict[str, list[int]]:
             "dv": b + [tk, dv]}
 
 
-def result_maps(op_name: str, attrs: dict) -> list[list[int]]:
+def result_maps(op_name: str, attrs: dict[str, Any]) -> list[list[int]]:
     """Each result's element strides over its logical shape: `out_maps`, or contiguous."""
     if "out_maps" in attrs:
-        return attrs["out_maps"]
+        out_maps: list[list[int]] = attrs["out_maps"]
+        return out_maps
     shapes = logical_shapes(attrs)
+    op = OPS[op_name]
+    assert issubclass(op, AttentionOp)  # one of ATTENTION_OPS
     return [[math.prod(s[i + 1:]) for i in range(len(s))]
-            for s in (shapes[n] for n in OPS[op_name].result_names)]
+            for s in (shapes[n] for n in op.result_names)]
 
 
 class AttentionOp(OpDef):
@@ -65,7 +69,7 @@ class AttentionOp(OpDef):
     result_names: tuple[str, ...] = ()
 
     @classmethod
-    def infer(cls, operand_types, attrs):
+    def infer(cls, operand_types: list[TensorType], attrs: dict[str, Any]) -> list[Type]:
         if len(attrs["sizes"]) != 4 or not all(attrs["sizes"]):
             raise InferenceError(f"{cls.name}: sizes must be [Tq, Tk, D, Dv], each > 0, got "
                                  f"{attrs['sizes']}")

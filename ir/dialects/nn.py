@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 from ..opdef import InferenceError, OpDef, fmt_shape, normalize_axes, register, same_dtype
-from ..types import TensorType
+from ..types import TensorType, Type
 from .ember_windows import Conv2d as CoreConv2d
 
 
@@ -16,7 +19,7 @@ class Linear(OpDef):
     arity = (2, 3)
 
     @classmethod
-    def infer(cls, operand_types, attrs):
+    def infer(cls, operand_types: list[TensorType], attrs: dict[str, Any]) -> list[Type]:
         x, w, *b = operand_types
         same_dtype(cls.name, operand_types)
         if w.rank != 2 or x.rank < 1 or x.shape[-1] != w.shape[0]:
@@ -33,7 +36,7 @@ class AxisOp(OpDef):
     attrs = {"axis": int}
 
     @classmethod
-    def infer(cls, operand_types, attrs):
+    def infer(cls, operand_types: list[TensorType], attrs: dict[str, Any]) -> list[Type]:
         (t,) = operand_types
         normalize_axes(cls.name, [attrs["axis"]], t.rank)
         if not t.is_float:
@@ -61,7 +64,7 @@ class CrossEntropy(OpDef):
     optional_attrs = {"ignore_index": int}
 
     @classmethod
-    def infer(cls, operand_types, attrs):
+    def infer(cls, operand_types: list[TensorType], attrs: dict[str, Any]) -> list[Type]:
         logits, labels = operand_types
         if logits.rank != 2 or labels.shape != logits.shape[:1]:
             raise InferenceError(f"nn.cross_entropy: logits {fmt_shape(logits.shape)} and "
@@ -82,10 +85,12 @@ class Conv2d(OpDef):
     attrs = {"stride": list, "padding": list, "dilation": list, "groups": int}
 
     @classmethod
-    def infer(cls, operand_types, attrs):
+    def infer(cls, operand_types: list[TensorType], attrs: dict[str, Any]) -> list[Type]:
         x, w, *b = operand_types
         try:
-            (y,) = CoreConv2d.result_types([x, w], attrs)
+            out = CoreConv2d.result_types([x, w], attrs)
+            assert out is not None  # ember.conv2d infers its result
+            (y,) = out
         except InferenceError as e:
             raise InferenceError(str(e).replace(CoreConv2d.name, cls.name)) from None
         if b and (b[0].shape != (w.shape[0],) or b[0].dtype != x.dtype):
@@ -94,7 +99,8 @@ class Conv2d(OpDef):
         return [y]
 
 
-def _affine(op: str, x: TensorType, params: list[TensorType], shape: tuple, names) -> None:
+def _affine(op: str, x: TensorType, params: list[TensorType], shape: tuple[int, ...],
+            names: Sequence[str]) -> None:
     for t, n in zip(params, names):
         if t.shape != shape or t.dtype != x.dtype:
             raise InferenceError(f"{op}: {n} {t} does not match input {x} (want "
@@ -112,7 +118,7 @@ class LayerNorm(OpDef):
     optional_attrs = {"affine": bool}
 
     @classmethod
-    def infer(cls, operand_types, attrs):
+    def infer(cls, operand_types: list[TensorType], attrs: dict[str, Any]) -> list[Type]:
         x, *params = operand_types
         affine = attrs.get("affine", bool(params))
         if len(params) != (2 if affine else 0):
@@ -143,7 +149,7 @@ class BatchNorm(OpDef):
     attrs = {"eps": float, "momentum": float, "training": bool}
 
     @classmethod
-    def infer(cls, operand_types, attrs):
+    def infer(cls, operand_types: list[TensorType], attrs: dict[str, Any]) -> list[Type]:
         x, *params = operand_types
         if x.rank not in (2, 4) or not x.is_float:
             raise InferenceError(f"nn.batch_norm: input must be a float (N, C) or (N, C, H, W) "
@@ -169,7 +175,7 @@ class Gelu(OpDef):
     attrs = {"approximate": str}
 
     @classmethod
-    def infer(cls, operand_types, attrs):
+    def infer(cls, operand_types: list[TensorType], attrs: dict[str, Any]) -> list[Type]:
         (x,) = operand_types
         if attrs["approximate"] not in GELU_APPROXIMATIONS:
             raise InferenceError(f"nn.gelu: approximate must be \"none\" or \"tanh\", got "
@@ -193,7 +199,7 @@ class Attention(OpDef):
     attrs = {"causal": bool, "scale": float}
 
     @classmethod
-    def infer(cls, operand_types, attrs):
+    def infer(cls, operand_types: list[TensorType], attrs: dict[str, Any]) -> list[Type]:
         q, k, v = operand_types
         same_dtype(cls.name, operand_types)
         ok = (q.rank >= 2 and k.rank == q.rank and v.rank == q.rank and q.is_float
