@@ -8,7 +8,10 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import os
+import shutil
 import sys
+import tempfile
+import weakref
 
 from ..ir import Graph, VerifyError, verify
 from ..ir.memory_plan import plan_memory
@@ -88,9 +91,59 @@ def candidates(passes: list[Pass]) -> list[list[Pass]]:
     return out
 
 
+class _TextFiles:
+    """IR texts by stage name, kept on disk rather than in memory: each in a file of a
+    temporary directory of its own, made at the first `put` and removed when the owner is
+    collected (or at exit) by the process that made it (a forked child shares it and
+    leaves it). Where the disk refuses a text (a full or read-only temp folder) it is kept
+    in memory instead, as every text once was."""
+
+    def __init__(self, owner: object):
+        self._owner = weakref.ref(owner)
+        self._dir: str | None = None
+        self._paths: dict[str, str] = {}
+        self._held: dict[str, str] = {}  # what the disk refused
+
+    def put(self, name: str, text: str) -> None:
+        self._held.pop(name, None)
+        try:
+            if self._dir is None:
+                self._dir = tempfile.mkdtemp(prefix="ember-stages-")
+                owner = self._owner()
+                if owner is not None:
+                    weakref.finalize(owner, _remove_texts, self._dir, os.getpid())
+            path = self._paths.get(name) or os.path.join(self._dir, f"{len(self._paths):02d}.mlir")
+            with open(path, "w", encoding="utf-8", newline="") as f:
+                f.write(text)
+            self._paths[name] = path
+        except OSError:
+            self._paths.pop(name, None)
+            self._held[name] = text
+
+    def get(self, name: str) -> str:
+        if name in self._held:
+            return self._held[name]
+        path = self._paths[name]
+        try:
+            with open(path, encoding="utf-8", newline="") as f:
+                return f.read()
+        except FileNotFoundError:
+            raise FileNotFoundError(f"the IR text of stage {name!r} was kept in {path}, which "
+                                    "is gone (removed by a temp-folder cleaner?)") from None
+
+
+def _remove_texts(directory: str, pid: int) -> None:
+    if os.getpid() == pid:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
 class Stages:
-    """Runs a pipeline on a traced graph and keeps the IR text of every stage, with each
-    op's source location (`loc(...)`; `strip_locations` gives the plain text).
+    """Runs a pipeline on a traced graph and keeps the final graph, which running needs,
+    and the IR text of every stage, with each op's source location (`loc(...)`;
+    `strip_locations` gives the plain text), on disk (`_TextFiles`: a temporary folder of
+    its own, removed with it): neither the texts (2.2 MiB for a 6x256 MLP's training step,
+    growing with the model) nor the traced and intermediate graphs stay in memory; `text`,
+    `texts`, `write` and `unfused` read them back when asked.
 
     A recomputed pipeline runs its `candidates` and keeps the final graph that plans the
     least memory (ir/memory_plan.py), the one that recomputes less on a tie: recomputing
@@ -100,14 +153,14 @@ class Stages:
     stay those of `pipeline`. IR passes only, each a fraction of the backend's compile; the
     stage texts wait, as on a stage-cache hit, until someone asks for one.
 
-    It also keeps the graph as it was before `fuse`, with source locations, as text
-    (`unfused_text`): replaying that one op by op names the scalar op behind an error or
-    a NaN, which a fused kernel would hide.
+    It also names the stage before `fuse`, whose text (`unfused_text`, with source
+    locations) replays op by op to name the scalar op behind an error or a NaN, which a
+    fused kernel would hide.
 
     Given the `final` graph (a stage cache hit, runtime/stage_cache.py), it runs no pass
     until someone asks for an intermediate stage's text or the unfused graph: then the
-    passes run once on the traced graph, so every stage reads as if they had run at once
-    and the unfused text has this trace's own source locations.
+    passes run once on the traced graph's text, so every stage reads as if they had run at
+    once and the unfused text has this trace's own source locations.
     """
 
     def __init__(self, graph: Graph, pipeline: list[str], verify_each: bool = True,
@@ -115,11 +168,13 @@ class Stages:
         self.names = stage_names(pipeline)
         self._verify_each = verify_each
         self._candidates = candidates(parse_pipeline(",".join(pipeline)))
-        # the passes wait (a hit, or the candidates ran): on the traced graph, untouched on a
-        # hit, else (None) on its text parsed
-        self._deferred, self._pending = final is not None, graph if final is not None else None
-        # dumps keep loc(...); on a hit printed only when asked for (the passes wait)
-        self._traced_text = None if final is not None else print_graph(graph, debuginfo=True)
+        self._files = _TextFiles(self)
+        # dumps keep loc(...); printed before the passes change the graph, and what the
+        # passes run on when they wait
+        self._files.put("traced", print_graph(graph, debuginfo=True))
+        # the stage the waiting passes start from (a hit, or the candidates ran), else None
+        self._pending: str | None = "traced" if final is not None else None
+        self._unfused: str | None = None  # the stage before `fuse`, once the passes ran
         self.cached = final is not None  # the final graph came from the stage cache
         self.digest: str | None = None  # set by the stage cache: names the final graph
         self.timings: list[tuple[str, float]] = []
@@ -130,9 +185,7 @@ class Stages:
     @property
     def traced_text(self) -> str:
         """The traced graph's text, with source locations."""
-        if self._traced_text is None:  # a hit: the traced graph is untouched until _ran
-            self._traced_text = print_graph(self._pending, debuginfo=True)
-        return self._traced_text
+        return self._files.get("traced")
 
     def _choose(self, graph: Graph, timing: bool) -> Graph:
         """The final graph of the candidate that plans the least memory (see the class),
@@ -157,7 +210,7 @@ class Stages:
             peak = plan_memory(final, place=False).peak_bytes
             if best is None or peak < best[0]:
                 best = (peak, final)
-        self._deferred = True
+        self._pending = "traced"
         return best[1]
 
     def _chosen(self) -> list[Pass]:
@@ -169,20 +222,14 @@ class Stages:
                     if any(isinstance(p, Recompute) and p.strategy == strategy for p in c))
 
     def _run(self, graph: Graph, timing: bool = False) -> Graph:
-        """Run every pass on `graph`, keeping each stage's text; the final graph."""
-        self._texts: dict[str, str] = {"traced": self.traced_text}
+        """Run every pass on `graph`, writing each stage's text; the final graph."""
         passes = self._chosen()
         names = [p.name for p in passes]
-        before_fuse = names.index("fuse") - 1 if "fuse" in names else None
-        self._unfused_text: str | None = None
-        if before_fuse == -1:
-            self._unfused_text = self.traced_text
+        self._unfused = self.names[names.index("fuse")] if "fuse" in names else None
+        after = iter(self.names[1:])
 
         def keep(name: str, stage: Graph) -> None:
-            text = print_graph(stage, debuginfo=True)
-            self._texts[self.names[len(self._texts)]] = text
-            if len(self._texts) - 2 == before_fuse:
-                self._unfused_text = text
+            self._files.put(next(after), print_graph(stage, debuginfo=True))
 
         manager = PassManager(passes, verify_each=self._verify_each, on_stage=keep)
         final = manager.run(graph)
@@ -194,10 +241,9 @@ class Stages:
     def _ran(self) -> Stages:
         """Itself, after running the passes it deferred (a cache hit, or the candidates
         ran without texts), if any."""
-        if self._deferred:
-            self.traced_text  # noqa: B018  (printed before the passes change the graph)
-            graph = self._pending if self._pending is not None else parse(self.traced_text)
-            self._deferred, self._pending = False, None
+        if self._pending is not None:
+            graph = parse(self._files.get(self._pending))
+            self._pending = None
             self._run(graph)
         return self
 
@@ -207,14 +253,16 @@ class Stages:
             raise KeyError(f"no stage {stage!r}; stages are {', '.join(self.names)}")
         if stage == "traced":
             return self.traced_text
-        if self._deferred and stage == self.names[-1]:
+        if self._pending is not None and stage == self.names[-1]:
             return print_graph(self.graph, debuginfo=True)
-        return self.texts[stage]
+        return self._ran()._files.get(stage)
 
     @property
     def texts(self) -> dict[str, str]:
-        """Stage name -> its IR text, in pipeline order."""
-        return self._ran()._texts
+        """Stage name -> its IR text, in pipeline order (read back from disk: a new dict
+        each time, which nothing here keeps)."""
+        self._ran()
+        return {name: self._files.get(name) for name in self.names}
 
     def write(self, directory: str, prefix: str) -> list[str]:
         """One `.mlir` file per stage, numbered in pipeline order, with each op's `loc(...)`.
@@ -239,7 +287,9 @@ class Stages:
 
     @property
     def unfused_text(self) -> str | None:
-        return self._ran()._unfused_text
+        """The text of the stage before `fuse`, with source locations; None without one."""
+        stage = self._ran()._unfused
+        return None if stage is None else self._files.get(stage)
 
     def unfused(self) -> Graph:
         """The graph before fusion (the final one when nothing was fused)."""

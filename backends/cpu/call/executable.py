@@ -73,12 +73,12 @@ class Executable:
         self.cache_key = k
         self._jit = cache.load_jit(k) if k else None
         self.cached = self._jit is not None
-        self._module = None
-        if self._jit is None:
+        if self._jit is None:  # the LLVM module is not kept: `llvm_ir` emits it again
             t = time.perf_counter()
-            self._module = emit(self.plan, graph.name)
+            module = emit(self.plan, graph.name)
             self.timings["emit"] = time.perf_counter() - t
-            self._jit = JitModule(self._module, name=graph.name)
+            self._jit = JitModule(module, name=graph.name)
+            del module
             if k:
                 cache.store(k, self._jit.object_code)
         self.timings.update(self._jit.timings)
@@ -199,10 +199,10 @@ class Executable:
 
     @property
     def llvm_ir(self) -> str:
-        """The LLVM IR generated for this graph (before optimization)."""
-        if self._module is None:
-            self._module = emit(self.plan, self.graph.name)
-        return str(self._module)
+        """The LLVM IR generated for this graph (before optimization), emitted again from
+        the plan on every read (`emit` is deterministic): neither the module nor its text
+        outlives a compile."""
+        return str(emit(self.plan, self.graph.name))
 
     def _new_result(self, i: int, pool: list) -> tuple:
         """A new buffer for returned result `i`, kept in its `pool` (up to 3) to be recycled:

@@ -158,7 +158,12 @@ def _room_for_llvm(text_bytes: int, name: str) -> None:
 
 
 class JitModule:
-    """Native code for one `ir.Module`; holds everything that keeps that code mapped.
+    """Native code for one `ir.Module`; holds everything that keeps that code mapped: the
+    MCJIT engine (with the object code loaded into it) and its target machine, and the
+    object code's bytes (`object_code`, what the compile cache stores). Nothing else of the
+    build stays: neither the `ir.Module` (the caller's), nor its text, nor the parsed and
+    optimized llvmlite module, which is disposed of once the object code is emitted (LLVM
+    memory, a few times the text's size).
 
     With `EMBER_DUMP_LLVM=DIR` set, writes DIR/<name>.ll (as generated), DIR/<name>.opt.ll
     (after O3) and DIR/<name>.s (the host assembly, one labelled function per kernel).
@@ -170,9 +175,10 @@ class JitModule:
         self.tm = target_machine()
         if needs_pool:  # parallel loops call into the process's thread pool
             load_pool()
-        if obj is not None:
-            self._load(obj)
-            return
+        self._load(obj if obj is not None else self._build(module, dump_dir, name))
+
+    def _build(self, module: ir.Module, dump_dir: str | None, name: str) -> bytes:
+        """The object code of `module`; what it took to make it goes with this frame."""
         t = time.perf_counter()
         module.triple = llvm.get_process_triple()
         module.data_layout = str(self.tm.target_data)
@@ -181,26 +187,31 @@ class JitModule:
         _room_for_llvm(len(text), name)
         t = time.perf_counter()
         try:
-            self.mod = llvm.parse_assembly(text)
-            self.mod.verify()
+            mod = llvm.parse_assembly(text)
+            mod.verify()
         except RuntimeError as e:
             keep = Path(os.environ.get("TMPDIR", "/tmp")) / f"ember-failed-{os.getpid()}.ll"
             keep.write_text(text)
             raise KernelCompileError(f"LLVM rejected the generated IR for @{name} (kept in "
                                      f"{keep}): {e}") from None
         self.timings["parse"] = time.perf_counter() - t
-        t = time.perf_counter()
-        optimize(self.mod, self.tm)
-        self.timings["optimize"] = time.perf_counter() - t
-        d = _dump_dir(dump_dir)
-        if d:
-            (d / f"{name}.ll").write_text(text)
-            (d / f"{name}.opt.ll").write_text(str(self.mod))
-            (d / f"{name}.s").write_text(self.tm.emit_assembly(self.mod))
-        t = time.perf_counter()
-        self.object_code = self.tm.emit_object(self.mod)
-        self.timings["codegen"] = time.perf_counter() - t
-        self._load(self.object_code)
+        try:
+            d = _dump_dir(dump_dir)
+            if d:
+                (d / f"{name}.ll").write_text(text)
+            del text  # LLVM has its own copy now
+            t = time.perf_counter()
+            optimize(mod, self.tm)
+            self.timings["optimize"] = time.perf_counter() - t
+            if d:
+                (d / f"{name}.opt.ll").write_text(str(mod))
+                (d / f"{name}.s").write_text(self.tm.emit_assembly(mod))
+            t = time.perf_counter()
+            obj = self.tm.emit_object(mod)
+            self.timings["codegen"] = time.perf_counter() - t
+        finally:
+            mod.close()  # the optimized module's LLVM memory, now rather than at collection
+        return obj
 
     def _load(self, obj: bytes) -> None:
         t = time.perf_counter()
