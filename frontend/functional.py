@@ -61,6 +61,7 @@ from .ops import (  # and elementwise ops
     tanh,
     where,
 )
+from .resize import interpolate  # nn.functional.interpolate
 from .tensor import Tensor, axes_list
 
 # -- convolutions and pools -------------------------------------------------------------------
@@ -523,7 +524,8 @@ def multi_head_attention(query, key, value, num_heads: int, q_weight, k_weight, 
 __all__ = ["adaptive_avg_pool2d", "add", "avg_pool2d", "batch_norm",
            "binary_cross_entropy_with_logits", "broadcast_to", "clamp", "conv1d", "conv2d",
            "conv_transpose2d", "cross_entropy", "div", "dropout", "embedding", "erf", "flatten",
-           "gelu", "group_norm", "hardsigmoid", "hardswish", "layer_norm", "leaky_relu", "linear",
-           "log_softmax", "max_pool2d", "maximum", "minimum", "mse_loss", "multi_head_attention",
-           "nll_loss", "pad", "relu", "rms_norm", "rsqrt", "scaled_dot_product_attention",
-           "sigmoid", "sign", "silu", "softmax", "softplus", "sub", "tanh", "where"]
+           "gelu", "group_norm", "hardsigmoid", "hardswish", "interpolate", "layer_norm",
+           "leaky_relu", "linear", "log_softmax", "max_pool2d", "maximum", "minimum", "mse_loss",
+           "multi_head_attention", "nll_loss", "pad", "relu", "rms_norm", "rsqrt",
+           "scaled_dot_product_attention", "sigmoid", "sign", "silu", "softmax", "softplus", "sub",
+           "tanh", "where"]

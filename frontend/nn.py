@@ -29,9 +29,10 @@ from .module import Module
 from .norm import BatchNorm1d, BatchNorm2d, GroupNorm, LayerNorm, RMSNorm
 from .param import Parameter
 from .pool import AdaptiveAvgPool2d, AvgPool2d, MaxPool2d
+from .resize import Upsample
 
 __all__ = ["AdaptiveAvgPool2d", "AvgPool2d", "BatchNorm1d", "BatchNorm2d", "Conv1d", "Conv2d",
            "ConvTranspose2d", "Dropout", "Embedding", "Flatten", "GELU", "GroupNorm", "Hardsigmoid",
            "Hardswish", "LayerNorm", "LeakyReLU", "Linear", "MaxPool2d", "Module", "ModuleDict",
            "ModuleList", "MultiHeadAttention", "Parameter", "RMSNorm", "ReLU", "SiLU", "Sequential",
-           "Sigmoid", "Softmax", "Tanh", "functional"]
+           "Sigmoid", "Softmax", "Tanh", "Upsample", "functional"]

@@ -9,7 +9,8 @@ onnx_import.fold), so shape arithmetic needs no entry here.
 The table itself (`RULES`, `rule`, `problems`) is interop/onnx_rules.py's; this module holds
 the core ops, interop/onnx_ops_logic.py the logic and arithmetic extras (And, Mod, TopK,
 Einsum, ...), interop/onnx_ops_index.py GatherElements/GatherND/Scatter* and sequences,
-with `NUMPY_FOLDS`; importing this module registers them all.
+with `NUMPY_FOLDS`, interop/onnx_ops_resize.py Resize; importing this module registers them
+all.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import numpy as np
 from ..frontend import functional as F
 from ..frontend.tensor import Tensor
 from ..ir import numpy_dtype
-from . import onnx_ops_index, onnx_ops_logic  # noqa: F401  (their rules join RULES)
+from . import onnx_ops_index, onnx_ops_logic, onnx_ops_resize  # noqa: F401  (rules join RULES)
 from .onnx_lower import concat, gather, pad, slice_axes, tensor
 from .onnx_ops_index import NUMPY_FOLDS
 from .onnx_read import Node
@@ -312,16 +313,19 @@ def _conv_transpose(node, x, w, b=None):
 
 
 @rule("MaxPool", attrs="auto_pad ceil_mode dilations kernel_shape pads storage_order strides",
-      check=lambda n: _spatial_check(n, dilations=False) + (
+      check=lambda n: _spatial_check(n) + (
           ["the Indices output is not supported"] if len(n.outputs) > 1 and n.outputs[1]
           else []))
 def _max_pool(node, x):
+    """F.max_pool2d, dilations included; uneven pads (or more than its padding allows) as
+    -inf padding first (padding never wins a max)."""
     x0 = tensor(x)
-    x, kernel, strides, _, pads, extra = _geometry(node, x0, list(attr(node, "kernel_shape")))
+    x, kernel, strides, dilations, pads, extra = _geometry(node, x0,
+                                                           list(attr(node, "kernel_shape")))
     pads = [(b, a + e) for (b, a), e in zip(pads, extra)]
-    if any(b != a or 2 * b > k for (b, a), k in zip(pads, kernel)):  # padding never wins a max
+    if any(b != a or 2 * b > d * (k - 1) + 1 for (b, a), k, d in zip(pads, kernel, dilations)):
         x, pads = pad(x, [(0, 0), (0, 0), *pads], value=-np.inf), [(0, 0)] * 2
-    return _unbatch(F.max_pool2d(x, kernel, strides, [b for b, _ in pads]), x0)
+    return _unbatch(F.max_pool2d(x, kernel, strides, [b for b, _ in pads], dilations), x0)
 
 
 @rule("AveragePool", attrs="auto_pad ceil_mode count_include_pad dilations kernel_shape pads "

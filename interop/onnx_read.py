@@ -102,6 +102,13 @@ def _upgrade(proto, opset: int):
     own message where it cannot convert the model."""
     from onnx import version_converter
 
+    resizes = sorted({n.op_type for n in proto.graph.node
+                      if n.op_type in ("Resize", "Upsample") and n.domain in ("", "ai.onnx")})
+    if opset < 11 and resizes:  # the converter keeps their asymmetric coordinates implicit,
+        raise OnnxImportError(  # which opset 13 reads as half_pixel: a silently wrong image
+            f"the model uses opset {opset} with {' and '.join(resizes)}, whose coordinate "
+            f"mapping onnx.version_converter does not carry over to opset {MIN_OPSET}: "
+            "export it again at opset 11 or later")
     try:
         upgraded = version_converter.convert_version(proto, MIN_OPSET)
     except Exception as e:  # the converter's C++ assertions arrive as RuntimeError, ...

@@ -73,7 +73,7 @@ EXPECTED_SKIPS = {
         "test_averagepool_2d_dilations", "test_averagepool_3d_dilations_small",
         *(f"test_averagepool_3d_dilations_large_count_include_pad_is_{i}_ceil_mode_is_{c}"
           for i in (0, 1) for c in ("True", "False")),
-        "test_maxpool_2d_dilations", "test_maxpool_3d_dilations",
+        "test_maxpool_3d_dilations",
         "test_maxpool_3d_dilations_use_ref_impl", "test_maxpool_3d_dilations_use_ref_impl_large"],
     "MaxPool's Indices output": ["test_maxpool_with_argmax_2d_precomputed_pads",
                                  "test_maxpool_with_argmax_2d_precomputed_strides"],
