@@ -17,12 +17,13 @@ from typing import ClassVar
 
 import numpy as np
 
-from ..ir import Graph, Operation, Value, dtype_of, numpy_dtype
+from ..ir import Graph, Operation, TensorType, Value, dtype_of, numpy_dtype
 from ..ir.dense import splat_element
-from ..ir.rewriter import Rewriter, apply_patterns
+from ..ir.rewriter import Pattern, Rewriter, apply_patterns
 from .dce import is_dead
 from .fold import FOLDERS, fold
 from .manager import Pass, register_pass
+from .narrow import producer, tensor_type
 
 FOLD_LIMIT = 1024  # largest result (in elements) that folding materializes
 FOLD_INPUT_LIMIT = 1 << 20  # largest operand folding reads (a huge splat stays unread)
@@ -40,7 +41,7 @@ def splat(v: Value) -> float | None:
     return None if first is None else first.item()
 
 
-def constant(rw: Rewriter, at: Operation, value, type) -> Value:
+def constant(rw: Rewriter, at: Operation, value: object, type: TensorType) -> Value:
     arr = np.ascontiguousarray(np.asarray(value, numpy_dtype(type.dtype))).reshape(type.shape)
     extra = {} if dtype_of(arr.dtype) == type.dtype else {"dtype": type.dtype}
     return rw.op(at, "ember.constant", value=arr, **extra)
@@ -54,12 +55,12 @@ def same(op: Operation, v: Value) -> bool:
 
 def fold_constants(op: Operation, rw: Rewriter) -> bool:
     if (op.name not in FOLDERS or len(op.results) != 1 or op.regions or not op.operands
-            or op.result.type.size > FOLD_LIMIT
-            or any(v.type.size > FOLD_INPUT_LIMIT for v in op.operands)
+            or tensor_type(op.result).size > FOLD_LIMIT
+            or any(tensor_type(v).size > FOLD_INPUT_LIMIT for v in op.operands)
             or any(v.op is None or v.op.name != "ember.constant" for v in op.operands)):
         return False
-    value = fold(op.name, op.attributes, *[v.op.attributes["value"] for v in op.operands])
-    return rw.replace(op, constant(rw, op, value, op.result.type))
+    value = fold(op.name, op.attributes, *[producer(v).attributes["value"] for v in op.operands])
+    return rw.replace(op, constant(rw, op, value, tensor_type(op.result)))
 
 
 def erase_dead(op: Operation, rw: Rewriter) -> bool:
@@ -70,7 +71,7 @@ def erase_dead(op: Operation, rw: Rewriter) -> bool:
     return True
 
 
-def identity_operand(index: int, unit: float):
+def identity_operand(index: int, unit: float) -> Pattern:
     """`x op unit -> x` for the operand at `index` (`x*1`, `x+0`, `x-0`, `x/1`)."""
     def pattern(op: Operation, rw: Rewriter) -> bool:
         x, c = op.operands[index], op.operands[1 - index]
@@ -114,9 +115,10 @@ def broadcast(op: Operation, rw: Rewriter) -> bool:
     if x.op is None or x.op.name not in ("ember.broadcast", "ember.reshape"):
         return False
     src = x.op.operands[0]
-    lead = x.type.rank - src.type.rank  # a reshape that only prepends 1s is a broadcast too
-    if x.op.name == "ember.reshape" and not (lead >= 0 and x.type.shape[lead:] == src.type.shape
-                                             and set(x.type.shape[:lead]) <= {1}):
+    xs, ss = tensor_type(x).shape, tensor_type(src).shape
+    lead = len(xs) - len(ss)  # a reshape that only prepends 1s is a broadcast too
+    if x.op.name == "ember.reshape" and not (lead >= 0 and xs[lead:] == ss
+                                             and set(xs[:lead]) <= {1}):
         return False
     return rw.replace(op, rw.op(op, "ember.broadcast", src, shape=op.attributes["shape"]))
 
@@ -126,21 +128,21 @@ def reduce_of_broadcast(op: Operation, rw: Rewriter) -> bool:
     src = op.operands[0].op
     if src is None or src.name != "ember.broadcast" or op.result.type.dtype == "i1":
         return False
-    x, shape = src.operands[0], src.result.type.shape
-    padded = (1,) * (len(shape) - x.type.rank) + x.type.shape
+    x, shape = src.operands[0], tensor_type(src.result).shape
+    padded = (1,) * (len(shape) - tensor_type(x).rank) + tensor_type(x).shape
     axes = {a % len(shape) for a in op.attributes["axes"]}
     if any(padded[a] != 1 for a in axes) or any(
             padded[a] != shape[a] for a in range(len(shape)) if a not in axes):
         return False
     count = int(np.prod([shape[a] for a in axes]))
     if op.name == "ember.reduce_sum" and count != 1:
-        x = rw.op(op, "ember.mul", x, constant(rw, op, count, x.type.with_shape(())))
-    if x.type.shape != op.result.type.shape:
-        x = rw.op(op, "ember.reshape", x, shape=list(op.result.type.shape))
+        x = rw.op(op, "ember.mul", x, constant(rw, op, count, tensor_type(x).with_shape(())))
+    if tensor_type(x).shape != tensor_type(op.result).shape:
+        x = rw.op(op, "ember.reshape", x, shape=list(tensor_type(op.result).shape))
     return rw.replace(op, x)
 
 
-def _whole(op: Operation, full) -> bool:
+def _whole(op: Operation, full: tuple[int, ...]) -> bool:
     """A slice/unslice window that is all of `full`: it moves nothing."""
     a = op.attributes
     return set(a["step"]) <= {1} and not any(a["start"]) and tuple(a["shape"]) == full
@@ -150,30 +152,30 @@ def slice_(op: Operation, rw: Rewriter) -> bool:
     """The whole of x is x; a slice of an unslice through the same window is its operand;
     a slice of a concat that reads exactly one of its operands is that operand."""
     x = op.operands[0]
-    if _whole(op, x.type.shape):
+    if _whole(op, tensor_type(x).shape):
         return rw.replace(op, x)
     src = x.op
     if src is None:
         return False
     if src.name == "ember.unslice" and src.attributes == {**op.attributes,
-                                                          "shape": list(x.type.shape)} \
+                                                          "shape": list(tensor_type(x).shape)} \
             and same(op, src.operands[0]):
         return rw.replace(op, src.operands[0])
     if src.name == "ember.concat":
-        axis = src.attributes["axis"] % x.type.rank
+        axis = src.attributes["axis"] % tensor_type(x).rank
         at = 0
         for v in src.operands:
-            start = [at if i == axis else 0 for i in range(x.type.rank)]
+            start = [at if i == axis else 0 for i in range(tensor_type(x).rank)]
             if op.attributes["start"] == start and set(op.attributes["step"]) <= {1} \
                     and same(op, v):
                 return rw.replace(op, v)
-            at += v.type.shape[axis]
+            at += tensor_type(v).shape[axis]
     return False
 
 
 def unslice(op: Operation, rw: Rewriter) -> bool:
     x = op.operands[0]
-    return _whole(op, op.result.type.shape) and same(op, x) and rw.replace(op, x)
+    return _whole(op, tensor_type(op.result).shape) and same(op, x) and rw.replace(op, x)
 
 
 def _block(v: Value) -> tuple[int, int, int] | None:
@@ -182,7 +184,8 @@ def _block(v: Value) -> tuple[int, int, int] | None:
     op = v.op
     if op is None or op.name != "ember.unslice" or set(op.attributes["step"]) != {1}:
         return None
-    x, full, start = op.operands[0].type.shape, op.result.type.shape, op.attributes["start"]
+    x, full = tensor_type(op.operands[0]).shape, tensor_type(op.result).shape
+    start = op.attributes["start"]
     cut = [i for i in range(len(full)) if x[i] != full[i] or start[i]]
     if len(cut) != 1:
         return None
@@ -203,10 +206,11 @@ def add_of_unslices(op: Operation, rw: Rewriter) -> bool:
     if ba[2] != bb[1]:
         return False
     axis = ba[0]
-    joined = rw.op(op, "ember.concat", a.op.operands[0], b.op.operands[0], axis=axis)
-    start = [ba[1] if i == axis else 0 for i in range(op.result.type.rank)]
+    joined = rw.op(op, "ember.concat", producer(a).operands[0], producer(b).operands[0],
+                   axis=axis)
+    start = [ba[1] if i == axis else 0 for i in range(tensor_type(op.result).rank)]
     return rw.replace(op, rw.op(op, "ember.unslice", joined, start=start,
-                                step=[1] * len(start), shape=list(op.result.type.shape)))
+                                step=[1] * len(start), shape=list(tensor_type(op.result).shape)))
 
 
 def concat(op: Operation, rw: Rewriter) -> bool:
@@ -214,12 +218,13 @@ def concat(op: Operation, rw: Rewriter) -> bool:
     only here is spliced in."""
     if len(op.operands) == 1:
         return rw.replace(op, op.operands[0])
-    axis = op.attributes["axis"] % op.result.type.rank
-    parts, spliced = [], False
+    axis = op.attributes["axis"] % tensor_type(op.result).rank
+    parts: list[Value] = []
+    spliced = False
     for v in op.operands:
         inner = v.op
         if (inner is not None and inner.name == "ember.concat" and len(v.uses) == 1
-                and inner.attributes["axis"] % v.type.rank == axis):
+                and inner.attributes["axis"] % tensor_type(v).rank == axis):
             parts += inner.operands
             spliced = True
         else:
@@ -227,7 +232,7 @@ def concat(op: Operation, rw: Rewriter) -> bool:
     return spliced and rw.replace(op, rw.op(op, "ember.concat", *parts, axis=axis))
 
 
-PATTERNS = {
+PATTERNS: dict[str, list[Pattern]] = {
     "ember.add": [identity_operand(0, 0), identity_operand(1, 0), add_of_unslices],
     "ember.sub": [identity_operand(0, 0)],
     "ember.mul": [identity_operand(0, 1), identity_operand(1, 1)],

@@ -29,7 +29,7 @@ def freeze(v: Any) -> Any:
     return (type(v).__name__, v)
 
 
-def op_key(op: Operation) -> tuple | None:
+def op_key(op: Operation) -> tuple[Any, ...] | None:
     if (op.regions or not has_trait(op.name, "pure") or has_trait(op.name, "random")
             or op.attributes.get("ember.recompute")):
         return None
@@ -37,7 +37,7 @@ def op_key(op: Operation) -> tuple | None:
             tuple(str(r.type) for r in op.results))
 
 
-def cse_block(block: Block, seen: dict[tuple, Operation]) -> bool:
+def cse_block(block: Block, seen: dict[tuple[Any, ...], Operation]) -> bool:
     """Nested blocks see the ops above them (they are dominated by them), not vice versa.
     Merged ops leave the block in one pass at the end (erasing each from the op list
     would rescan it, quadratic in the block's length)."""

@@ -11,14 +11,16 @@ decomposition CSE merges the two.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
 from ..ir import Builder, Graph, Operation, Value, dtype_of, numpy_dtype
 from ..ir.rewriter import Rewriter, apply_patterns
 from .manager import Pass, PipelineError, register_pass
+from .narrow import tensor_type
 
 LINEAR_CHOICES = ("split", "keep")
 CONV_ATTRS = ("stride", "padding", "dilation", "groups")
@@ -32,7 +34,7 @@ def const(b: Builder, value: float, dtype: str) -> Value:
                 **({} if dtype_of(arr.dtype) == dtype else {"dtype": dtype}))
 
 
-def pick(op: Operation, keys: tuple[str, ...]) -> dict:
+def pick(op: Operation, keys: tuple[str, ...]) -> dict[str, Any]:
     """The attributes `keys` of `op` (never the pass-added ones such as `ember.recompute`)."""
     return {k: op.attributes[k] for k in keys}
 
@@ -44,7 +46,7 @@ def shifted(b: Builder, x: Value, axis: int) -> tuple[Value, Value, Value]:
     `stop_gradient` (as JAX does): autodiff emits no backward ops for it.
     """
     s = x  # over an empty axis nothing can overflow, and there is no max of nothing
-    if x.type.shape[axis]:
+    if tensor_type(x).shape[axis]:
         m = b.op("ember.reduce_max", x, axes=[axis], keepdims=True, stop_gradient=True)
         s = b.op("ember.sub", x, m)
     e = b.op("ember.exp", s)
@@ -63,19 +65,19 @@ def softmax(b: Builder, x: Value, axis: int) -> Value:
 
 def matmul_2d(b: Builder, x: Value, w: Value) -> Value:
     """x[..., d] @ w[d, o] as one rank-2 matmul: leading dims are flattened (and restored)."""
-    lead = x.type.shape[:-1]
+    lead = tensor_type(x).shape[:-1]
     if len(lead) == 1:
         return b.op("ember.matmul", x, w)
-    x2 = b.op("ember.reshape", x, shape=[int(np.prod(lead)), x.type.shape[-1]])
+    x2 = b.op("ember.reshape", x, shape=[int(np.prod(lead)), tensor_type(x).shape[-1]])
     y = b.op("ember.matmul", x2, w)
-    return b.op("ember.reshape", y, shape=[*lead, w.type.shape[1]])
+    return b.op("ember.reshape", y, shape=[*lead, tensor_type(w).shape[1]])
 
 
 def cross_entropy(b: Builder, logits: Value, labels: Value,
                   ignore_index: int | None = None) -> Value:
     """-mean over rows of sum(log_softmax(logits) * one_hot(labels)); the mean over the rows
     whose label is not `ignore_index` when one is given."""
-    onehot = b.op("ember.one_hot", labels, num_classes=logits.type.shape[1],
+    onehot = b.op("ember.one_hot", labels, num_classes=tensor_type(logits).shape[1],
                   dtype=logits.type.dtype)
     picked = b.op("ember.mul", log_softmax(b, logits, 1), onehot)
     rows = b.op("ember.reduce_sum", picked, axes=[1], keepdims=False)
@@ -93,7 +95,8 @@ def kept_rows(b: Builder, labels: Value, ignore_index: int, dtype: str) -> Value
     return b.op("ember.cast", b.op("ember.cmp", labels, ignored, predicate="ne"), dtype=dtype)
 
 
-def normalize(b: Builder, x: Value, axes: list[int], eps: float):
+def normalize(b: Builder, x: Value, axes: list[int],
+              eps: float) -> tuple[Value, Value, Value, Value]:
     """(x - mean) * rsqrt(var + eps) over `axes` (kept as size 1): returns (xhat, rstd, mean,
     var), the biased variance computed from the centered values (two passes, stable)."""
     mean = b.op("ember.reduce_mean", x, axes=axes, keepdims=True)
@@ -105,7 +108,9 @@ def normalize(b: Builder, x: Value, axes: list[int], eps: float):
 
 def channel(b: Builder, p: Value, rank: int) -> Value:
     """A per-channel [C] vector shaped to broadcast on axis 1 of a rank-`rank` tensor."""
-    return p if rank == 2 else b.op("ember.reshape", p, shape=[p.type.shape[0]] + [1] * (rank - 2))
+    if rank == 2:
+        return p
+    return b.op("ember.reshape", p, shape=[tensor_type(p).shape[0]] + [1] * (rank - 2))
 
 
 def layer_norm(b: Builder, op: Operation) -> Value:
@@ -120,15 +125,15 @@ def batch_norm(b: Builder, op: Operation) -> tuple[Value, Value, Value]:
     """Training: batch statistics (biased var to normalize, unbiased for the running update,
     as PyTorch); inference: the running statistics, returned unchanged."""
     x, gamma, beta, rm, rv = op.operands
-    a, rank, dtype = op.attributes, x.type.rank, x.type.dtype
+    a, rank, dtype = op.attributes, tensor_type(x).rank, x.type.dtype
     axes = [0, *range(2, rank)]
     if a["training"]:
         xhat, _, mean, var = normalize(b, x, axes, a["eps"])
-        count = x.type.size // x.type.shape[1]
+        count = tensor_type(x).size // tensor_type(x).shape[1]
         keep, m = const(b, 1 - a["momentum"], dtype), const(b, a["momentum"], dtype)
 
         def update(old: Value, new: Value) -> Value:
-            new = b.op("ember.reshape", new, shape=list(old.type.shape))
+            new = b.op("ember.reshape", new, shape=list(tensor_type(old).shape))
             return b.op("ember.add", b.op("ember.mul", old, keep), b.op("ember.mul", new, m))
 
         unbiased = b.op("ember.mul", var, const(b, count / (count - 1), dtype))
@@ -161,21 +166,21 @@ def gelu(b: Builder, x: Value, approximate: str) -> Value:
 
 def transpose_last(b: Builder, v: Value) -> Value:
     """Swap the last two axes."""
-    r = v.type.rank
+    r = tensor_type(v).rank
     return b.op("ember.transpose", v, perm=[*range(r - 2), r - 1, r - 2])
 
 
 def attention_probs(b: Builder, q: Value, k: Value, causal: bool, scale: float) -> Value:
     """softmax(q k^T * scale + mask) over the last axis; the causal mask (key j hidden from
     query i when j > i) is built from two index vectors, never stored as a T x T constant."""
-    dtype, (tq, tk) = q.type.dtype, (q.type.shape[-2], k.type.shape[-2])
+    dtype, (tq, tk) = q.type.dtype, (tensor_type(q).shape[-2], tensor_type(k).shape[-2])
     s = b.op("ember.mul", b.op("ember.matmul", q, transpose_last(b, k)), const(b, scale, dtype))
     if causal:
         rows = b.op("ember.constant", value=np.arange(tq, dtype=np.int64).reshape(tq, 1))
         cols = b.op("ember.constant", value=np.arange(tk, dtype=np.int64))
         hidden = b.op("ember.cmp", cols, rows, predicate="gt")
         s = b.op("ember.select", hidden, const(b, -np.inf, dtype), s)
-    return softmax(b, s, s.type.rank - 1)
+    return softmax(b, s, tensor_type(s).rank - 1)
 
 
 def attention(b: Builder, op: Operation) -> Value:
@@ -191,7 +196,7 @@ def conv2d(b: Builder, op: Operation) -> Value:
 
 
 def _axes(op: Operation) -> list[int]:
-    rank = op.operands[0].type.rank
+    rank = tensor_type(op.operands[0]).rank
     return sorted(a % rank for a in op.attributes["axes"])
 
 
@@ -202,15 +207,23 @@ def _linear(b: Builder, op: Operation) -> Value:
 
 
 def _axis(op: Operation) -> int:
-    return op.attributes["axis"] % op.operands[0].type.rank
+    axis: int = op.attributes["axis"]
+    return axis % tensor_type(op.operands[0]).rank
 
 
-RULES = {
+def _cross_entropy(b: Builder, op: Operation) -> Value:
+    logits, labels = op.operands
+    return cross_entropy(b, logits, labels, op.attributes.get("ignore_index"))
+
+
+# each returns the op's replacement: its one result, or a tuple of its results
+Lowering = Callable[[Builder, Operation], Value | tuple[Value, ...]]
+
+RULES: dict[str, Lowering] = {
     "nn.linear": _linear,
     "nn.log_softmax": lambda b, op: log_softmax(b, op.operands[0], _axis(op)),
     "nn.softmax": lambda b, op: softmax(b, op.operands[0], _axis(op)),
-    "nn.cross_entropy": lambda b, op: cross_entropy(b, *op.operands,
-                                                    op.attributes.get("ignore_index")),
+    "nn.cross_entropy": _cross_entropy,
     "nn.conv2d": conv2d,
     "nn.layer_norm": layer_norm,
     "nn.batch_norm": batch_norm,
@@ -225,7 +238,7 @@ class Decompose(Pass):
     name: ClassVar[str] = "decompose"
     linear: str = "split"
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.linear not in LINEAR_CHOICES:
             raise PipelineError(f"decompose: linear={self.linear!r} is not one of "
                                 f"{', '.join(LINEAR_CHOICES)}")

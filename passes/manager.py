@@ -17,7 +17,7 @@ import time
 import typing
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import ClassVar, TextIO
+from typing import Any, ClassVar, TextIO
 
 from ..ir import Graph, VerifyError, verify
 
@@ -74,7 +74,7 @@ def register_pass(cls: type[Pass]) -> type[Pass]:
     return cls
 
 
-def _convert(pass_name: str, key: str, text: str, kind: type):
+def _convert(pass_name: str, key: str, text: str, kind: type) -> Any:
     try:
         if kind is bool:
             if text not in ("true", "false"):
@@ -87,7 +87,7 @@ def _convert(pass_name: str, key: str, text: str, kind: type):
                             f"(expected {want})") from None
 
 
-def _format(v) -> str:
+def _format(v: object) -> str:
     return ("true" if v else "false") if isinstance(v, bool) else str(v)
 
 

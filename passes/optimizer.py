@@ -38,6 +38,7 @@ import numpy as np
 
 from ..ir import Builder, Graph, TensorType, Value, numpy_dtype
 from .manager import Pass, PipelineError, register_pass
+from .narrow import rank
 
 SLOTS = {"sgd": ("momentum",), "adam": ("exp_avg", "exp_avg_sq"),
          "adamw": ("exp_avg", "exp_avg_sq")}
@@ -177,8 +178,9 @@ class Optimizer(Pass):
         total = None
         for g in grads:
             sq = b.op("ember.reduce_sum", b.op("ember.mul", g, g),
-                      axes=list(range(g.type.rank)), keepdims=False)
+                      axes=list(range(rank(g))), keepdims=False)
             total = sq if total is None else b.op("ember.add", total, sq)
+        assert total is not None  # grads is not empty: grads[0] is read above
         norm = b.op("ember.add", b.op("ember.sqrt", total), const(1e-6))
         coef = b.op("ember.min", b.op("ember.div", const(self.clip_norm), norm), const(1.0))
         return [b.op("ember.mul", g, coef) for g in grads]

@@ -36,6 +36,7 @@ records which result axes carry which dimension, for the runtime to cut them bac
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar, NamedTuple
 
@@ -45,6 +46,7 @@ from ..ir import Builder, Graph, Operation, Value, has_trait, numpy_dtype
 from ..ir.opdef import normalize_axes
 from .decompose import const
 from .manager import Pass, PipelineError, register_pass
+from .narrow import tensor_type
 
 
 class PadMaskError(PipelineError):
@@ -59,7 +61,17 @@ class Pad(NamedTuple):
     bucket: int
 
 
-Pads = dict  # axis -> Pad, for one value
+Pads = dict[int, Pad]  # axis -> Pad, for one value
+Ins = list[Pads | None]  # the pads of each operand of an op, None where it has none
+Outs = list[Pads | None]  # the pads of each result, as a rule gives them
+
+
+def first_pads(ins: Ins) -> Pads:
+    """The pads of a one-operand op's operand: a rule runs only on an op with a padded
+    operand, here the only one."""
+    pads = ins[0]
+    assert pads is not None
+    return pads
 
 
 def refuse(op: Operation, why: str) -> PadMaskError:
@@ -80,15 +92,16 @@ class Masker:
             marked += [(op.result, axis, name)
                        for axis, name in op.attributes.pop("ember.padded", ())]
         for v, axis, name in marked:
-            self.pads.setdefault(v, {})[int(axis)] = Pad(name, 1, v.type.shape[int(axis)])
-        self._masks: dict[tuple, Value] = {}
-        self._filled: dict[Value, tuple] = {}  # selects `zeroed` made: their axes and fill
+            self.pads.setdefault(v, {})[int(axis)] = Pad(name, 1, tensor_type(v).shape[int(axis)])
+        self._masks: dict[tuple[Pad, int, int, int], Value] = {}
+        # selects `zeroed` made: their axes and fill
+        self._filled: dict[Value, tuple[tuple[tuple[int, Pad], ...], float]] = {}
 
     def mask(self, b: Builder, v: Value, axes: Pads) -> Value:
         """i1, true at the real positions of `v` along `axes`, shaped to broadcast with it."""
-        out = None
+        out: Value | None = None
         for axis, pad in sorted(axes.items()):
-            rank, extent = v.type.rank, v.type.shape[axis]
+            rank, extent = tensor_type(v).rank, tensor_type(v).shape[axis]
             key = (pad, rank, axis, extent)
             if key not in self._masks:
                 shape = [1] * rank
@@ -99,6 +112,7 @@ class Masker:
             m = self._masks[key]
             out = m if out is None else b.op("ember.select", out, m,
                                               b.op("ember.constant", value=np.array(False)))
+        assert out is not None  # every caller masks at least one axis
         return out
 
     def zeroed(self, b: Builder, v: Value, axes: Pads, fill: float = 0.0) -> Value:
@@ -117,12 +131,14 @@ class Masker:
     def count(self, b: Builder, v: Value, axes: list[int], dtype: str) -> Value:
         """How many real elements of `v` the reduction over `axes` sees, as `dtype`."""
         pads = self.pads.get(v, {})
-        static = math.prod(v.type.shape[a] // (pads[a].bucket if a in pads else 1) for a in axes)
+        shape = tensor_type(v).shape
+        static = math.prod(shape[a] // (pads[a].bucket if a in pads else 1) for a in axes)
         n = None if static == 1 else b.op("ember.constant", value=np.array(static, np.int64))
         for a in axes:
             if a in pads:
                 length = self.lengths[pads[a].name]
                 n = length if n is None else b.op("ember.mul", n, length)
+        assert n is not None  # reduce counts only when a reduced axis is padded
         return b.op("ember.cast", n, dtype=dtype)
 
 
@@ -132,31 +148,31 @@ def merge(op: Operation, into: Pads, axis: int, pad: Pad) -> None:
     into[axis] = pad
 
 
-def elementwise(m: Masker, op: Operation, ins: list) -> list:
+def elementwise(m: Masker, op: Operation, ins: Ins) -> Outs:
     """Operands broadcast right-aligned to the result; a padded axis never broadcasts."""
-    shape = op.results[0].type.shape
+    shape = tensor_type(op.results[0]).shape
     out: Pads = {}
     for v, pads in zip(op.operands, ins):
-        off = len(shape) - v.type.rank
+        off = len(shape) - tensor_type(v).rank
         for axis, pad in (pads or {}).items():
-            if v.type.shape[axis] != shape[axis + off]:
+            if tensor_type(v).shape[axis] != shape[axis + off]:
                 raise refuse(op, f"padded axis {axis} is broadcast")
             merge(op, out, axis + off, pad)
     return [out] * len(op.results)
 
 
-def first_operand(m: Masker, op: Operation, ins: list) -> list:
+def first_operand(m: Masker, op: Operation, ins: Ins) -> Outs:
     """Ops whose result is their first operand's shape, position by position."""
     if any(ins[1:]):
         raise refuse(op, "a padded operand after the first")
     return [ins[0]]
 
 
-def reshape(m: Masker, op: Operation, ins: list) -> list:
+def reshape(m: Masker, op: Operation, ins: Ins) -> Outs:
     """A padded run of flat positions [F, F * bucket) must fall within one result axis."""
-    src, dst = op.operands[0].type.shape, op.results[0].type.shape
+    src, dst = tensor_type(op.operands[0]).shape, tensor_type(op.results[0]).shape
     out: Pads = {}
-    for axis, pad in ins[0].items():
+    for axis, pad in first_pads(ins).items():
         flat = math.prod(src[axis + 1:]) * pad.inner
         for c in range(len(dst)):
             stride = math.prod(dst[c + 1:])
@@ -170,12 +186,14 @@ def reshape(m: Masker, op: Operation, ins: list) -> list:
     return [out]
 
 
-def transpose(m: Masker, op: Operation, ins: list) -> list:
+def transpose(m: Masker, op: Operation, ins: Ins) -> Outs:
     perm = op.attributes["perm"]
-    return [{j: ins[0][p] for j, p in enumerate(perm) if p in ins[0]}]
+    pads = first_pads(ins)
+    return [{j: pads[p] for j, p in enumerate(perm) if p in pads}]
 
 
-def contract(m: Masker, op: Operation, ins: list, place) -> list:
+def contract(m: Masker, op: Operation, ins: Ins,
+             place: Callable[[int, int], int | None]) -> Outs:
     """Zero the padded positions of each operand padded on its contracted axis; the other
     axes keep their pads where `place(operand, axis)` puts them (None: contracted)."""
     b = Builder.before_op(op)
@@ -185,15 +203,16 @@ def contract(m: Masker, op: Operation, ins: list, place) -> list:
         if contracted:
             op.set_operand(i, m.zeroed(b, v, contracted))
         for axis, pad in (pads or {}).items():
-            if axis not in contracted:
-                merge(op, out, place(i, axis), pad)
+            to = place(i, axis)  # None exactly for the contracted axes
+            if to is not None:
+                merge(op, out, to, pad)
     return [out]
 
 
-def matmul(m: Masker, op: Operation, ins: list) -> list:
+def matmul(m: Masker, op: Operation, ins: Ins) -> Outs:
     """[..., M, K] @ [..., K, N]: M, N and the (right-aligned) batch axes carry pads."""
-    rank = op.results[0].type.rank
-    ranks = [v.type.rank for v in op.operands]
+    rank = tensor_type(op.results[0]).rank
+    ranks = [tensor_type(v).rank for v in op.operands]
 
     def place(i: int, axis: int) -> int | None:
         last = ranks[i] - 1
@@ -206,17 +225,17 @@ def matmul(m: Masker, op: Operation, ins: list) -> list:
     return contract(m, op, ins, place)
 
 
-def linear(m: Masker, op: Operation, ins: list) -> list:
+def linear(m: Masker, op: Operation, ins: Ins) -> Outs:
     if any(ins[1:]):
         raise refuse(op, "a padded weight or bias")
-    last = op.operands[0].type.rank - 1
+    last = tensor_type(op.operands[0]).rank - 1
     return contract(m, op, ins, lambda i, axis: None if axis == last else axis)
 
 
-def reduce(m: Masker, op: Operation, ins: list) -> list:
+def reduce(m: Masker, op: Operation, ins: Ins) -> Outs:
     x = op.operands[0]
-    axes = normalize_axes(op.name, op.attributes["axes"], x.type.rank)
-    pads = ins[0]
+    axes = normalize_axes(op.name, op.attributes["axes"], tensor_type(x).rank)
+    pads = first_pads(ins)
     reduced = {a: pads[a] for a in axes if a in pads}
     keep = op.attributes["keepdims"]
     out = {(a if keep else a - sum(r < a for r in axes)): p
@@ -235,15 +254,15 @@ def reduce(m: Masker, op: Operation, ins: list) -> list:
     return [out]
 
 
-def softmax(m: Masker, op: Operation, ins: list) -> list:
-    x, pads = op.operands[0], ins[0]
-    axis = op.attributes["axis"] % x.type.rank
+def softmax(m: Masker, op: Operation, ins: Ins) -> Outs:
+    x, pads = op.operands[0], first_pads(ins)
+    axis = op.attributes["axis"] % tensor_type(x).rank
     if axis in pads:
         op.set_operand(0, m.zeroed(Builder.before_op(op), x, {axis: pads[axis]}, -math.inf))
     return [pads]
 
 
-def cross_entropy(m: Masker, op: Operation, ins: list) -> list:
+def cross_entropy(m: Masker, op: Operation, ins: Ins) -> Outs:
     """The mean over real rows (those also not `ignore_index`) of each row's loss."""
     logits, labels = op.operands
     pads: Pads = dict(ins[0] or {})
@@ -253,7 +272,7 @@ def cross_entropy(m: Masker, op: Operation, ins: list) -> list:
         raise refuse(op, "the class axis is padded")
     b = Builder.before_op(op)
     dtype = logits.type.dtype
-    onehot = b.op("ember.one_hot", labels, num_classes=logits.type.shape[1], dtype=dtype)
+    onehot = b.op("ember.one_hot", labels, num_classes=tensor_type(logits).shape[1], dtype=dtype)
     picked = b.op("ember.mul", b.op("nn.log_softmax", logits, axis=1), onehot)
     rows = b.op("ember.reduce_sum", picked, axes=[1], keepdims=False)
     real = m.mask(b, rows, {0: pads[0]})
@@ -272,27 +291,27 @@ def cross_entropy(m: Masker, op: Operation, ins: list) -> list:
     return [{}]
 
 
-def layer_norm(m: Masker, op: Operation, ins: list) -> list:
+def layer_norm(m: Masker, op: Operation, ins: Ins) -> Outs:
     x = op.operands[0]
-    axes = normalize_axes(op.name, op.attributes["axes"], x.type.rank)
+    axes = normalize_axes(op.name, op.attributes["axes"], tensor_type(x).rank)
     if any(ins[1:]) or any(a in (ins[0] or {}) for a in axes):
         raise refuse(op, "it normalizes over a padded axis")
     return [ins[0]]
 
 
-def batch_norm(m: Masker, op: Operation, ins: list) -> list:
+def batch_norm(m: Masker, op: Operation, ins: Ins) -> Outs:
     pads = ins[0] or {}
     if any(ins[1:]) or 1 in pads or (pads and op.attributes["training"]):
         raise refuse(op, "batch statistics over a padded axis")
     return [pads, {}, {}]
 
 
-def attention(m: Masker, op: Operation, ins: list) -> list:
+def attention(m: Masker, op: Operation, ins: Ins) -> Outs:
     """Causal attention whose queries and keys are padded alike needs no mask on the scores
     (a real query attends to earlier keys only, all of them real); a non-causal one is
     spelled out, with -inf at the padded keys' scores before the softmax."""
     q, k, v = op.operands
-    rank = q.type.rank
+    rank = tensor_type(q).rank
     pq, pk, pv = (p or {} for p in ins)
     if rank - 1 in pq or rank - 1 in pk:
         raise refuse(op, "the head dimension is padded")
@@ -312,8 +331,9 @@ def attention(m: Masker, op: Operation, ins: list) -> list:
     if rank - 1 in pv:
         out[rank - 1] = pv[rank - 1]
     query = pq.get(rank - 2)
-    if not keys or (op.attributes["causal"] and keys == {query} and query.inner == 1
-                    and q.type.shape[-2] == k.type.shape[-2]):
+    if not keys or (op.attributes["causal"] and keys == {query}
+                    and query is not None and query.inner == 1
+                    and tensor_type(q).shape[-2] == tensor_type(k).shape[-2]):
         return [out]
     if op.attributes["causal"]:
         raise refuse(op, "causal attention whose keys are padded unlike its queries")
@@ -328,24 +348,24 @@ def attention(m: Masker, op: Operation, ins: list) -> list:
     return [out]
 
 
-def gather(m: Masker, op: Operation, ins: list) -> list:
+def gather(m: Masker, op: Operation, ins: Ins) -> Outs:
     table, idx = op.operands
     if idx.op is not None and idx.op.name == "ember.constant" \
-            and idx.op.attributes["value"].max(initial=0) >= table.type.shape[0]:
+            and idx.op.attributes["value"].max(initial=0) >= tensor_type(table).shape[0]:
         raise refuse(op, f"its constant indices (from padded sizes, as an arange) reach past "
-                         f"the {table.type.shape[0]} rows of the table")
+                         f"the {tensor_type(table).shape[0]} rows of the table")
     pads = dict(ins[1] or {})
     if pads:  # padded indices read row 0: what a model makes of padding (idx - 1) may not
         op.set_operand(1, m.zeroed(Builder.before_op(op), idx, pads))  # be a row at all
     for axis, pad in (ins[0] or {}).items():
         if axis == 0:
             raise refuse(op, "the gathered table's rows are padded")
-        merge(op, pads, idx.type.rank + axis - 1, pad)
+        merge(op, pads, tensor_type(idx).rank + axis - 1, pad)
     return [pads]
 
 
-def one_hot(m: Masker, op: Operation, ins: list) -> list:
-    return [dict(ins[0])]
+def one_hot(m: Masker, op: Operation, ins: Ins) -> Outs:
+    return [dict(first_pads(ins))]
 
 
 def along_dynamic(op: Operation, doing: str, axis: int, pad: Pad) -> PadMaskError:
@@ -356,25 +376,25 @@ def along_dynamic(op: Operation, doing: str, axis: int, pad: Pad) -> PadMaskErro
                       f"mask positions with em.where instead of cutting them")
 
 
-def window(m: Masker, op: Operation, ins: list) -> list:
+def window(m: Masker, op: Operation, ins: Ins) -> Outs:
     """slice and unslice keep the rank: a pad stays on its axis when the window takes that
     axis whole. A window that cuts a padded axis is refused: its bounds were traced on the
     bucket, and `x[:, :4]` cannot be told from `x[:, :x.shape[1] - 4]`, whose real part
     follows the length."""
     a = op.attributes
-    n_in, n_out = op.operands[0].type.shape, op.results[0].type.shape
-    for axis, pad in ins[0].items():
+    n_in, n_out = tensor_type(op.operands[0]).shape, tensor_type(op.results[0]).shape
+    for axis, pad in first_pads(ins).items():
         if a["start"][axis] != 0 or n_in[axis] != n_out[axis] or (
                 a["step"][axis] != 1 and n_in[axis] > 1):
             doing = "slicing" if op.name == "ember.slice" else "padding (unslice)"
             raise along_dynamic(op, doing, axis, pad)
-    return [dict(ins[0])]
+    return [dict(first_pads(ins))]
 
 
-def concat(m: Masker, op: Operation, ins: list) -> list:
+def concat(m: Masker, op: Operation, ins: Ins) -> Outs:
     """Every axis but the joined one is shared by all operands: their pads merge, as an
     elementwise op's. Joining along a padded axis would put padding between real parts."""
-    axis = op.attributes["axis"] % op.results[0].type.rank
+    axis = op.attributes["axis"] % tensor_type(op.results[0]).rank
     out: Pads = {}
     for pads in ins:
         for a, pad in (pads or {}).items():
@@ -384,7 +404,9 @@ def concat(m: Masker, op: Operation, ins: list) -> list:
     return [out]
 
 
-RULES = {"ember.broadcast": elementwise, "ember.reshape": reshape,
+Rule = Callable[[Masker, Operation, Ins], Outs]
+
+RULES: dict[str, Rule] = {"ember.broadcast": elementwise, "ember.reshape": reshape,
          "ember.transpose": transpose, "ember.matmul": matmul, "nn.linear": linear,
          "ember.reduce_sum": reduce, "ember.reduce_mean": reduce, "ember.reduce_max": reduce,
          "nn.softmax": softmax, "nn.log_softmax": softmax, "nn.cross_entropy": cross_entropy,
@@ -394,7 +416,7 @@ RULES = {"ember.broadcast": elementwise, "ember.reshape": reshape,
          "ember.allreduce": first_operand}
 
 
-def sums_into_unpadded(op: Operation, ins: list, outs: list) -> bool:
+def sums_into_unpadded(op: Operation, ins: Ins, outs: Outs) -> bool:
     """Whether the backward of `op` sums its padded positions into an operand that lacks
     them: a weight or bias broadcast along a padded axis (its gradient sums over it), a
     matmul's or linear's weight, a gathered table, a norm's affine."""
@@ -403,7 +425,7 @@ def sums_into_unpadded(op: Operation, ins: list, outs: list) -> bool:
         for v, pads in zip(op.operands, ins))
 
 
-def guard_gradients(m: Masker, op: Operation, ins: list, outs: list, after: Builder) -> None:
+def guard_gradients(m: Masker, op: Operation, ins: Ins, outs: Outs, after: Builder) -> None:
     """Zero the padded positions of `op`'s padded operands and of its padded results (the
     uses read the zeroed copy), so that its backward sums only zeros over them: a
     select's gradient is a select (a NaN or inf a padded position holds, from `log(0)` or
@@ -441,7 +463,7 @@ class PadMask(Pass):
         m = Masker(graph)
         ops = list(graph.body.ops)
         for op, successor in zip(ops, ops[1:]):  # the return op ends the block
-            ins = [m.pads.get(v) for v in op.operands]
+            ins: Ins = [m.pads.get(v) for v in op.operands]
             if op.name == "ember.gather":
                 ins = [ins[0] or {}, ins[1] or {}]  # constant indices are checked too
             elif not any(ins):

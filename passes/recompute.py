@@ -54,7 +54,7 @@ values as numbered in the dump right after this pass) and `ember.saved_bytes`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import ClassVar, NamedTuple
@@ -76,6 +76,7 @@ from .dce import Dce
 from .fuse.analysis import VIEWS
 from .fuse.attention import match_probs, read_p
 from .manager import Pass, PipelineError, register_pass
+from .narrow import producer, tensor_type
 
 STRATEGIES = ("none", "all", "balanced", "min-cut")
 RECOMPUTE = "ember.recompute"
@@ -96,8 +97,8 @@ class Clone:
 @dataclass
 class ScheduledOp:
     op: Operation  # for a clone: the forward op it copies
-    operands: list
-    results: list
+    operands: list[Value | Clone]
+    results: list[Value] | list[Clone]  # a clone's are Clones
     clone: bool = False
     forward: bool = False
 
@@ -124,13 +125,13 @@ def compute_bound(op: Operation) -> bool:
 def work(op: Operation) -> int:
     """A rough cost of recomputing `op`: result elements, times the contraction length of
     compute-bound ops."""
-    n = max(1, sum(r.type.size for r in op.results))
+    n = max(1, sum(tensor_type(r).size for r in op.results))
     if not compute_bound(op) or len(op.operands) < 2:
         return n
-    w = op.operands[1].type
+    w = tensor_type(op.operands[1])
     if op.name in ("ember.conv2d", "nn.conv2d"):
         return n * max(1, w.size // max(1, w.shape[0]))
-    return n * max(1, op.operands[0].type.shape[-1])
+    return n * max(1, tensor_type(op.operands[0]).shape[-1])
 
 
 def sink_views(backward: list[Operation], fwd: set[Operation]) -> list[Operation]:
@@ -193,12 +194,13 @@ class Joint:
         for op in self.forward:
             pr = match_probs(op) if op.name == "ember.div" else None
             r = read_p(pr) if pr is not None else None
-            if r is None:
+            if pr is None or r is None:
                 continue
             bases = [b for b in (pr.q[0], pr.k[0], *(v[0] for _, v in r.forward))
                      if not self.free(b)]
-            inputs.update(b.op for b in bases)
-            values, todo = set(), [pr.p, *bases]
+            inputs.update(producer(b) for b in bases)  # not free: not an argument
+            values: set[Value] = set()
+            todo = [pr.p, *bases]
             while todo:  # and their views (a view the backward takes early reads nothing)
                 v = todo.pop()
                 values.add(v)
@@ -244,7 +246,7 @@ class Joint:
 
     def peak(self, s: Schedule) -> int:
         """The planned peak of schedule `s` (the offsets are not placed: not needed)."""
-        resident = dict(argument_classes(self.graph))
+        resident: dict[Hashable, str] = {v: c for v, c in argument_classes(self.graph).items()}
         for e in s.entries:
             if e.op.name in RESIDENT_OPS:
                 resident.update({r: RESIDENT_OPS[e.op.name] for r in e.results})
@@ -258,13 +260,13 @@ class Joint:
         needed = self.needed()
         g = nx.DiGraph()
         relevant: set[Operation] = set()
-        todo = [v.op for v in needed]
+        todo = [producer(v) for v in needed]  # not free: not arguments
         while todo:
             op = todo.pop()
             if op in relevant:
                 continue
             relevant.add(op)
-            todo.extend(u.op for u in op.operands if not self.free(u))
+            todo.extend(producer(u) for u in op.operands if not self.free(u))
         for op in relevant:
             g.add_edge(("in", op), ("out", op), capacity=alpha * sum(map(nbytes, op.results)))
             banned = not recomputable(op) or (compute_bound(op) and not allow_compute)
@@ -327,7 +329,7 @@ class _Scheduler:
             self.s.entries.append(ScheduledOp(bop, operands, list(bop.results)))
         return self.s
 
-    def lookup(self, v: Value):
+    def lookup(self, v: Value) -> Value | Clone | None:
         """What to read for `v` now (saving it if it is kept), or None: to be recomputed."""
         op, j = v.op, self.joint
         if op is None or op not in j.fwd or op.name in RESIDENT_OPS:
@@ -343,26 +345,26 @@ class _Scheduler:
         self.scratch[v] = (copy, self.now)
         return copy
 
-    def get(self, v: Value):
+    def get(self, v: Value) -> Value | Clone:
         found = self.lookup(v)
         if found is not None:
             if isinstance(found, Clone):
                 self.memo[v] = found
             return found
-        stack = [v.op]
+        stack = [producer(v)]  # lookup gives None only for results of forward ops
         while stack:  # post-order over what is missing, without recursion
             op = stack[-1]
             if all(self.lookup(r) is not None for r in op.results):
                 stack.pop()
                 continue
-            missing = [u.op for u in op.operands if self.lookup(u) is None]
+            missing = [producer(u) for u in op.operands if self.lookup(u) is None]
             if missing:
                 stack.extend(missing)
                 continue
             stack.pop()
             clones = [Clone(r) for r in op.results]
-            self.s.entries.append(ScheduledOp(op, [self.lookup(u) for u in op.operands], clones,
-                                        clone=True))
+            operands = [_found(self.lookup(u)) for u in op.operands]
+            self.s.entries.append(ScheduledOp(op, operands, clones, clone=True))
             self.s.cost += work(op)
             self.s.clones += 1
             if self.joint.expensive(op):
@@ -374,10 +376,16 @@ class _Scheduler:
         return self.memo[v]
 
 
+def _found(v: Value | Clone | None) -> Value | Clone:
+    """What `lookup` found for an operand of a copy made once none was missing."""
+    assert v is not None
+    return v
+
+
 def materialize(graph: Graph, s: Schedule) -> None:
     """Rebuild the graph's op list as the schedule says."""
-    made: dict[Clone, Value] = {}
-    ops = []
+    made: dict[Value | Clone, Value] = {}  # each clone -> the result of its copy
+    ops: list[Operation] = []
     for e in s.entries:
         operands = [made[k] if isinstance(k, Clone) else k for k in e.operands]
         if e.clone:
@@ -405,6 +413,10 @@ def value_names(graph: Graph) -> dict[Value, str]:
     return names
 
 
+Best = tuple[int, int, Schedule] | None  # (cost, peak, schedule), see Recompute._min_cut
+Lowest = tuple[int, str] | None  # (peak, how)
+
+
 @register_pass
 @dataclass(frozen=True)
 class Recompute(Pass):
@@ -414,7 +426,7 @@ class Recompute(Pass):
     budget: int = 0
     segments: int = 0  # 0: 1, or for `all` the best within STEP_CAP
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
             raise PipelineError(f"recompute: strategy={self.strategy!r} is not one of "
                                 f"{', '.join(STRATEGIES)}")
@@ -473,7 +485,7 @@ class Recompute(Pass):
         (forward, backward and recompute, see `work`) stays within STEP_CAP times `none`'s
         (fewer segments on a tie)."""
         step = joint.total_work(joint.forward + joint.backward)
-        best: tuple | None = None  # (peak, schedule)
+        best: tuple[int, Schedule] | None = None  # (peak, schedule)
         for n in range(1, MAX_SEGMENTS + 1):
             s = joint.schedule(lambda op: False, n)
             if best is not None and step + s.cost > STEP_CAP * step:
@@ -481,6 +493,7 @@ class Recompute(Pass):
             peak = joint.peak(s)
             if best is None or peak < best[0]:
                 best = (peak, s)
+        assert best is not None  # the first round, one segment, always sets it
         return best[1]
 
     def fallback(self) -> Recompute | None:
@@ -497,27 +510,29 @@ class Recompute(Pass):
         if not self.budget:
             keep = joint.min_cut(top, allow_compute=False)
             return joint.schedule(lambda op: op in keep, self.segments or 1)
-        seen: set[frozenset] = set()
-        best: tuple | None = None  # (cost, peak, schedule) of the cheapest that fits
-        lowest: tuple | None = None  # (peak, how) of the lowest peak found
+        seen: set[frozenset[Operation]] = set()
+        best: Best = None  # (cost, peak, schedule) of the cheapest that fits
+        lowest: Lowest = None  # (peak, how) of the lowest peak found
         for allow in (False, True):
             for alpha in [top >> k for k in range(top.bit_length() + 1)]:
-                keep = frozenset(joint.min_cut(alpha, allow))
-                if keep in seen:
+                cut = frozenset(joint.min_cut(alpha, allow))
+                if cut in seen:
                     continue
-                seen.add(keep)
-                s = joint.schedule(lambda op, k=keep: op in k, self.segments or 1)
+                seen.add(cut)
+                s = joint.schedule(cut.__contains__, self.segments or 1)
                 best, lowest = self._consider(joint, s, best, lowest)
         for n in (1, 2, 4, 8, 16):  # then recompute everything, in more and more segments
             s = joint.schedule(lambda op: False, n)
             best, lowest = self._consider(joint, s, best, lowest)
         if best is None:
+            assert lowest is not None  # every _consider sets it
             raise PipelineError(f"recompute: the memory budget of {self.budget} bytes cannot "
                                 f"be met: the best achievable planned peak is {lowest[0]} "
                                 f"bytes ({lowest[1]})")
         return best[2]
 
-    def _consider(self, joint: Joint, s: Schedule, best, lowest):
+    def _consider(self, joint: Joint, s: Schedule, best: Best,
+                  lowest: Lowest) -> tuple[Best, Lowest]:
         peak = joint.peak(s)
         if lowest is None or peak < lowest[0]:
             lowest = (peak, f"saving {len(s.saved)} values of {sum(map(nbytes, s.saved))} bytes"

@@ -1,6 +1,7 @@
 """The type checker as CI runs it (issue 38 item 4): mypy over the whole package with
-pyproject.toml's [tool.mypy], strict on ember.ir, which must have no errors; the count for
-the rest of the package (checked with mypy's defaults) is only reported.
+pyproject.toml's [tool.mypy], strict on ember.ir and ember.passes, which must have no
+errors; the count for the rest of the package (checked with mypy's defaults) is only
+reported.
 
 The repository root is the `ember` package (setuptools' package-dir) and an editable
 install is an import hook mypy cannot follow, so mypy runs from a folder holding a link
@@ -25,7 +26,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-STRICT = "ember/ir/"  # errors under this prefix fail the check
+STRICT = ("ember/ir/", "ember/passes/")  # errors under these prefixes fail the check
+STRICT_MODULES = ("ember.ir", "ember.passes")  # the same, as [tool.mypy] overrides name them
 _ERROR = re.compile(r"^(?P<path>[^:\n]+):\d+(?::\d+)?: error: ", re.M)
 
 
@@ -35,7 +37,7 @@ class Report:
     errors: list[str]  # the path of each error, as mypy prints it (ember/ir/core.py)
     seconds: float
 
-    def under(self, prefix: str) -> list[str]:
+    def under(self, prefix: str | tuple[str, ...]) -> list[str]:
         return [line for line in self.output.splitlines()
                 if ": error: " in line and line.startswith(prefix)]
 
@@ -76,21 +78,26 @@ def report(request: pytest.FixtureRequest) -> Report:
         pytest.skip(f"cannot link the checkout as `ember`: {e}")
 
 
-def test_ir_override_is_strict() -> None:
-    """ember.ir's override turns on --strict's checks one by one (`strict = true` there
-    would apply to every module: mypy reads it as the global flag)."""
+@pytest.mark.parametrize("package", STRICT_MODULES)
+def test_override_is_strict(package: str) -> None:
+    """The package's override (one section, the package and its submodules) turns on
+    --strict's checks one by one (`strict = true` there would apply to every module: mypy
+    reads it as the global flag)."""
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mypy"]
     assert "strict" not in config
-    ir = [o for o in config["overrides"] if "ember.ir.*" in o["module"]]
-    assert len(ir) == 1 and "strict" not in ir[0]
+    found = [o for o in config["overrides"] if f"{package}.*" in o["module"]]
+    assert len(found) == 1 and "strict" not in found[0]
+    assert package in found[0]["module"]
     for flag in ("disallow_untyped_defs", "disallow_incomplete_defs", "disallow_any_generics",
-                 "disallow_untyped_calls", "check_untyped_defs", "warn_return_any"):
-        assert ir[0].get(flag) is True, flag
+                 "disallow_untyped_calls", "check_untyped_defs", "warn_return_any",
+                 "no_implicit_reexport", "strict_equality"):
+        assert found[0].get(flag) is True, flag
 
 
-def test_ir_is_strictly_typed(report: Report) -> None:
-    bad = report.under(STRICT)
-    assert not bad, f"{len(bad)} mypy errors in ember.ir (strict):\n" + "\n".join(bad)
+@pytest.mark.parametrize("prefix", STRICT)
+def test_is_strictly_typed(report: Report, prefix: str) -> None:
+    bad = report.under(prefix)
+    assert not bad, f"{len(bad)} mypy errors in {prefix} (strict):\n" + "\n".join(bad)
 
 
 def test_package_error_count(report: Report,
@@ -112,5 +119,5 @@ if __name__ == "__main__":
     print(r.output, end="")
     strict = r.under(STRICT)
     print(f"{len(r.errors)} errors in {len(set(r.errors))} files, {len(strict)} in "
-          f"ember.ir (strict); {r.seconds:.1f} s")
+          f"{' and '.join(STRICT)} (strict); {r.seconds:.1f} s")
     sys.exit(1 if strict else 0)

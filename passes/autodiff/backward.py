@@ -15,8 +15,10 @@ from functools import reduce
 from typing import ClassVar
 
 from ...ir import Builder, Graph, Operation, TensorType, Value
+from ..decompose import const
 from ..manager import Pass, PipelineError, register_pass
-from .rules import RULES, const
+from ..narrow import tensor_type
+from .rules import RULES
 
 
 class AutodiffError(PipelineError):
@@ -76,7 +78,7 @@ class Autodiff(Pass):
         ret = graph.return_op
         outputs = list(ret.operands)
         loss = outputs[0] if outputs else None
-        if loss is None or not (is_float(loss) and loss.type.shape == ()):
+        if loss is None or not (is_float(loss) and tensor_type(loss).shape == ()):
             got = "no results" if loss is None else str(loss.type)
             raise AutodiffError(f"autodiff: the loss (first result of @{graph.name}) must be a "
                                 f"scalar float tensor such as tensor<f32>, got {got}")
@@ -118,7 +120,9 @@ class Autodiff(Pass):
 def _total(b: Builder, ops: list[Operation], grads: dict[Value, Value]) -> Value:
     """The gradient of a param id; zeros when the loss does not depend on it."""
     gs = [grads[p.result] for p in ops if p.result in grads]
-    return reduce(lambda x, y: b.op("ember.add", x, y), gs) if gs else _zeros(b, ops[0].result.type)
+    if not gs:
+        return _zeros(b, tensor_type(ops[0].result))
+    return reduce(lambda x, y: b.op("ember.add", x, y), gs)
 
 
 def _zeros(b: Builder, t: TensorType) -> Value:

@@ -7,26 +7,33 @@ copy repeats (`originals`).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from ...ir import Block, Operation, Value
 from ...ir.dense import splat_element
 from ...ir.memory_plan import RESIDENT_OPS
 from ...ir.opdef import has_trait, normalize_axes
+from ..narrow import tensor_type
 
 RECOMPUTE = "ember.recompute"  # the recompute pass's mark on recomputed copies
 VIEWS = ("ember.transpose", "ember.broadcast", "ember.reshape")
 REDUCTIONS = {"ember.reduce_sum": "add", "ember.reduce_mean": "add", "ember.reduce_max": "max"}
-Dims = tuple  # one entry per dim of a value: the space dim it runs along, None for size 1
+# one entry per dim of a value: the space dim it runs along, None for size 1
+Dims = tuple[int | None, ...]
+# (space, operand dims, result dims, reduced dims) of a fusible op
+Description = tuple[list[int], list[Dims], Dims, frozenset[int]]
 
 
-def contiguous(shape) -> list[int]:
-    out, s = [], 1
+def contiguous(shape: Sequence[int]) -> list[int]:
+    out: list[int] = []
+    s = 1
     for d in reversed(shape):
         out.append(s)
         s *= d
     return out[::-1]
 
 
-def splat_value(v: Value):
+def splat_value(v: Value) -> float | None:
     """The element of a splat `ember.constant` (all elements equal), else None."""
     op = v.op
     if op is None or op.name != "ember.constant":
@@ -43,30 +50,30 @@ def kernel_op(name: str) -> str | None:
     return None
 
 
-def _space(shape) -> tuple[list[int], dict[int, int]]:
+def _space(shape: Sequence[int]) -> tuple[list[int], dict[int, int]]:
     keep = [i for i, d in enumerate(shape) if d != 1]
     return [shape[i] for i in keep], {i: k for k, i in enumerate(keep)}
 
 
-def _aligned(shape, out, pos) -> Dims:
+def _aligned(shape: Sequence[int], out: Sequence[int], pos: dict[int, int]) -> Dims:
     """Dims of an operand read with numpy broadcasting against result shape `out`."""
     off = len(out) - len(shape)
     return tuple(None if d == 1 else pos[i + off] for i, d in enumerate(shape))
 
 
-def describe(op: Operation) -> tuple[list[int], list[Dims], Dims, frozenset] | None:
+def describe(op: Operation) -> Description | None:
     """(space, operand dims, result dims, reduced dims) of a fusible op; None otherwise."""
     name = op.name
-    if len(op.results) != 1 or any(v.type.size == 0 for v in (*op.operands, op.result)):
+    if len(op.results) != 1 or any(tensor_type(v).size == 0 for v in (*op.operands, op.result)):
         return None
-    out = op.result.type.shape
+    out = tensor_type(op.result).shape
     if name == "ember.matmul":
         if not op.result.type.is_float or op.result.type.dtype not in ("f32", "f64"):
             return None
         space, pos = _space(out)
         return space, [], tuple(pos.get(i) for i in range(len(out))), frozenset()
     if name in REDUCTIONS:
-        t = op.operands[0].type
+        t = tensor_type(op.operands[0])
         if not t.is_float:
             return None
         axes = normalize_axes(name, op.attributes["axes"], t.rank)
@@ -80,22 +87,23 @@ def describe(op: Operation) -> tuple[list[int], list[Dims], Dims, frozenset] | N
     res = tuple(pos.get(i) for i in range(len(out)))
     if name == "ember.transpose":
         perm = op.attributes["perm"]
-        src = [None] * len(perm)
+        src: list[int | None] = [None] * len(perm)
         for j, p in enumerate(perm):
             src[p] = pos.get(j)
         return space, [tuple(src)], res, frozenset()
     if name == "ember.reshape":
-        shape = op.operands[0].type.shape
+        shape = tensor_type(op.operands[0]).shape
         if [d for d in shape if d != 1] != space:
             return None
         it = iter(range(len(space)))
         return space, [tuple(None if d == 1 else next(it) for d in shape)], res, frozenset()
     if name == "ember.one_hot":
-        labels = op.operands[0].type.shape
+        labels = tensor_type(op.operands[0]).shape
         return space, [tuple(None if d == 1 else pos[i] for i, d in enumerate(labels))], \
             res, frozenset()
     if name in ("ember.broadcast", "ember.dropout") or kernel_op(name):
-        return space, [_aligned(v.type.shape, out, pos) for v in op.operands], res, frozenset()
+        dims = [_aligned(tensor_type(v).shape, out, pos) for v in op.operands]
+        return space, dims, res, frozenset()
     return None
 
 
@@ -103,11 +111,11 @@ def strided(v: Value) -> tuple[Value, list[int]]:
     """`v` as (base value, element strides): transposes, broadcasts and reshapes that keep
     a strided layout are looked through, so a matmul reads them in place."""
     op = v.op
-    shape = v.type.shape
+    shape = tensor_type(v).shape
     if op is None or op.name not in VIEWS:
         return v, contiguous(shape)
     base, st = strided(op.operands[0])
-    src = op.operands[0].type.shape
+    src = tensor_type(op.operands[0]).shape
     if op.name == "ember.transpose":
         return base, [st[p] for p in op.attributes["perm"]]
     if op.name == "ember.broadcast":
@@ -118,10 +126,12 @@ def strided(v: Value) -> tuple[Value, list[int]]:
     return (base, new) if new is not None else (v, contiguous(shape))
 
 
-def _reshape_strides(src, st, shape) -> list[int] | None:
+def _reshape_strides(src: Sequence[int], st: Sequence[int],
+                     shape: Sequence[int]) -> list[int] | None:
     """Strides that read a strided `src` layout as `shape` without a copy, if any."""
     dims = [(d, s) for d, s in zip(src, st) if d != 1]
-    out, i = [], 0
+    out: list[int] = []
+    i = 0
     want = [d for d in shape]
     j = 0
     while j < len(want):
@@ -165,18 +175,18 @@ def originals(block: Block, forward: set[Operation]) -> dict[Operation, Operatio
     (folded by a later pass) has none."""
     same: dict[Value, Value] = {}  # a copy's result -> the original's
 
-    def operand(v: Value):
+    def operand(v: Value) -> object:
         v = same.get(v, v)
         if v.op is not None and v.op.name in VIEWS:
             return _attrs(v.op), operand(v.op.operands[0])
         return id(v)
 
-    def key(op: Operation) -> tuple:
+    def key(op: Operation) -> tuple[object, ...]:
         return _attrs(op), tuple(map(operand, op.operands))
 
     skip = (*VIEWS, *RESIDENT_OPS)  # params and constants are never recomputed
     index = {key(op): op for op in block.ops if op in forward and op.name not in skip}
-    found = {}
+    found: dict[Operation, Operation] = {}
     for op in block.ops:
         if op not in forward and op.name not in skip:
             o = index.get(key(op))
@@ -186,7 +196,7 @@ def originals(block: Block, forward: set[Operation]) -> dict[Operation, Operatio
     return found
 
 
-def _attrs(op: Operation) -> tuple:
+def _attrs(op: Operation) -> tuple[str, tuple[tuple[str, str], ...]]:
     """op's name and attributes (but the recompute mark), comparable."""
     return op.name, tuple(sorted((k, repr(v)) for k, v in op.attributes.items()
                                  if k != RECOMPUTE))

@@ -23,12 +23,19 @@ through the reshape could not fold into its maps, is never copied.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from ...ir import Block, Builder, Operation, Value
-from ...ir.dialects.kernel_attention import ATTENTION_OPS, logical_shapes, result_maps
+from ...ir.dialects.kernel_attention import (
+    ATTENTION_OPS,
+    AttentionOp,
+    logical_shapes,
+    result_maps,
+)
 from ...ir.opdef import OPS
+from ..narrow import producer, tensor_type
 from .analysis import VIEWS, contiguous, splat_value, strided
 
 View = tuple[Value, tuple[int, ...], tuple[int, ...]]  # buffer, element strides, shape
@@ -76,19 +83,19 @@ def swaps_last(op: Operation) -> bool:
     too, as a function's return)."""
     if op.name != "ember.transpose":
         return False
-    r = op.result.type.rank
+    r = tensor_type(op.result).rank
     return r >= 2 and op.attributes.get("perm") == [*range(r - 2), r - 1, r - 2]
 
 
 def view(v: Value) -> View:
     base, st = strided(v)
-    return base, tuple(st), tuple(v.type.shape)
+    return base, tuple(st), tuple(tensor_type(v).shape)
 
 
 def transposed(v: Value) -> View:
     """The strided view of v^T, for a value read transposed (k^T, v^T)."""
     base, st = strided(v)
-    sh = v.type.shape
+    sh = tensor_type(v).shape
     return base, (*st[:-2], st[-1], st[-2]), (*sh[:-2], sh[-1], sh[-2])
 
 
@@ -116,7 +123,7 @@ def _constant(v: Value) -> np.ndarray | None:
 def _causal_mask(cond: Value, tq: int, tk: int) -> np.ndarray | None:
     """`cond` as a [tq, tk] bool array, when it is a constant that varies only there."""
     m = _constant(cond)
-    if m is None or m.ndim > len(cond.type.shape) or any(d != 1 for d in m.shape[:-2]):
+    if m is None or m.ndim > len(tensor_type(cond).shape) or any(d != 1 for d in m.shape[:-2]):
         return None
     try:
         return np.broadcast_to(m.reshape(m.shape[-2:] if m.ndim >= 2 else m.shape), (tq, tk))
@@ -128,47 +135,54 @@ def match_probs(div: Operation) -> Probs | None:
     """p = div(e, reduce_sum(e)) with e = exp(s - reduce_max(s)), s the scaled (and
     causally masked) scores q k^T of a matmul; each inner value read only inside."""
     e, z = div.operands
-    if not (is_op(z, "ember.reduce_sum") and z.op.operands[0] is e and is_op(e, "ember.exp")):
+    if not (is_op(z, "ember.reduce_sum") and producer(z).operands[0] is e
+            and is_op(e, "ember.exp")):
         return None
-    x = e.op.operands[0]
-    last = div.result.type.rank - 1
-    if (not _last_axis(z.op, last) or sorted(users(e), key=id) != sorted([z.op, div], key=id)
-            or only_user(z) is not div or only_user(x) is not e.op or not is_op(x, "ember.sub")):
+    x = producer(e).operands[0]
+    last = tensor_type(div.result).rank - 1
+    zop, eop = producer(z), producer(e)
+    if (not _last_axis(zop, last) or sorted(users(e), key=id) != sorted([zop, div], key=id)
+            or only_user(z) is not div or only_user(x) is not eop or not is_op(x, "ember.sub")):
         return None
-    s, m = x.op.operands
-    if not (is_op(m, "ember.reduce_max") and m.op.operands[0] is s and _last_axis(m.op, last)
-            and only_user(m) is x.op):
+    xop = producer(x)
+    s, m = xop.operands
+    if not (is_op(m, "ember.reduce_max") and producer(m).operands[0] is s
+            and _last_axis(producer(m), last) and only_user(m) is xop):
         return None
-    if sorted(users(s), key=id) != sorted([m.op, x.op], key=id):
+    mop = producer(m)
+    if sorted(users(s), key=id) != sorted([mop, xop], key=id):
         return None
-    chain = [div, z.op, e.op, x.op, m.op]
+    chain = [div, zop, eop, xop, mop]
     causal, scores = False, s
     if is_op(s, "ember.select"):
-        cond, hidden, kept = s.op.operands
-        if splat_value(hidden) != -np.inf or only_user(kept) is not s.op:
+        sop = producer(s)
+        cond, hidden, kept = sop.operands
+        if splat_value(hidden) != -np.inf or only_user(kept) is not sop:
             return None
-        tq, tk = s.type.shape[-2:]
+        tq, tk = tensor_type(s).shape[-2:]
         mask = _causal_mask(cond, tq, tk)
         if mask is None or not np.array_equal(mask, np.arange(tk) > np.arange(tq)[:, None]):
             return None
         causal, scores = True, kept
-        chain.append(s.op)
+        chain.append(sop)
     scale = 1.0
     if is_op(scores, "ember.mul"):
-        a, b = scores.op.operands
+        scale_op = producer(scores)
+        a, b = scale_op.operands
         c, mm = (splat_value(b), a) if splat_value(b) is not None else (splat_value(a), b)
         if c is None:
             return None
         scale = float(c)
-        chain.append(scores.op)
+        chain.append(scale_op)
         scores = mm
     if not is_op(scores, "ember.matmul") or scores.type.dtype not in ("f32", "f64"):
         return None
-    q, kt = scores.op.operands
-    batch = scores.type.shape[:-2]
-    if q.type.shape[:-2] != batch or kt.type.shape[:-2] != batch:
+    mm_op = producer(scores)
+    q, kt = mm_op.operands
+    batch = tensor_type(scores).shape[:-2]
+    if tensor_type(q).shape[:-2] != batch or tensor_type(kt).shape[:-2] != batch:
         return None  # the matmul broadcasts a batch dim: not one of ours
-    chain.append(scores.op)
+    chain.append(mm_op)
     return Probs(div.result, view(q), transposed(kt), causal, scale, chain)
 
 
@@ -181,7 +195,8 @@ def read_p(pr: Probs) -> Readers | None:
     """Classify every reader of p, or None when one is not a form this fuses."""
     r = Readers()
     p = pr.p
-    dot_mul = ds_mul = None
+    dot_mul: Operation | None = None
+    ds_mul: Operation | None = None
     for user in users(p):
         if user.name == "ember.matmul" and user.operands[0] is p and user.operands[1] is not p:
             r.forward.append((user, view(user.operands[1])))
@@ -189,8 +204,7 @@ def read_p(pr: Probs) -> Readers | None:
                                       for u in users(user.result)):
             r.dv += users(user.result)
             r.ops.append(user)
-        elif user.name == "ember.mul" and _other(user, p) is not None:
-            other = _other(user, p)
+        elif user.name == "ember.mul" and (other := _other(user, p)) is not None:
             reader = only_user(user.result)
             if reader is not None and reader.name == "ember.reduce_sum" and dot_mul is None:
                 dot_mul = user
@@ -202,7 +216,7 @@ def read_p(pr: Probs) -> Readers | None:
             return None
     if (dot_mul is None) != (ds_mul is None):
         return None
-    if dot_mul is not None and not _read_ds(pr, r, dot_mul, ds_mul):
+    if dot_mul is not None and ds_mul is not None and not _read_ds(pr, r, dot_mul, ds_mul):
         return None
     for mm in r.dv:
         if not _same(r, "do", view(mm.operands[1])):
@@ -215,20 +229,23 @@ def _read_ds(pr: Probs, r: Readers, dot_mul: Operation, ds_mul: Operation) -> bo
     dp = _other(dot_mul, pr.p)
     dot = only_user(dot_mul.result)
     sub = _other(ds_mul, pr.p)
-    last = pr.p.type.rank - 1
+    # read_p took products with an operand other than p, dot_mul the one a reduce_sum reads
+    assert dp is not None and sub is not None and dot is not None
+    last = tensor_type(pr.p).rank - 1
     if not (is_op(dp, "ember.matmul") and _last_axis(dot, last)
-            and sub.op.operands == [dp, dot.result] and only_user(dot.result) is sub.op
-            and only_user(sub) is ds_mul
-            and sorted(users(dp), key=id) == sorted([dot_mul, sub.op], key=id)):
+            and producer(sub).operands == [dp, dot.result]
+            and only_user(dot.result) is producer(sub) and only_user(sub) is ds_mul
+            and sorted(users(dp), key=id) == sorted([dot_mul, producer(sub)], key=id)):
         return False
     ds, scaled = ds_mul.result, only_user(ds_mul.result)
     c = _other(scaled, ds) if scaled is not None and scaled.name == "ember.mul" else None
-    if c is not None and splat_value(c) is not None and float(splat_value(c)) == pr.scale:
+    if (scaled is not None and c is not None and (cv := splat_value(c)) is not None
+            and float(cv) == pr.scale):
         ds = scaled.result
         r.ops.append(scaled)
     elif pr.scale != 1.0:  # a scale of 1 is folded away
         return False
-    do, vt = dp.op.operands
+    do, vt = producer(dp).operands
     if not (_same(r, "do", view(do)) and _same(r, "v", transposed(vt))):
         return False
     for user in users(ds):
@@ -242,13 +259,13 @@ def _read_ds(pr: Probs, r: Readers, dot_mul: Operation, ds_mul: Operation) -> bo
             r.ops.append(user)
         else:
             return False
-    r.ops += [dp.op, dot_mul, dot, sub.op, ds_mul]
+    r.ops += [producer(dp), dot_mul, dot, producer(sub), ds_mul]
     return True
 
 
 def _same(r: Readers, name: str, v: View) -> bool:
     """Record the view `name` reads, or check it is the one recorded."""
-    have = getattr(r, name)
+    have: View | None = getattr(r, name)
     if have is None:
         setattr(r, name, v)
         return True
@@ -262,16 +279,17 @@ class AttentionFuser:
     def __init__(self, block: Block):
         self.block = block
         self.order = {op: i for i, op in enumerate(block.ops)}
-        self.forward: dict[tuple, tuple[Operation, Operation]] = {}  # key -> (kernel, p v)
+        self.forward: dict[tuple[View, View, bool, float, View],
+                           tuple[Operation, Operation]] = {}  # key -> (kernel, p v)
         self.dead: list[Operation] = []
         self.kernels: list[Operation] = []  # each forward before the backwards that read it
 
     def run(self) -> None:
-        found = []
+        found: list[tuple[Probs, Readers]] = []
         for op in list(self.block.ops):
             pr = match_probs(op) if op.name == "ember.div" else None
             r = read_p(pr) if pr is not None else None
-            if r is not None and self.fits(pr, r):
+            if pr is not None and r is not None and self.fits(pr, r):
                 found.append((pr, r))
         for pr, r in found:
             for mm, v in r.forward:
@@ -288,7 +306,7 @@ class AttentionFuser:
             fold_layouts(kernel)
 
     @staticmethod
-    def key(pr: Probs) -> tuple:
+    def key(pr: Probs) -> tuple[View, View, bool, float]:
         return pr.q, pr.k, pr.causal, pr.scale
 
     @staticmethod
@@ -300,7 +318,7 @@ class AttentionFuser:
         vs = {v for _, v in r.forward} | ({r.v} if r.v else set())
         if (r.dv or r.dq or r.dk) and len(vs) != 1:
             return False
-        *batch, tq, tk = pr.p.type.shape
+        *batch, tq, tk = tensor_type(pr.p).shape
         d = pr.q[2][-1]
         want = [(pr.q, [tq, d]), (pr.k, [tk, d])] + [(v, [tk, v[2][-1]]) for v in vs]
         if r.do is not None:
@@ -309,8 +327,8 @@ class AttentionFuser:
                    for x, tail in want)
 
     @staticmethod
-    def attrs(pr: Probs, v: View) -> dict:
-        *batch, tq, tk = pr.p.type.shape
+    def attrs(pr: Probs, v: View) -> dict[str, Any]:
+        *batch, tq, tk = tensor_type(pr.p).shape
         return {"batch": batch, "sizes": [tq, tk, pr.q[2][-1], v[2][-1]],
                 "causal": pr.causal, "scale": pr.scale}
 
@@ -332,6 +350,7 @@ class AttentionFuser:
         else:
             kernel = fwd[0]
         o, lse = kernel.results
+        assert r.do is not None  # read_p records do for every dv, dq and dk it takes
         a = self.attrs(pr, v)
         a["maps"] = [list(pr.q[1]), list(pr.k[1]), list(v[1]), _contiguous(o), _contiguous(lse),
                      list(r.do[1])]
@@ -360,7 +379,9 @@ def fold_layouts(kernel: Operation) -> None:
     """Store each result of a new kernel in the layout of the transposes that read it, when
     they (all with one perm) and attention ops reading it whole through its map are all
     its readers: the transposes go, and the attention readers' maps follow the result."""
-    names = OPS[kernel.name].result_names
+    d = OPS[kernel.name]
+    assert issubclass(d, AttentionOp)  # one of ATTENTION_OPS
+    names = d.result_names
     shapes, maps = logical_shapes(kernel.attributes), result_maps(kernel.name,
                                                                   kernel.attributes)
     folded = False
@@ -369,7 +390,7 @@ def fold_layouts(kernel: Operation) -> None:
         if perm is None:
             continue
         flips = [op for op, _ in r.uses if op.name == "ember.transpose"]
-        layout = flips[0].result.type
+        layout = tensor_type(flips[0].result)
         st = contiguous(list(layout.shape))
         maps[k] = [st[perm.index(i)] for i in range(len(perm))]
         for op, i in r.uses:
@@ -393,12 +414,16 @@ def _read_transposed(r: Value, shape: list[int], m: list[int]) -> list[int] | No
     for op, i in r.uses:
         if op.name == "ember.transpose":
             continue
-        if op.name not in ATTENTION_OPS or op.attributes["maps"][i] != m or logical_shapes(
-                op.attributes)[OPS[op.name].operand_names[i]] != shape:
+        if op.name not in ATTENTION_OPS:
+            return None
+        d = OPS[op.name]
+        assert issubclass(d, AttentionOp)  # one of ATTENTION_OPS
+        if op.attributes["maps"][i] != m or logical_shapes(
+                op.attributes)[d.operand_names[i]] != shape:
             return None
     return list(perms.pop())
 
 
 def _contiguous(v: Value) -> list[int]:
     """Element strides of a kernel result, which is stored contiguously."""
-    return contiguous(list(v.type.shape))
+    return contiguous(list(tensor_type(v).shape))

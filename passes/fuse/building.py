@@ -8,23 +8,26 @@ from __future__ import annotations
 
 import heapq
 import math
+from typing import Any
 
 from ...ir import Block, Operation, Region, ScalarType, Value, lookup
 from ...ir.dialects.kernel import check_kernel
 from ...ir.opdef import normalize_axes
+from ..narrow import tensor_type
 from .analysis import REDUCTIONS, VIEWS, Dims, contiguous, kernel_op, splat_value, strided
 from .grouping import Group
 
 
-def _topo(block: Block, groups: list[Group]) -> list:
+def _topo(block: Block, groups: list[Group]) -> list[Group | Operation]:
     """Units (groups or unfused ops) in an order where every value is defined before use;
     among ready units, the one whose first op came first."""
-    unit: dict[Operation, object] = {}
+    unit: dict[Operation, Group | Operation] = {}
     for g in groups:
         for op in g.ops:
             unit[op] = g
     pos = {op: i for i, op in enumerate(block.ops)}
-    units, seen = [], set()
+    units: list[Group | Operation] = []
+    seen: set[int] = set()
     for op in block.ops:
         u = unit.get(op, op)
         if id(u) not in seen:
@@ -46,7 +49,7 @@ def _topo(block: Block, groups: list[Group]) -> list:
     last = {id(u): max(pos[o] for o in ops_of[id(u)]) for u in units}
     ready = [(last[k], first[k], k) for k, d in deps.items() if not d]
     heapq.heapify(ready)
-    out = []
+    out: list[Group | Operation] = []
     while ready:
         _, _, k = heapq.heappop(ready)
         out.append(by_id[k])
@@ -83,7 +86,7 @@ def emit(block: Block, groups: list[Group]) -> None:
             continue
         for op in reversed(g.ops):
             op.drop_operands()
-    dead = set()  # views and constants left unread, each freeing what it read
+    dead: set[Operation] = set()  # views and constants left unread, each freeing what it read
     for op in reversed(block.ops):
         if op.name in VIEWS + ("ember.constant",) and not op.result.uses:
             op.drop_operands()
@@ -109,23 +112,23 @@ class _Kernel:
                         if any(u not in members for u, _ in r.uses)]
         self.operands: list[Value] = []
         self.maps: list[list[int]] = []
-        self.args: dict[tuple, int] = {}
+        self.args: dict[tuple[int, tuple[int, ...]], int] = {}
         self.block = Block()
         self.scalar: dict[Value, Value] = {}
         mm = g.matmul
         self.rank = len(g.space)
         if mm is not None:  # kernel space [batch..., M, N, K]; group dims map into it
-            out = mm.result.type.shape
+            out = tensor_type(mm.result).shape
             dims = g.vdims[mm.result]
-            self.kspace = list(out) + [mm.operands[0].type.shape[-1]]
+            self.kspace = list(out) + [tensor_type(mm.operands[0]).shape[-1]]
             self.to_k = {d: i for i, d in enumerate(dims) if d is not None}
         else:
             self.kspace = list(g.space)
             self.to_k = {d: d for d in range(len(g.space))}
 
-    def stride_map(self, v: Value, dims: Dims, strides=None) -> list[int]:
+    def stride_map(self, v: Value, dims: Dims, strides: list[int] | None = None) -> list[int]:
         m = [0] * len(self.kspace)
-        for d, s in zip(dims, strides or contiguous(v.type.shape)):
+        for d, s in zip(dims, strides or contiguous(tensor_type(v).shape)):
             if d is not None:
                 m[self.to_k[d]] += s
         return m
@@ -146,15 +149,18 @@ class _Kernel:
             self.block.add_arg(ScalarType(v.type.dtype))
         return self.block.args[self.args[key]]
 
-    def add(self, name: str, operands: list[Value], attrs=None, dtype: str | None = None):
+    def add(self, name: str, operands: list[Value], attrs: dict[str, Any] | None = None,
+            dtype: str | None = None) -> Value:
         d = lookup(name)
+        assert d is not None, f"{name} is not a registered op"
         types = ([ScalarType(dtype)] if dtype else
                  d.result_types([v.type for v in operands], attrs or {}))
+        assert types is not None, f"{name} does not infer its result types"
         op = Operation(name, operands, types, attrs or {})
         self.block.append(op)
         return op.result
 
-    def const(self, value, dtype: str) -> Value:
+    def const(self, value: float, dtype: str) -> Value:
         value = bool(value) if dtype == "i1" else (int(value) if dtype in ("i32", "i64")
                                                    else float(value))
         return self.add("kernel.constant", [], {"value": value}, dtype)
@@ -170,16 +176,16 @@ class _Kernel:
         if name in VIEWS:
             r = ins[0]
         elif name in REDUCTIONS:
-            axes = normalize_axes(name, a["axes"], op.operands[0].type.rank)
-            red = sorted({dims[0][i] for i in axes if dims[0][i] is not None})
+            axes = normalize_axes(name, a["axes"], tensor_type(op.operands[0]).rank)
+            red = sorted({d for d in (dims[0][i] for i in axes) if d is not None})
             r = ins[0]
             if red:
                 r = self.add("kernel.reduce", [r], {"kind": REDUCTIONS[name], "dims": red})
                 if name == "ember.reduce_mean":
-                    n = math.prod(op.operands[0].type.shape[i] for i in axes)
+                    n = math.prod(tensor_type(op.operands[0]).shape[i] for i in axes)
                     r = self.add("kernel.div", [r, self.const(n, op.result.type.dtype)])
         elif name == "ember.dropout":
-            shape = op.result.type.shape
+            shape = tensor_type(op.result).shape
             coords = [self.add("kernel.index", [], {"dim": self.to_k[d]}, "i64")
                       if d is not None else self.const(0, "i64")
                       for d in g.vdims[op.result]]
@@ -194,7 +200,10 @@ class _Kernel:
             hit = self.add("kernel.cmp", [lab, idx], {"predicate": "eq"})
             r = self.add("kernel.cast", [hit], {"dtype": a["dtype"]})
         else:
-            twin = lookup(kernel_op(name))  # takes the ember op's attributes
+            twin_name = kernel_op(name)  # not None: describe() fuses no other op here
+            assert twin_name is not None, name
+            twin = lookup(twin_name)  # takes the ember op's attributes
+            assert twin is not None, twin_name
             r = self.add(twin.name, ins, {k: a[k] for k in (*twin.attrs, *twin.optional_attrs)
                                           if k in a})
         self.scalar[op.result] = r
@@ -207,9 +216,9 @@ class _Kernel:
             a, sa = strided(mm.operands[0])
             b, sb = strided(mm.operands[1])
             nb = len(self.kspace) - 3
-            maps = []
+            maps: list[list[int]] = []
             for k, (st, (row, col)) in enumerate(zip((sa, sb), ((nb, nb + 2), (nb + 2, nb + 1)))):
-                shape = mm.operands[k].type.shape
+                shape = tensor_type(mm.operands[k]).shape
                 m = [0] * len(self.kspace)
                 lead = nb - (len(shape) - 2)
                 for i, d in enumerate(shape[:-2]):
@@ -226,11 +235,11 @@ class _Kernel:
         out_maps = [self.stride_map(v, g.vdims[v]) for v in self.outputs]
         if mm is not None:
             # the raw product first when it is stored, so the GEMM can accumulate there
-            k = next((i for i, v in enumerate(self.outputs) if v is mm.result), None)
-            if k:
-                for lst in (self.outputs, out_maps):
-                    lst.insert(0, lst.pop(k))
-                yields.insert(0, yields.pop(k))
+            at = next((i for i, v in enumerate(self.outputs) if v is mm.result), None)
+            if at:
+                self.outputs.insert(0, self.outputs.pop(at))
+                out_maps.insert(0, out_maps.pop(at))
+                yields.insert(0, yields.pop(at))
                 term = self.block.ops[-1]
                 term.drop_operands()
                 for y in yields:

@@ -14,11 +14,17 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from ...ir import Block, Operation, TensorType, Value
 from ...ir.memory_plan import RESIDENT_OPS, nbytes
-from .analysis import RECOMPUTE, REDUCTIONS, VIEWS, Dims, describe, originals
+from ..narrow import producer, tensor_type
+from .analysis import RECOMPUTE, REDUCTIONS, VIEWS, Description, Dims, describe, originals
+
+# an input of a group: (its last use, a tie breaker, the value, the ops on the way to it)
+InputEntry = tuple[int, int, Value, list[Operation]]
 
 
 @dataclass
@@ -30,7 +36,7 @@ class Group:
     ops: list[Operation] = field(default_factory=list)
     vdims: dict[Value, Dims] = field(default_factory=dict)  # results of members
     odims: dict[Operation, list[Dims]] = field(default_factory=dict)  # members' operands
-    reduce: frozenset = frozenset()
+    reduce: frozenset[int] = frozenset()
     matmul: Operation | None = None
     backward: bool = False  # members run in the backward part (recomputed copies included)
     origin: Operation | None = None  # the forward op a recomputed member repeats, if any
@@ -40,7 +46,7 @@ class Group:
     producers: dict[Operation, None] = field(default_factory=dict)
     # values read from outside, as a heap of (last use, tie, value, ops on the way to it):
     # entries whose ops joined the group are dropped lazily (see Grouper.earliest_input)
-    inputs: list[tuple] = field(default_factory=list)
+    inputs: list[InputEntry] = field(default_factory=list)
     end: int = -1  # position of the last member
 
     def remap(self, phi: dict[int, int]) -> None:
@@ -54,10 +60,10 @@ class Group:
 def _row_split(op: Operation) -> list[int] | None:
     """The shape [*lead, N] that a reader reshapes rank-2 matmul op's [M, N] result to,
     with prod(lead) = M (its rows split, N kept), if one does."""
-    if (op.name != "ember.matmul" or any(v.type.rank != 2 for v in op.operands)
+    if (op.name != "ember.matmul" or any(tensor_type(v).rank != 2 for v in op.operands)
             or describe(op) is None):
         return None
-    m, n = op.result.type.shape
+    m, n = tensor_type(op.result).shape
     for u, _ in op.result.uses:
         shape = list(u.attributes.get("shape", ())) if u.name == "ember.reshape" else []
         if len(shape) > 2 and shape[-1] == n and math.prod(shape[:-1]) == m:
@@ -82,13 +88,13 @@ def unflatten_matmuls(block: Block) -> None:
         a, w = op.operands
         while a.op is not None and a.op.name == "ember.reshape":
             a = a.op.operands[0]  # a reshape of a reshape is one reshape
-        new = []
-        rows = [*shape[:-1], w.type.shape[0]]
-        if list(a.type.shape) != rows:
-            new.append(Operation("ember.reshape", [a], [TensorType(rows, a.type.dtype)],
+        new: list[Operation] = []
+        rows = [*shape[:-1], tensor_type(w).shape[0]]
+        if list(tensor_type(a).shape) != rows:
+            new.append(Operation("ember.reshape", [a], [TensorType(tuple(rows), a.type.dtype)],
                                  {"shape": rows, **_marks(op)}, loc=op.loc))
             a = new[-1].result
-        mm = Operation("ember.matmul", [a, w], [TensorType(shape, op.result.type.dtype)],
+        mm = Operation("ember.matmul", [a, w], [TensorType(tuple(shape), op.result.type.dtype)],
                        dict(op.attributes), loc=op.loc)
         new.append(mm)
         for u, i in list(op.result.uses):
@@ -96,7 +102,7 @@ def unflatten_matmuls(block: Block) -> None:
                 u.result.replace_all_uses_with(mm.result)
             else:
                 flat = Operation("ember.reshape", [mm.result], [op.result.type],
-                                 {"shape": list(op.result.type.shape), **_marks(op)},
+                                 {"shape": list(tensor_type(op.result).shape), **_marks(op)},
                                  loc=op.loc)
                 new.append(flat)
                 u.set_operand(i, flat.result)
@@ -120,10 +126,10 @@ def unflatten_matmuls(block: Block) -> None:
 
 def _allocates_nothing(op: Operation) -> bool:
     """Whether op's results take no planned memory to speak of (scalars, constants)."""
-    return op.name in RESIDENT_OPS or all(r.type.size <= 1 for r in op.results)
+    return op.name in RESIDENT_OPS or all(tensor_type(r).size <= 1 for r in op.results)
 
 
-def _marks(op: Operation) -> dict:
+def _marks(op: Operation) -> dict[str, Any]:
     """The recompute pass's mark of op, for the ops that replace it."""
     return {RECOMPUTE: op.attributes[RECOMPUTE]} if RECOMPUTE in op.attributes else {}
 
@@ -163,7 +169,7 @@ class Grouper:
         self.groups: list[Group] = []
         self.now = -1  # position of the op run() is visiting
         self.tie = itertools.count()  # orders heap entries with equal last uses
-        self.descriptions: dict[Operation, tuple | None] = {}  # `describe`'s, each op once
+        self.descriptions: dict[Operation, Description | None] = {}  # `describe`'s, each op once
 
     def new_group(self, op: Operation) -> Group | None:
         d = self.description(op)
@@ -185,12 +191,12 @@ class Grouper:
         heapq.heapify(g.inputs)
         g.end = max((self.pos[op] for op in g.ops), default=-1)
 
-    def input_entries(self, op: Operation) -> list[tuple]:
+    def input_entries(self, op: Operation) -> list[InputEntry]:
         """Heap entries for the planned values op reads (views looked through: a view is
         read in place, its base is the input); params, constants and arguments are none."""
-        out = []
+        out: list[InputEntry] = []
         for v in op.operands:
-            way = []
+            way: list[Operation] = []
             while v.op is not None and v.op.name in VIEWS:
                 way.append(v.op)
                 v = v.op.operands[0]
@@ -219,17 +225,20 @@ class Grouper:
         refused before another merge succeeded is tried again after it (the merged kernel
         may now hold what the refused one would have read past its last use), until no
         more merges succeed."""
-        todo, merged = [v.op for v in op.operands], True
+        # operands without a defining op (block arguments) are in no group
+        todo = [v.op for v in op.operands if v.op is not None]
+        merged = True
         while todo and merged:
-            refused, merged = [], False
-            for producer in todo:
-                p, g = self.group.get(producer), self.group[op]
+            refused: list[Operation] = []
+            merged = False
+            for source in todo:
+                p, g = self.group.get(source), self.group[op]
                 if p is None or p is g:
                     continue
                 if self.try_merge(g, p):
                     merged = True
                 else:
-                    refused.append(producer)
+                    refused.append(source)
             todo = refused
 
     def absorb_views(self, mm: Operation) -> None:
@@ -259,7 +268,7 @@ class Grouper:
         return {u: None for op in g.ops for u in self.links(op, forward)
                 if self.group.get(u) is not g}
 
-    def neighbours(self, node, forward: bool) -> list[Operation]:
+    def neighbours(self, node: Group | Operation, forward: bool) -> list[Operation]:
         """The ops outside a group (or a lone op) linked to it in that direction."""
         if isinstance(node, Group):
             return list(node.users if forward else node.producers)
@@ -302,7 +311,8 @@ class Grouper:
         """The earliest last use of a value g reads from outside g and other. Entries that
         reach into g are dropped for good (groups only grow); those reaching into other
         are put back, so a check costs the edges between the two, not g's size."""
-        heap, held = g.inputs, []
+        heap = g.inputs
+        held: list[InputEntry] = []
         while heap:
             way = heap[0][3]
             if any(self.group.get(op) is g for op in way):
@@ -329,11 +339,11 @@ class Grouper:
                 if found is not None:
                     return found
 
-    def search(self, start: Group, goal: Group, forward: bool):
+    def search(self, start: Group, goal: Group, forward: bool) -> Iterator[bool | None]:
         """Yields None after each node it expands, then whether a path leaving `start`
         reaches `goal` through some third node. Ops after the one being visited (`now`)
         are in no group yet and only reach later ops, so a forward search stops there."""
-        seen = set()
+        seen: set[int] = set()
         stack = [u for u in self.neighbours(start, forward) if self.group.get(u) is not goal]
         while stack:
             op = stack.pop()
@@ -363,7 +373,7 @@ class Grouper:
             return False
         if self.only_adds_a_result(cons, prod):
             return False
-        pairs = []
+        pairs: list[tuple[int, int]] = []
         for op in cons.ops:
             if op.name == "ember.matmul":
                 if any(v in prod.vdims for v in op.operands):
@@ -374,7 +384,7 @@ class Grouper:
                     for a, b in zip(cons.odims[op][i], prod.vdims[v]):
                         if (a is None) != (b is None):
                             return False
-                        if a is not None:
+                        if a is not None and b is not None:
                             pairs.append((a, b))
         fwd: dict[int, int] = {}
         back: dict[int, int] = {}
@@ -384,8 +394,8 @@ class Grouper:
         options = [(prod, cons, fwd), (cons, prod, back)]
         if len(cons.space) > len(prod.space):
             options.reverse()
-        for host, small, phi in options:
-            phi = self.embed(host, small, phi)
+        for host, small, partial in options:
+            phi = self.embed(host, small, partial)
             if phi is None or not self.allowed(host, small, phi):
                 continue
             if self.creates_cycle(cons, prod):
@@ -431,9 +441,9 @@ class Grouper:
         """Whether v is read where no epilogue can go: by a reduction, a GEMM, an op of
         the other phase (forward / backward) or an op no kernel fuses (the return)."""
         return any(u.name in REDUCTIONS or u.name == "ember.matmul" or not self.fusible(u)
-                   or self.in_backward(u) != self.in_backward(v.op) for u, _ in v.uses)
+                   or self.in_backward(u) != self.in_backward(producer(v)) for u, _ in v.uses)
 
-    def description(self, op: Operation) -> tuple | None:
+    def description(self, op: Operation) -> Description | None:
         """`describe(op)`, computed once: `fusible` asks about readers before they start
         groups of their own."""
         if op not in self.descriptions:
