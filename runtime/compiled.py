@@ -29,22 +29,20 @@ from operator import attrgetter
 import numpy as np
 
 from ..backends.errors import UnsupportedFusionError
-from ..backends.input_checks import InputCheckError
 from ..cache_store import vouching
 from ..frontend.module import Module
 from ..frontend.trace import ShapeError, TensorSpec, trace_function
 from ..ir import Graph, numpy_dtype
 from ..ir.parser import parse
-from ..ir.printer import print_graph, strip_locations
 from ..settings import DUMP_IR
-from . import stage_cache
+from . import debug, stage_cache
 from .backend import DEVICE_BACKENDS, get_backend, to_host
-from .debug import AnomalyError, ExecutionError, describe, find_anomaly, locate_error
+from .debug import AnomalyError, ExecutionError
 from .fast_path import BoundStep
 from .inputs import check_labels, label_inputs
+from .inspect_compiled import Inspectable
 from .params import ParamTable, StateWatch, param_values, state_key
 from .pipeline import Stages, inference_pipeline, without_fusion
-from .profile_trace import write_trace
 from .update import UpdateLayout
 
 
@@ -139,8 +137,9 @@ def one_call_at_a_time(call: Callable) -> Callable:
     return serialized
 
 
-class Compiled:
-    """Shared machinery: specs → trace → pipeline → backend, cached by key.
+class Compiled(Inspectable):
+    """Shared machinery: specs → trace → pipeline → backend, cached by key; what it shows
+    of itself (stages, IR, profile, repr) is `Inspectable`'s (inspect_compiled.py).
 
     The cache keeps the `cache_size` most recently used compiled graphs (one per input
     shapes, flags and optimizer settings; settable per object, as torch.compile's
@@ -290,25 +289,16 @@ class Compiled:
 
     def explain(self, entry: Entry, args: list, params: dict, error: Exception) -> None:
         """Raise what says why a run failed, where more can be said than `error` does: the
-        rows or values behind a backend's own input check, else the op and source line."""
-        if isinstance(error, InputCheckError):
-            self.check_inputs(entry, tuple(args[:len(entry.specs)]))
-            return
-        found = locate_error(entry.replay_graph(), args, params)
-        if found is not None:
-            op, cause = found
-            raise ExecutionError(f"{self.kind} failed in {describe(op)}: "
-                                 f"{type(cause).__name__}: {cause}") from error
+        rows or values behind a backend's own input check (`check_inputs` again), else
+        the op and source line (debug.py)."""
+        debug.explain(error, entry, args, params, self.kind,
+                      lambda inputs: self.check_inputs(entry, inputs))
 
     def check_finite(self, entry: Entry, args: list, params: dict, outs: list) -> None:
-        """Under detect_anomaly: any NaN/Inf in the results is traced to the op behind it."""
-        outs = [to_host(o) for o in outs]
-        if not any(o.dtype.kind == "f" and not np.isfinite(o).all() for o in outs):
-            return
-        where = (find_anomaly(entry.replay_graph(), args, params)
-                 or f"the interpreter found none (the {self.backend_name} backend differs)")
-        raise AnomalyError(f"NaN/Inf in the results of {self.kind} at step {self.rng_step}: "
-                           f"{where}; the model's params were not updated")
+        """Under detect_anomaly: any NaN/Inf in the results is traced to the op behind it
+        (debug.py)."""
+        debug.check_finite(outs, entry, args, params, f"{self.kind} at step {self.rng_step}",
+                           self.backend_name)
 
     def extra_inputs(self, entry: Entry, table: dict) -> list:
         """Arguments after the inputs and the rng counter (a training step's lr, state)."""
@@ -341,76 +331,6 @@ class Compiled:
         if self.detect_anomaly:
             self.check_finite(entry, args, params, outs)
         return entry, table, outs
-
-    # -- inspecting -----------------------------------------------------------------------
-
-    @property
-    def stages(self) -> list[str]:
-        return self._require().stages.names
-
-    def ir(self, stage: str | None = None, debuginfo: bool = False) -> str:
-        """The IR text after `stage` (default: the final, compiled one); `debuginfo` keeps
-        each op's `loc(...)`, the source line that made it."""
-        if stage is None:
-            return print_graph(self._require().graph, debuginfo=debuginfo)
-        text = self._require().stages.text(stage)  # a KeyError names the stages
-        return text if debuginfo else strip_locations(text)
-
-    def profile(self, *inputs: np.ndarray, path: str | None = None,
-                repeat: int = 20) -> list[tuple[str, float]]:
-        """Seconds per kernel of the compiled graph on `inputs` (median of `repeat` runs;
-        params, optimizer state and counters are left as they were). With `path`, also a
-        Chrome/Perfetto trace JSON with one event per kernel (runtime/profile_trace.py)."""
-        table = self.param_table()
-        entry = self.entry(inputs, table)
-        native = getattr(entry.run, "profile", None)
-        if native is None:
-            raise NotImplementedError(f"the {self.backend_name} backend does not time its "
-                                      "kernels; profile on the cpu backend")
-        args = self.arguments(entry, inputs) + self.extra_inputs(entry, table)
-        kernels = native(args, self.params(table), repeat=repeat)
-        if path is not None:
-            write_trace(path, kernels, process=f"{self.kind} ({self.backend_name} backend)")
-        return kernels
-
-    def dump_ir(self, directory: str) -> list[str]:
-        """Write every stage of the last compiled graph to `directory` (numbered)."""
-        return self._require().stages.write(directory, prefix=self.kind)
-
-    @property
-    def graph(self) -> Graph:
-        return self._require().graph
-
-    def settings(self) -> list[str]:
-        """What `repr` shows besides the model and backend (a step's optimizer)."""
-        return []
-
-    def __repr__(self) -> str:
-        """`TrainStep(Mlp, SGD(lr=0.1, ...), backend='cpu', compiled for [32, 64], [32])`."""
-        parts = [type(self.model).__name__, *self.settings(), f"backend={self.backend_name!r}"]
-        if self._last is None:
-            parts.append("not compiled yet")
-        else:
-            shapes = ", ".join(str(list(s.shape)) for s in self._last.specs)
-            more = len(self._cache) - 1
-            parts.append(f"compiled for {shapes}" + (f" (+{more} cached)" if more else ""))
-        return f"{type(self).__name__}({', '.join(parts)})"
-
-    def _repr_html_(self) -> str:
-        """A notebook shows the repr and, folded, the compiled IR."""
-        from html import escape
-
-        head = f"<p><code>{escape(repr(self))}</code></p>"
-        return head if self._last is None else head + self._last.graph._repr_html_()
-
-    @property
-    def compile_seconds(self) -> float:
-        return self._require().compile_seconds
-
-    def _require(self) -> Entry:
-        if self._last is None:
-            raise RuntimeError(f"this {self.kind} has not been compiled yet: call it once")
-        return self._last
 
 
 _type_shape_dtype = attrgetter("__class__", "shape", "dtype")  # what entry() reads per call

@@ -2,17 +2,21 @@
 
 A compiled step that raises, or that produces NaN/Inf under `detect_anomaly`, is replayed
 here on the same inputs and params; the message names the IR op, its result and the
-source line of the forward that created it (the op's `loc`).
+source line of the forward that created it (the op's `loc`). `explain` and `check_finite`
+are what a compiled object (runtime/compiled.py) calls after a run.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
 from ..backends import interpreter
+from ..backends.input_checks import InputCheckError
 from ..ir import Graph, Operation, Value, numpy_dtype
+from .backend import to_host
 
 
 class ExecutionError(RuntimeError):
@@ -96,5 +100,36 @@ def find_anomaly(graph: Graph, inputs, params) -> str | None:
     return None
 
 
-__all__ = ["AnomalyError", "ExecutionError", "describe", "find_anomaly", "locate_error",
-           "replay"]
+def explain(error: Exception, entry: Any, args: list, params: dict, kind: str,
+            check_inputs: Callable[[tuple], None]) -> None:
+    """Raise what says why a run of `entry` (a compiled graph, runtime/compiled.py's Entry)
+    of the compiled `kind` on `args` and `params` failed with `error`, where more can be
+    said than `error` does: for a backend's own input check, whatever `check_inputs` (the
+    checks in Python) raises on the inputs; else an ExecutionError naming the op and source
+    line that fails on the interpreter. Returns where it finds nothing to add."""
+    if isinstance(error, InputCheckError):
+        check_inputs(tuple(args[:len(entry.specs)]))
+        return
+    found = locate_error(entry.replay_graph(), args, params)
+    if found is not None:
+        op, cause = found
+        raise ExecutionError(f"{kind} failed in {describe(op)}: "
+                             f"{type(cause).__name__}: {cause}") from error
+
+
+def check_finite(outs: list, entry: Any, args: list, params: dict, what: str,
+                 backend: str) -> None:
+    """An AnomalyError where a result in `outs` of a run of `entry` on `args` and `params`
+    (on the `backend` named) holds NaN/Inf, tracing it to the op behind it; `what` names
+    the run (`train_step at step 3`)."""
+    outs = [to_host(o) for o in outs]
+    if not any(o.dtype.kind == "f" and not np.isfinite(o).all() for o in outs):
+        return
+    where = (find_anomaly(entry.replay_graph(), args, params)
+             or f"the interpreter found none (the {backend} backend differs)")
+    raise AnomalyError(f"NaN/Inf in the results of {what}: "
+                       f"{where}; the model's params were not updated")
+
+
+__all__ = ["AnomalyError", "ExecutionError", "check_finite", "describe", "explain",
+           "find_anomaly", "locate_error", "replay"]

@@ -36,15 +36,16 @@ import numpy as np
 
 from .binding import FLOATS, Guard, covers
 from .buffers import aligned_empty, data_address
+from .rows import Operand
 
 _layout = attrgetter("shape", "dtype", "strides")  # numpy lets a caller set each in place
 
 
-def _bound_layout(row: tuple) -> tuple:
+def _bound_layout(row: Operand) -> tuple:
     """The `_layout` of a C-contiguous array of an argument or param row's shape and dtype
     (numpy's strides: the sizes of the dims after each, times the item's; all 0 when
     empty)."""
-    shape, dtype = row[3], row[2]
+    shape, dtype = row.shape, row.dtype
     strides = tuple(0 if 0 in shape else math.prod(shape[i + 1:]) * dtype.itemsize
                     for i in range(len(shape)))
     return shape, dtype, strides
@@ -63,13 +64,13 @@ class _Turn:
     """One of the two turns: its table; `fed`, the arrays a call on it must be fed (what the
     last call returned, in the feeds' order) and their layouts; the arrays it writes and
     their owners; `results`, what it returns (None where each call picks a pool entry);
-    `guard`, which binds the tensor inputs `args` (rows as `Executable._args`) and the
+    `guard`, which binds the tensor inputs `args` (`Executable._args`' rows) and the
     float `scalars` (position, buffer address, dtype) and checks in the entry that the
     arrays it writes are free and the fed ones laid out as bound (without `args`, None:
     `call` binds and `free_and_laid_out` checks in Python)."""
 
     def __init__(self, table, fed: tuple, layouts: list, writes: list, results: list,
-                 args: list | None, scalars: list, guard_slot: int):
+                 args: list[Operand] | None, scalars: list, guard_slot: int):
         self.table, self.fed, self.layouts, self.results = table, fed, layouts, results
         self.pointer = ctypes.c_void_p(ctypes.addressof(table))  # cheaper to pass than table
         # the arrays it writes, then their owners: no count is below its floor, so all are
@@ -78,7 +79,8 @@ class _Turn:
         self.free = len(writes) * (_FREE_ARRAY + _FREE_OWNER)
         self.guard = None
         if args is not None:
-            self.guard = Guard([(row[1], row[0], row[2], row[3]) for row in args], scalars,
+            self.guard = Guard([(row.key, row.slot, row.dtype, row.shape) for row in args],
+                               scalars,
                                [(e[0], _FREE_ARRAY - 1) for e in writes]
                                + [(e[1], _FREE_OWNER - 1) for e in writes], fed)
             table[guard_slot] = self.guard.address
@@ -101,13 +103,13 @@ class Feedback:
 
     def __init__(self, exe, feeds: Mapping[int, int | str], scratch: Sequence[int] = ()):
         self.exe = exe
-        args = {row[1]: row for row in exe._inputs}
-        params = {row[1]: (j, row) for j, row in enumerate(exe._params)}
+        args = {row.key: row for row in exe._inputs}
+        params = {row.key: (j, row) for j, row in enumerate(exe._params)}
         self.carries = bool(feeds) and exe._handed is not None \
             and all(k in args or k in params for k in feeds.values()) \
             and len(set(feeds.values())) == len(feeds) and not set(scratch) & set(feeds) \
-            and all(exe.slots[exe._results[r][0]].type == (args[k] if k in args
-                                                           else params[k][1])[4]
+            and all(exe.slots[exe._results[r].slot].type == (args[k] if k in args
+                                                             else params[k][1]).type
                     for r, k in feeds.items())
         # fed inputs in the feeds' order: (whether an argument, its position among the
         # arguments or the params) and their results' positions
@@ -115,41 +117,42 @@ class Feedback:
                          for k in feeds.values()]
         self._fed = list(feeds)
         fed_rows = [args[k] if k in args else params[k][1] for k in feeds.values()]
-        self._in_slots = [row[0] for row in fed_rows]
+        self._in_slots = [row.slot for row in fed_rows]
         self._fed_layouts = list(map(_bound_layout, fed_rows))
-        self._out_slots = [exe._results[r][0] for r in self._fed]
+        self._out_slots = [exe._results[r].slot for r in self._fed]
         # what each call binds unless it is the object the last call bound
-        self._args = [row for row in exe._args if row[1] not in feeds.values()]
-        self._arg_pos = [row[1] for row in self._args]
-        self._params = [row for row in exe._params if row[1] not in feeds.values()]
-        self._value_pos = [params[row[1]][0] for row in self._params]
+        self._args = [row for row in exe._args if row.key not in feeds.values()]
+        self._arg_pos = [row.key for row in self._args]
+        self._params = [row for row in exe._params if row.key not in feeds.values()]
+        self._value_pos = [params[row.key][0] for row in self._params]
         self._layouts = list(map(_bound_layout, self._params))
         self.binds_params = bool(self._params)  # else `call` reads no value
         self._held_args: list = [None] * len(self._args)
         # whether each turn has a guard (binding.py), and so the arguments the entry binds
         # and checks itself (their type, dtype, shape and layout) on a bound call
         self._guarded = covers([*(shape for shape, *_ in self._fed_layouts),
-                                *(row[3] for row in self._args)])
+                                *(row.shape for row in self._args)])
         self.checks_args = frozenset(self._arg_pos) if self._guarded else frozenset()
         # the float scalars (an lr, a step count) the guard copies from the inputs, and
         # those bound in Python: all without a guard
         self._native_scalars: list = []
         self._scalars: list = []
         for row in exe._scalars:
-            if row[0] in feeds.values():  # a scalar of the optimizer's state
+            if row.key in feeds.values():  # a scalar of the optimizer's state
                 continue
-            if self._guarded and row[3] in FLOATS:
-                self._native_scalars.append((row[0], ctypes.addressof(row[1]), row[3]))
+            if self._guarded and row.dtype in FLOATS:
+                self._native_scalars.append((row.key, ctypes.addressof(row.buffer), row.dtype))
             else:
                 self._scalars.append(row)
         self._held_values: list = [None] * len(self._params)
         self._kept: dict[int, np.ndarray] = {}  # slot -> the array bound there (converted)
         self._pool_of = dict(exe._pools)
         # scratch results: (position, slot, its buffer and address), shared by both turns
-        self._scratch = [(r, exe._results[r][0], *aligned_empty(exe.slots[exe._results[r][0]]
-                                                                .type)) for r in scratch]
-        self._pools = [(r, i, self._pool_of[i]) for r, (i, *_) in enumerate(exe._results)
-                       if r not in feeds and r not in scratch]
+        self._scratch = [(r, exe._results[r].slot,
+                          *aligned_empty(exe.slots[exe._results[r].slot].type))
+                         for r in scratch]
+        self._pools = [(r, row.slot, self._pool_of[row.slot])
+                       for r, row in enumerate(exe._results) if r not in feeds and r not in scratch]
         self.turn: _Turn | None = None
         self._other: _Turn | None = None  # the turn after it
         self._tables: list | None = None
@@ -212,7 +215,7 @@ class Feedback:
                 results[r] = entry[0]
             return results
 
-    def _bind(self, source: Sequence, rows: list, positions: list, held: list,
+    def _bind(self, source: Sequence, rows: list[Operand], positions: list, held: list,
               params: bool = False) -> None:
         """Bind `source`'s values at `positions` to their slots in both turns' tables: every
         param (one changed its layout, perhaps in place), the arguments that are new."""
@@ -220,14 +223,14 @@ class Feedback:
         for k, (row, pos) in enumerate(zip(rows, positions)):
             x = source[pos]
             if not params and x is held[k] is not None \
-                    and tables[0][row[0]] == data_address(x):
+                    and tables[0][row.slot] == data_address(x):
                 continue  # bound already (its shape is the caller's to check: a graph's key;
                 # its data may have moved: `resize(refcheck=False)`)
             if x is None and params:
-                raise KeyError(f"no value for {row[5]}")
+                raise KeyError(f"no value for {row.what}")
             bound, address = self.exe._bind(x, row)
-            tables[0][row[0]] = tables[1][row[0]] = address
-            self._kept[row[0]] = bound
+            tables[0][row.slot] = tables[1][row.slot] = address
+            self._kept[row.slot] = bound
             held[k] = x if bound is x else None  # a converted copy is made again next call
 
     def _spare(self, slot: int, used: set) -> tuple:
@@ -290,5 +293,5 @@ class Feedback:
                 (self._params, self._value_pos, values, self._held_values)):
             for k, (row, pos) in enumerate(zip(rows, positions)):
                 x = source[pos]
-                held[k] = x if arrays[row[0]] is x else None
-                self._kept[row[0]] = arrays[row[0]]
+                held[k] = x if arrays[row.slot] is x else None
+                self._kept[row.slot] = arrays[row.slot]

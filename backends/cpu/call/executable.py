@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ctypes
-import functools
 import os
 import sys
 import threading
@@ -19,12 +18,14 @@ from ....ir import Graph, numpy_dtype, verify
 from ....ir.printer import print_graph
 from ....settings import DUMP_LLVM, PASS_TIMING
 from ...input_checks import InputCheckError, describe
-from ..codegen import ENTRY, PROFILED, emit, plan
+from ..codegen import ENTRY, emit, plan
 from ..gemm import blas
 from ..machine import cache
 from ..machine.jit import JitModule, fingerprint
+from . import timing
 from .bound import Feedback
 from .buffers import aligned_copy, aligned_empty, as_input, data_address, guarding, raw_bytes
+from .rows import Operand, Result, ScalarInput
 
 
 class Executable:
@@ -48,7 +49,7 @@ class Executable:
     object code came from the compile cache (under `cache_key`; None when not cached). A
     graph the stage cache vouches for (cache_store.vouching) is neither verified (the passes
     did) nor printed for its key (its digest names it) again.
-    `profile(inputs, params)` times each kernel inside one native call.
+    `profile(inputs, params)` times each kernel inside one native call (timing.py).
     """
 
     # every input check the graph asks for (input_checks) runs in the entry, none where
@@ -98,29 +99,29 @@ class Executable:
         # scalar inputs (a learning rate, a step count) go into buffers of their own, each
         # written through its `value` (_scalar_buffer), with the Python and numpy types it
         # takes as they are
-        self._scalars = [(s.key, self._scalar_buffer(i, s),
-                          _SCALARS.get(numpy_dtype(s.type.dtype).kind, ()),
-                          numpy_dtype(s.type.dtype), s.type, self._describe(s)) for i, s in bound
-                         if s.kind == "arg" and s.type.shape == ()]
+        self._scalars = [ScalarInput(s.key, self._scalar_buffer(i, s),
+                                     _SCALARS.get(numpy_dtype(s.type.dtype).kind, ()),
+                                     numpy_dtype(s.type.dtype), s.type, self._describe(s))
+                         for i, s in bound if s.kind == "arg" and s.type.shape == ()]
         # inputs (by position) and params in `param_keys` order (as `run_values` and `_run`
-        # take their values): slot, key, dtype, shape, type, description; the tensor inputs
-        rows = [(i, s.key, numpy_dtype(s.type.dtype), s.type.shape, s.type, self._describe(s))
-                for i, s in bound]
+        # take their values); the tensor inputs
+        rows = [Operand(i, s.key, numpy_dtype(s.type.dtype), s.type.shape, s.type,
+                        self._describe(s)) for i, s in bound]
         self._inputs = [row for row, (_, s) in zip(rows, bound) if s.kind == "arg"]
-        self._args = [row for row in self._inputs if row[3]]
+        self._args = [row for row in self._inputs if row.shape]
         self._params = [row for row, (_, s) in zip(rows, bound) if s.kind == "param"]
-        self.param_keys = tuple(key for _, key, *_ in self._params)
-        # (slot, shape to view it as or None, returned as is) of each result: a fresh
-        # buffer is handed over the first time it is returned, anything else is copied
+        self.param_keys = tuple(row.key for row in self._params)
+        # each result: a fresh buffer is handed over the first time it is returned,
+        # anything else is copied
         self._results, handed = [], set()
         for i, t in self.outputs:
             own = i in fresh and i not in handed
             handed.add(i)
-            self._results.append((i, t.shape if self.slots[i].type.shape != t.shape else None,
-                                  own))
+            self._results.append(Result(i, t.shape if self.slots[i].type.shape != t.shape
+                                        else None, own))
         # the results' slots when each is handed over as it is (no copy, no reshape)
-        self._handed = [i for i, *_ in self._results] \
-            if all(own and shape is None for _, shape, own in self._results) else None
+        self._handed = [row.slot for row in self._results] \
+            if all(row.own and row.shape is None for row in self._results) else None
         # id -> pool entry (array, owner, address) of every pooled result: a training step
         # binds them as its next params, and their address is known already (the entry is
         # shared with the pool, so the refcounts _run reads to recycle them stay as they were)
@@ -192,7 +193,7 @@ class Executable:
         out = {"arena": own if self._arena is None else self._arena.nbytes,
                "constants": sum(a.nbytes for a, s in zip(self._arrays, self.slots)
                                 if s.kind == "const"),
-               "scalars": sum(t.nbytes for _, _, _, _, t, _ in self._scalars),
+               "scalars": sum(row.type.nbytes for row in self._scalars),
                "results": sum(self.slots[i].type.nbytes for i in fresh)}
         out["total"] = sum(out.values())
         return out
@@ -226,48 +227,22 @@ class Executable:
         raise IndexError(f"{st.op.name} (kernel {st.name}): an index is out of range for a "
                          f"table of {t.shape[0]} rows")
 
-    def _timing_table(self, inputs, params) -> tuple[ctypes.Array, list]:
-        """A buffer table bound to `inputs` and `params`, with buffers of its own for the
-        returned results, for running the native code alone; the list keeps alive every
-        array it points to (inputs as converted for the native code included)."""
-        keep = self._run(inputs, self._values(params))
-        table = (ctypes.c_void_p * len(self._ptrs))(*self._ptrs)
-        for i in self._fresh:
-            keep[i], table[i] = aligned_empty(self.slots[i].type)
-        return table, keep
-
+    # timing (timing.py)
     def bound(self, inputs, params=None) -> Callable[[], None]:
-        """The native call alone, its buffers bound once: what benchmarks and the GEMM
-        tuner time."""
-        table, keep = self._timing_table(inputs, params)
-        call = functools.partial(self._entry, table)
-        call.buffers, call.executable = keep, self  # alive as long as the call
-        call.results = [keep[i] for i, *_ in self._results]
-        return call
+        """The native call alone, its buffers bound once: what benchmarks time."""
+        return timing.bound(self, inputs, params)
 
     def profile(self, inputs, params=None, repeat: int = 20) -> list[tuple[str, float]]:
-        """Seconds per kernel (median of `repeat` runs), read from the CPU's cycle counter
-        around each kernel inside one native call: where a step's time goes. A kernel's
-        time leaves out the call around the kernels (which `bound()` times)."""
-        timer = self.kernel_timer(inputs, params)
-        for _ in range(repeat):
-            timer()
-        return timer.seconds()
+        """Seconds per kernel (median of `repeat` runs) inside one native call."""
+        return timing.profile(self, inputs, params, repeat)
 
-    def kernel_timer(self, inputs, params=None) -> KernelTimer:
-        """`profile`'s runs one at a time, for a benchmark that interleaves them with what
-        it compares them to (a machine's speed drifts between blocks of calls)."""
-        table, keep = self._timing_table(inputs, params)
-        return KernelTimer(self, table, keep)
+    def kernel_timer(self, inputs, params=None) -> timing.KernelTimer:
+        """`profile`'s runs one at a time."""
+        return timing.kernel_timer(self, inputs, params)
 
     def timing_report(self) -> str:
         """Compile time per stage, as `--pass-timing` prints it."""
-        total = self.timings.get("total", 0.0) or 1e-12
-        lines = [f"  cpu backend compile{' (cache hit)' if self.cached else ''}: "
-                 f"{total * 1e3:.1f} ms"]
-        lines += [f"  {v * 1e3:9.1f} ms ({100 * v / total:5.1f}%)  {k}"
-                  for k, v in self.timings.items() if k != "total"]
-        return "\n".join(lines)
+        return timing.timing_report(self)
 
     @staticmethod
     def _describe(s) -> str:
@@ -310,22 +285,23 @@ class Executable:
         """One call's results from its slots' arrays: handed over, else reshaped or copied."""
         if self._handed is not None:
             return [arrays[i] for i in self._handed]
-        return [arrays[i] if own and shape is None else
-                arrays[i].reshape(shape) if own else
-                (arrays[i] if shape is None else arrays[i].reshape(shape)).copy()
-                for i, shape, own in self._results]
+        return [arrays[r.slot] if r.own and r.shape is None else
+                arrays[r.slot].reshape(r.shape) if r.own else
+                (arrays[r.slot] if r.shape is None else arrays[r.slot].reshape(r.shape)).copy()
+                for r in self._results]
 
     def _bind_out(self, out: Mapping[int, np.ndarray]) -> dict[int, np.ndarray]:
         """{slot: array viewed as the slot's type} for the results the kernels write."""
         into = {}
         for k, target in out.items():
-            i, _, own = self._results[k]
+            result = self._results[k]
+            i = result.slot
             t = self.slots[i].type
             if not (target.flags.c_contiguous and target.dtype == numpy_dtype(t.dtype)
                     and target.size == t.size):
                 raise ValueError(f"out[{k}]: needs a C-contiguous {t} buffer, got "
                                  f"{target.dtype} of shape {target.shape}")
-            if own:
+            if result.own:
                 into[i] = target.reshape(t.shape)
         return into
 
@@ -344,11 +320,11 @@ class Executable:
             table = self._ptrs
             self._bind_scalars(inputs)
             for row in self._args:
-                arrays[row[0]], table[row[0]] = self._bind(inputs[row[1]], row)
+                arrays[row.slot], table[row.slot] = self._bind(inputs[row.key], row)
             for row, x in zip(self._params, values):
                 if x is None:
-                    raise KeyError(f"no value for {row[5]}")
-                arrays[row[0]], table[row[0]] = self._bind(x, row)
+                    raise KeyError(f"no value for {row.what}")
+                arrays[row.slot], table[row.slot] = self._bind(x, row)
             for i, pool in self._pools:
                 if into and i in into:
                     arrays[i] = into[i]
@@ -359,13 +335,14 @@ class Executable:
             self._call(self._table)
         return arrays
 
-    def _bind_scalars(self, inputs, rows: list | None = None) -> None:
+    def _bind_scalars(self, inputs, rows: list[ScalarInput] | None = None) -> None:
         """Copy the scalar inputs (of `rows`, or all) into their buffers."""
-        for key, buf, takes, dtype, t, what in self._scalars if rows is None else rows:
-            x = inputs[key]
-            buf.value = x if type(x) in takes else as_input(x, t, dtype, what)
+        for row in self._scalars if rows is None else rows:
+            x = inputs[row.key]
+            row.buffer.value = x if type(x) in row.takes \
+                else as_input(x, row.type, row.dtype, row.what)
 
-    def _bind(self, x, row: tuple) -> tuple[np.ndarray, int]:
+    def _bind(self, x, row: Operand) -> tuple[np.ndarray, int]:
         """A tensor input or param as the native code reads it, and its address: an array
         this executable returned (the pool keeps it alive, so its id is its own) is
         C-contiguous and aligned, its address known; the caller's array is kept alive while
@@ -373,18 +350,17 @@ class Executable:
         data in place). Neither a converted copy (made again from what the caller
         has now) nor a pooled result (a reference would keep the pool from recycling it)
         is held."""
-        i, _, dtype, shape, t, what = row
-        laid_out = type(x) is np.ndarray and x.dtype is dtype and x.shape == shape \
+        laid_out = type(x) is np.ndarray and x.dtype is row.dtype and x.shape == row.shape \
             and x.flags.c_contiguous  # numpy lets a caller set shape, dtype, strides in place
         known = self._pooled.get(id(x))
         if known is not None and laid_out:
-            self._held.pop(i, None)
+            self._held.pop(row.slot, None)
             return x, known[2]
         if not laid_out:
-            self._held.pop(i, None)
-            y = as_input(x, t, dtype, what)
+            self._held.pop(row.slot, None)
+            y = as_input(x, row.type, row.dtype, row.what)
             return y, data_address(y)
-        bound = self._held[i] = (x, data_address(x))
+        bound = self._held[row.slot] = (x, data_address(x))
         return bound
 
     def _take(self, i: int, pool: list) -> tuple:
@@ -406,48 +382,6 @@ class Executable:
         if self._status is not None and self._status.value:
             self._raise_status()
         return True
-
-
-class KernelTimer:
-    """Profiled native calls on one bound table (`__call__` runs one); `seconds()`: each
-    kernel's median over the runs so far. The cycle counter's rate is measured against
-    the clock between the first run's first stamp and a later one, at least `SPAN` apart
-    (a calibration run, not counted, where the runs were shorter)."""
-
-    SPAN = 0.01
-
-    def __init__(self, exe: Executable, table, keep: list):
-        # the executable and the arrays the table points to stay alive as long as this
-        self._exe, self._table, self._keep = exe, table, keep
-        self._fn = exe._jit.function(PROFILED, None, ctypes.c_void_p, ctypes.c_void_p)
-        self._names = [st.name for st in exe.plan.steps]
-        self._ticks = (ctypes.c_int64 * (len(self._names) + 1))()
-        self._runs: list[list[int]] = []
-        self._first: tuple[float, int] | None = None  # (clock, counter) at the first run
-
-    def __call__(self) -> None:
-        self._runs.append(self._run())
-
-    def _run(self) -> list[int]:
-        t = time.perf_counter()
-        self._fn(self._table, self._ticks)
-        if self._first is None:
-            self._first = (t, self._ticks[0])
-        return list(self._ticks)
-
-    def seconds(self) -> list[tuple[str, float]]:
-        if not self._runs:
-            raise ValueError("no run timed yet")
-        t0, c0 = self._first
-        wait = self.SPAN - (time.perf_counter() - t0)
-        if wait > 0:
-            time.sleep(wait)
-        t = time.perf_counter()
-        c = self._run()[0]  # the same distance from the call's start as the first stamp
-        rate = max(c - c0, 1) / (t - t0)  # counter ticks per second
-        runs, mid = self._runs, len(self._runs) // 2
-        return [(name, sorted(r[k + 1] - r[k] for r in runs)[mid] / rate)
-                for k, name in enumerate(self._names)]
 
 
 _live: weakref.WeakSet[Executable] = weakref.WeakSet()
