@@ -9,7 +9,8 @@ is given to the import as a constant rather than at run time.
 
 Every case that does not run is in EXPECTED_SKIPS with the reason, and must be skipped for
 that reason (an OnnxImportError at import, or the cpu backend lacking a dtype): a case that
-starts to pass, or newly stops, fails here until the list is updated.
+starts to pass, or newly stops, fails here until the list is updated. KNOWN_FAILURES are the
+cases that import but fail otherwise (a different result, a later error): strict xfails.
 `python tests/interop/test_onnx_conformance.py` prints the per-op table of the README.
 """
 
@@ -25,6 +26,7 @@ pytestmark = pytest.mark.slow  # ONNX's whole node-test suite
 onnx = pytest.importorskip("onnx")
 
 import ember as em  # noqa: E402
+from ember.frontend.trace import ShapeError  # noqa: E402
 from ember.interop.onnx_import import load  # noqa: E402
 from ember.interop.onnx_ops import RULES  # noqa: E402
 
@@ -33,7 +35,10 @@ OPS = ("Add Sub Mul Div Pow Neg Abs Erf Sqrt Exp Log Tanh Sigmoid Relu LeakyRelu
        "BatchNormalization LayerNormalization Dropout ReduceSum ReduceMean ReduceMax ReduceMin "
        "Reshape Transpose Flatten Concat Gather Sum Max Min Clip Where Squeeze Unsqueeze Expand "
        "Slice Cast Split Identity Pad ArgMax Shape Constant Less LessOrEqual Greater "
-       "GreaterOrEqual Equal").split()  # Not's node tests are all opset 1
+       "GreaterOrEqual Equal Not And Or Xor IsNaN IsInf Mod Sign Reciprocal HardSigmoid "
+       "HardSwish Trilu CumSum TopK Einsum Range ConstantOfShape GatherElements GatherND "
+       "ScatterND ScatterElements SplitToSequence SequenceConstruct SequenceInsert SequenceErase "
+       "SequenceAt SequenceLength ConcatFromSequence Resize").split()
 BACKENDS = ("interpreter", "cpu")
 TOLERANCE = {"interpreter": (1e-5, 1e-6), "cpu": (1e-4, 1e-5)}  # (rtol, atol) in the dtype
 ROUNDED = {"test_averagepool_2d_ceil_last_window_starts_on_pad"}  # expected values to 4 digits
@@ -66,7 +71,10 @@ EXPECTED_SKIPS = {
         for t in _INTS.split()] + [
         "test_clip_default_int8_inbounds", "test_clip_default_int8_max",
         "test_clip_default_int8_min", "test_maxpool_2d_uint8", "test_pow_types_float32_uint32",
-        "test_pow_types_float32_uint64"] + _CAST_TYPES,
+        "test_pow_types_float32_uint64", "test_mod_mixed_sign_int8", "test_mod_mixed_sign_int16",
+        "test_mod_uint8", "test_mod_uint16", "test_mod_uint32", "test_mod_uint64",
+        "test_top_k_uint64", "test_einsum_batch_matmul_bfloat16", "test_einsum_sum_bfloat16",
+        "test_einsum_transpose_bfloat16"] + _CAST_TYPES,
     "3-d convolutions and pools": ["test_averagepool_3d_default", "test_maxpool_3d_default",
                                    "test_convtranspose_3d"],
     "pools with dilations": [
@@ -87,25 +95,71 @@ EXPECTED_SKIPS = {
     "max/min of bool tensors or over an empty axis": [
         "test_reduce_max_bool_inputs", "test_reduce_min_bool_inputs", "test_reduce_max_empty_set",
         "test_reduce_max_empty_set_bool", "test_reduce_min_empty_set"],
+    "Einsum diagonals (a label repeated in one operand)": ["test_einsum_batch_diagonal"],
+    "scatter reductions mul/max/min": [
+        "test_scatter_elements_with_reduction_max", "test_scatter_elements_with_reduction_min",
+        "test_scatter_elements_with_reduction_mul", "test_scatternd_max",
+        "test_scatternd_max_with_element_indices", "test_scatternd_min",
+        "test_scatternd_min_with_element_indices", "test_scatternd_multiply"],
+    "sequences as graph inputs or outputs": [
+        "test_sequence_insert_at_back", "test_sequence_insert_at_front",
+        "test_split_to_sequence_1", "test_split_to_sequence_2",
+        "test_split_to_sequence_nokeepdims"],
+    "Mod of floats with fmod=0 (opset 28's)": [
+        f"test_mod_{c}" for c in ("float16_mixed_sign_fmod_0", "float32_mixed_sign_fmod_0",
+                                  "float64_mixed_sign_fmod_0", "float_edge_cases_fmod_0_float16",
+                                  "float_edge_cases_fmod_0_float32",
+                                  "float_edge_cases_fmod_0_float64")],
+    "Resize's cubic mode, antialias, exclude_outside, tf_crop_and_resize, not_larger/not_smaller": [
+        f"test_resize_{c}" for c in """
+        downsample_scales_cubic downsample_scales_cubic_A_n0p5_exclude_outside
+        downsample_scales_cubic_align_corners downsample_scales_cubic_antialias
+        downsample_scales_linear_antialias downsample_sizes_cubic downsample_sizes_cubic_antialias
+        downsample_sizes_linear_antialias downsample_sizes_nearest_not_larger
+        downsample_sizes_nearest_not_smaller tf_crop_and_resize tf_crop_and_resize_axes_2_3
+        tf_crop_and_resize_axes_3_2 tf_crop_and_resize_extrapolation_value
+        upsample_scales_cubic upsample_scales_cubic_A_n0p5_exclude_outside
+        upsample_scales_cubic_align_corners upsample_scales_cubic_asymmetric upsample_sizes_cubic
+        upsample_sizes_nearest_not_larger upsample_sizes_nearest_not_smaller""".split()],
 }
 CPU_SKIPS = {"float16 (the cpu backend has no f16)": [
     "test_cast_FLOAT_to_FLOAT16", "test_cast_FLOAT16_to_FLOAT", "test_cast_FLOAT16_to_DOUBLE",
-    "test_cast_DOUBLE_to_FLOAT16", "test_max_float16", "test_min_float16"]}
+    "test_cast_DOUBLE_to_FLOAT16", "test_max_float16", "test_min_float16", "test_isinf_float16",
+    "test_isnan_float16", "test_mod_mixed_sign_float16", "test_range_float16_type_positive_delta"]}
+# reason -> (the exception, the cases): known to fail (xfail, strict), on every backend
+KNOWN_FAILURES = {
+    "align_corners at a fractional scale: ember takes length_resized as the output size, as "
+    "onnxruntime does (ONNX's reference: length * scale, unrounded)": (
+        AssertionError, ["test_resize_downsample_scales_linear_align_corners"]),
+    "a bfloat16 result folded at import fails to compile (ShapeError), not at import": (
+        ShapeError, ["test_range_bfloat16_type_positive_delta"]),
+}
 
 
 @functools.cache
 def cases() -> dict:
-    """The node tests of OPS (one node each, not the function-expanded variants)."""
-    from onnx.backend.test.case import node
+    """The node tests of OPS (one node each, not the function-expanded variants), and ONNX's
+    small sequence models (`test_sequence_model*`, two or more nodes: SequenceAt,
+    ConcatFromSequence and SequenceErase have no node tests of their own)."""
+    from onnx.backend.test.case import model, node
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        found = node.collect_testcases()
-    return {c.name: c for c in found if len(c.model.graph.node) == 1
-            and c.model.graph.node[0].op_type in OPS and not c.name.endswith("_expanded")}
+        found = [c for c in node.collect_testcases() if len(c.model.graph.node) == 1
+                 and not c.name.endswith("_expanded")]
+        found += [c for c in model.collect_testcases() if c.name.startswith("test_sequence_model")]
+    return {c.name: c for c in found if ops_of(c)}
 
 
-def _array(v) -> np.ndarray:
+def ops_of(case) -> set[str]:
+    """The ops of OPS a case tests: its nodes' (a sequence model counts for each of them)."""
+    return {n.op_type for n in case.model.graph.node} & set(OPS)
+
+
+def _array(v) -> np.ndarray | list:
+    """A case's value as numpy (a sequence as a list of arrays)."""
+    if isinstance(v, list):
+        return [_array(a) for a in v]
     return onnx.numpy_helper.to_array(v) if isinstance(v, onnx.TensorProto) else np.asarray(v)
 
 
@@ -114,17 +168,31 @@ def _skip_reason(name: str, backend: str) -> str | None:
     return next((r for t in tables for r, names in t.items() if name in names), None)
 
 
+def _known_failure(name: str) -> tuple[str, type] | None:
+    return next(((r, e) for r, (e, names) in KNOWN_FAILURES.items() if name in names), None)
+
+
+def _params() -> list:
+    """(name, backend) of every test_node, a known failure marked xfail (strict, by its
+    exception: fixed, or failing otherwise, it fails here)."""
+    out = []
+    for name in sorted(cases()):
+        known = _known_failure(name)
+        marks = [pytest.mark.xfail(reason=known[0], raises=known[1], strict=True)] if known else []
+        out += [pytest.param(name, b, marks=marks) for b in BACKENDS]
+    return out
+
+
 def run(name: str, backend: str) -> list[np.ndarray]:
     """Import and compile the case, run it on its first data set; the outputs."""
     from ember.backends.errors import UnsupportedOpError
 
     case = cases()[name]
-    node = case.model.graph.node[0]
-    static = RULES[node.op_type].static if node.op_type in RULES else ()
     inputs, _ = case.data_sets[0]
     names = [i.name for i in case.model.graph.input]
     values = dict(zip(names, map(_array, inputs)))
-    bound = {n: values[n] for k, n in enumerate(node.input) if k in static and n in values}
+    bound = {n: values[n] for node in case.model.graph.node for k, n in enumerate(node.input)
+             if node.op_type in RULES and k in RULES[node.op_type].static and n in values}
     feeds = [v for n, v in values.items() if n not in bound]
     try:
         forward = em.compile(load(case.model, constants=bound), *feeds, backend=backend)
@@ -134,8 +202,7 @@ def run(name: str, backend: str) -> list[np.ndarray]:
     return list(out) if isinstance(out, tuple) else [out]
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("name", sorted(cases()))
+@pytest.mark.parametrize("name, backend", _params())
 def test_node(name, backend):
     reason = _skip_reason(name, backend)
     try:
@@ -157,22 +224,27 @@ def test_node(name, backend):
 
 def test_every_expected_skip_is_a_case():
     listed = {n for t in (EXPECTED_SKIPS, CPU_SKIPS) for names in t.values() for n in names}
+    listed |= {n for _, names in KNOWN_FAILURES.values() for n in names}
     assert not listed - set(cases()), sorted(listed - set(cases()))
 
 
 def test_every_op_has_a_passing_case():
     skipped = {n for names in EXPECTED_SKIPS.values() for n in names}
-    covered = {cases()[n].model.graph.node[0].op_type for n in cases() if n not in skipped}
+    skipped |= {n for _, names in KNOWN_FAILURES.values() for n in names}
+    covered = set().union(*(ops_of(cases()[n]) for n in cases() if n not in skipped))
     assert covered == set(OPS), sorted(set(OPS) - covered)
 
 
 def table() -> str:
-    """The README's table: cases per op that run (on both backends) and that are skipped."""
+    """The README's table: cases per op that run (on both backends) and that are skipped
+    (or known to fail); a sequence model counts for each op of OPS it has."""
     rows = ["| op | pass | skip (why) |", "|---|---|---|"]
     for op in OPS:
-        names = [n for n, c in cases().items() if c.model.graph.node[0].op_type == op]
-        why = sorted({r for n in names for b in BACKENDS if (r := _skip_reason(n, b))})
-        skip = sum(_skip_reason(n, "interpreter") is not None for n in names)
+        names = [n for n, c in cases().items() if op in ops_of(c)]
+        why = sorted({r for n in names for b in BACKENDS if (r := _skip_reason(n, b))}
+                     | {k[0] for n in names if (k := _known_failure(n))})
+        skip = sum(_skip_reason(n, "interpreter") is not None or _known_failure(n) is not None
+                   for n in names)
         cpu = sum(n in sum(CPU_SKIPS.values(), []) for n in names)
         rows.append(f"| {op} | {len(names) - skip} | {skip or ''}"
                     + (f" (+{cpu} on cpu)" if cpu else "") + (f" ({'; '.join(why)})" if why
