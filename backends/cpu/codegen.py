@@ -74,6 +74,9 @@ class KernelPlan:
     checks: list[tuple[int, int | None]] = field(default_factory=list)  # see call/input_checks.py
     threads: int = 1
     isa: Isa | None = None
+    # a training step's (step, slot) of its loss: after that step the entry returns
+    # LOSS_NOT_FINITE, running no later kernel, unless the loss is finite (`loss_check`)
+    loss_check: tuple[int, int] | None = None
 
     def scratch_bytes(self, op: Operation) -> int:
         """The working memory `op`'s kernel holds while it runs (packed GEMM panels, conv
@@ -230,8 +233,23 @@ def plan(graph: Graph, threads: int | None = None) -> KernelPlan:
             raise UnsupportedOpError(f"input check on argument {arg} of {graph.args[arg].type}:"
                                      f" needs {' or '.join(want)}")
     out.checked = bool(out.checks) or any(LOWERINGS[st.op.name].reports for st in out.steps)
+    out.loss_check = loss_check(graph, out)
     _place_temps(out, owner)
     return out
+
+
+def loss_check(graph: Graph, p: KernelPlan) -> tuple[int, int] | None:
+    """Where a training step (a graph with `ember.updates`) computes its loss (its first
+    result, a float scalar): (the step, the loss's slot). Kernels after it may update the
+    params in place (call/bound.py), so a loss that is not finite stops the entry there:
+    the runtime raises with the params as they were."""
+    if "ember.updates" not in graph.attributes or not p.outputs:
+        return None
+    slot, t = p.outputs[0]
+    if t.shape != () or t.dtype not in ("f32", "f64"):
+        return None
+    step = next((n for n, st in enumerate(p.steps) if slot in st.outs), None)
+    return None if step is None else (step, slot)
 
 
 def _place_temps(p: KernelPlan, owner: list[Value]) -> None:
@@ -326,11 +344,41 @@ def emit(p: KernelPlan, name: str = "graph") -> ir.Module:
                         [p.slots[arg].type for arg, *_ in p.checks], status(mod), p.threads)
         if profiled:
             _stamp(b, entry.args[1], 0)
-        for first in range(0, len(p.steps), SEGMENT):
-            part = _segment(mod, p, fns, first, f"{name_}.part{first // SEGMENT}", profiled)
+        for k, (first, last) in enumerate(_segments(p)):
+            part = _segment(mod, p, fns, first, last, f"{name_}.part{k}", profiled)
             b.call(part, list(entry.args))
+            if p.loss_check is not None and last == p.loss_check[0] + 1:
+                _emit_loss_check(b, entry.args[0], p.loss_check[1], p.slots[p.loss_check[1]])
         b.ret(i64(0))
     return mod
+
+
+LOSS_NOT_FINITE = 2  # what the entry returns when `loss_check` stopped it (1: the guard's)
+
+
+def _segments(p: KernelPlan) -> list[tuple[int, int]]:
+    """[first, last) of each segment: SEGMENT steps, and a cut right after the loss's step
+    (`loss_check`)."""
+    cuts = set(range(0, len(p.steps), SEGMENT)) | {len(p.steps)}
+    if p.loss_check is not None:
+        cuts.add(p.loss_check[0] + 1)
+    bounds = sorted(cuts)
+    return list(zip(bounds, bounds[1:]))
+
+
+def _emit_loss_check(b: ir.IRBuilder, buffers: ir.Value, slot: int, s: Slot) -> None:
+    """Return LOSS_NOT_FINITE unless the float in slot `slot` is finite (|x| < inf: NaN
+    compares false)."""
+    dt = s.type.dtype
+    ptr = b.load(b.gep(buffers, [i64(slot)], inbounds=True, source_etype=PTR), typ=PTR)
+    x = b.load(ptr, typ=S.REG[dt])
+    magnitude = S.intrinsic(b, f"llvm.fabs.{dt}", S.REG[dt], [x], flags=())
+    finite = b.fcmp_ordered("<", magnitude, S.const(dt, float("inf")))
+    stop, go = b.append_basic_block("loss.not_finite"), b.append_basic_block("loss.finite")
+    b.cbranch(finite, go, stop)
+    b.position_at_end(stop)
+    b.ret(i64(LOSS_NOT_FINITE))
+    b.position_at_end(go)
 
 
 # steps per segment of the entry: one function calling thousands of kernels, every buffer
@@ -346,16 +394,15 @@ def _pointers(b: ir.IRBuilder, buffers: ir.Value, slots) -> dict[int, ir.Value]:
                       name=f"buf{i}") for i in slots}
 
 
-def _segment(mod: ir.Module, p: KernelPlan, fns: list, first: int, name: str,
+def _segment(mod: ir.Module, p: KernelPlan, fns: list, first: int, last: int, name: str,
              profiled: bool) -> ir.Function:
-    """`name(buffers[, ticks])`: steps [first, first + SEGMENT) of the plan in order, each
-    a call of its kernel function on its buffers (a cycle stamp after each, profiled)."""
+    """`name(buffers[, ticks])`: steps [first, last) of the plan in order, each a call of
+    its kernel function on its buffers (a cycle stamp after each, profiled)."""
     fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [PTR] * (1 + profiled)), name)
     fn.linkage = "internal"
     fn.attributes.add("noinline")  # inlined back, the entry would be one function again
     fn.args[0].add_attribute("noalias")
     b = ir.IRBuilder(fn.append_basic_block("entry"))
-    last = first + SEGMENT
     steps = list(enumerate(zip(p.steps[first:last], fns[first:last]), first))
     used = {s for _, (st, _) in steps for s in (*st.outs, *st.ins, st.scratch) if s is not None}
     ptrs = _pointers(b, fn.args[0], sorted(used))
@@ -412,5 +459,6 @@ def lower(graph: Graph, threads: int | None = None) -> Lowered:
     return Lowered(emit(p, graph.name), p)
 
 
-__all__ = ["ENTRY", "LOWERINGS", "PROFILED", "KernelCall", "KernelPlan", "Lowered", "Lowering",
-           "S", "Slot", "emit", "kernel_count", "lower", "plan"]
+__all__ = ["ENTRY", "LOSS_NOT_FINITE", "LOWERINGS", "PROFILED", "KernelCall", "KernelPlan",
+           "Lowered", "Lowering", "S", "Slot", "emit", "kernel_count", "loss_check", "lower",
+           "plan"]

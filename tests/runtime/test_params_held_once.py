@@ -65,3 +65,28 @@ def test_a_param_copy_read_later_sees_the_value_it_was_copied_with():
     r.val()
     r.set_value(np.ones(r.shape, np.float32))
     assert r._state.value is None and r.val().sum() == r.val().size
+
+
+@pytest.mark.parametrize("opt", [optim.AdamW(lr=1e-2), optim.SGD(lr=0.1, momentum=0.9)])
+def test_a_step_whose_loss_is_not_finite_changes_nothing_after_bound_steps(opt):
+    """The bound call stops after the loss's kernel when the loss is not finite (the
+    entry's loss check: kernels after it may update params in place), and the step
+    raises with every param and optimizer slot as the last good step left it."""
+    em.seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.Linear(32, 4))
+    step = em.compile_train_step(model, nn.functional.cross_entropy, opt)
+    x, y = data()
+    for _ in range(3):
+        step(x, y)
+    params = [p.val().copy() for p in model.parameters()]
+    slots = {pid: {k: v.copy() for k, v in d.items()} for pid, d in opt.state.items()}
+    count = opt.step_count
+    with pytest.raises(FloatingPointError, match="not updated"):
+        step(np.full_like(x, 3e38), y)  # finite input, an infinite loss
+    assert opt.step_count == count
+    for before, p in zip(params, model.parameters()):
+        np.testing.assert_array_equal(p.val(), before)
+    for pid, d in opt.state.items():
+        for k, v in d.items():
+            np.testing.assert_array_equal(v, slots[pid][k])
+    assert np.isfinite(step(x, y))
