@@ -151,7 +151,7 @@ def test_list_passes_and_help_show_every_pass_with_its_options(capsys):
 @pytest.mark.parametrize("flags, fragment", [
     (["--print-ir-after", "autodif"], "--print-ir-after: unknown pass 'autodif'; did you mean "
                                       "'autodiff'?"),
-    (["-p", "decompse"], "unknown pass 'decompse'; did you mean 'decompose'?")])
+    (["-p", "decompse"], "unknown pass 'decompse'; did you mean 'decompose' or 'recompute'?")])
 def test_pass_name_typos_are_rejected_with_a_suggestion(capsys, tmp_path, flags, fragment):
     src = tmp_path / "in.mlir"
     src.write_text(SOFTMAX)
