@@ -266,6 +266,53 @@ def in_place_operands(op: Operation, storage: Sequence[object]) -> list[int]:
     return [k for k in same if op.operands[k].type == op.result.type]
 
 
+def overwritable_operands(op: Operation, result: int, storage: Sequence[object]) -> list[int]:
+    """The operands `op` may write result `result` over (a buffer its caller donates: a
+    training step's param or optimizer state, updated in place). An elementwise op or a
+    one-result `kernel.fused`: `in_place_operands`. A `kernel.fused` of several results,
+    or a `kernel.matmul`'s epilogue (over the product: a backend whose GEMM accumulates
+    into that very result must refuse it): an operand read only through that result's
+    map, over a space of the result's size, of the result's type, and one the result is
+    computed from, so that each element is loaded before the result's store and the
+    loaded value serves every other result."""
+    if len(op.results) == 1 and op.name != "kernel.matmul":
+        return in_place_operands(op, storage) if result == 0 else []
+    if op.name not in ("kernel.fused", "kernel.matmul"):
+        return []
+    a = op.attributes
+    t = op.results[result].type
+    block = op.regions[0].blocks[0]
+    assert isinstance(t, TensorType)  # a kernel op's result is a tensor (verified)
+    matmul = op.name == "kernel.matmul"
+    space = a["space"][:-1] if matmul else a["space"]
+    if math.prod(space) != t.size or any(o.name == "kernel.reduce" for o in block.ops):
+        return []
+    first = 2 if matmul else 0  # a matmul's block arguments: the product, then operand 2...
+    reads = {k + first - matmul for k in _arguments_reaching(block.ops[-1].operands[result])}
+    out = a["out_maps"][result]
+    return [k for k, m in enumerate(a["maps"])
+            if k >= first and m == out and k in reads and op.operands[k].type == t
+            and all(a["maps"][j] == m for j, s in enumerate(storage) if s == storage[k])]
+
+
+def _arguments_reaching(v: Value) -> set[int]:
+    """The block arguments (by index) that value `v` of a kernel body is computed from."""
+    seen: set[int] = set()
+    out: set[int] = set()
+    stack = [v]
+    while stack:
+        x = stack.pop()
+        if id(x) in seen:
+            continue
+        seen.add(id(x))
+        producer = x.op
+        if producer is None:
+            out.add(x.index)
+        else:
+            stack.extend(producer.operands)
+    return out
+
+
 def _assign_offsets(buffers: list[Buffer]) -> int:
     """Greedy by size: each buffer at the lowest offset free during its whole lifetime."""
     timeline = _Timeline(max((b.end for b in buffers), default=0) + 1)

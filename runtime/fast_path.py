@@ -63,7 +63,11 @@ class BoundStep:
         self.fed = [table[pid] for pid in feeds.values()]
         self.values_seen = -1  # `Edits.values` after this rebound the Params (none yet)
         feeds.update({self.cuts[1] + k: first + k for k in range(len(layout.state))})
-        self.run = exe.feedback(feeds, scratch=(0,))  # the loss, read as a float at once
+        # the loss is read as a float at once; params and optimizer state (not buffers,
+        # which the forward updates before the loss is known) are updated in place where
+        # the schedule allows (bound.py `overwrites`)
+        donate = [r for r in feeds if r >= user + len(entry.buffer_ids)]
+        self.run = exe.feedback(feeds, scratch=(0,), donate=donate)
         # the user's inputs lead the arguments (the rng counter among them): where the
         # bound call checks them all, `repeat` leaves them to it
         users = [k for k in range(len(entry.specs) + self.rng) if k != entry.rng_index]

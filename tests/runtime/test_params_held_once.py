@@ -90,3 +90,32 @@ def test_a_step_whose_loss_is_not_finite_changes_nothing_after_bound_steps(opt):
         for k, v in d.items():
             np.testing.assert_array_equal(v, slots[pid][k])
     assert np.isfinite(step(x, y))
+
+
+def test_params_updated_in_place_match_the_interpreter_and_stay_current():
+    """Where the schedule allows (backends/cpu/call/bound.py `overwrites`), a bound step
+    writes a param's and its optimizer state's new values over the old ones: one copy of
+    each, an array the user holds reads the current value, and the values are the
+    interpreter's."""
+    def train(backend):
+        em.seed(1)
+        model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 32), nn.GELU(),
+                              nn.Linear(32, 4))
+        step = em.compile_train_step(model, nn.functional.cross_entropy,
+                                     optim.AdamW(lr=1e-2), backend=backend)
+        x, y = data()
+        held = None
+        for k in range(6):
+            step(x, y)
+            if k == 2:  # (weakly: a strong reference makes the next call a general one)
+                held = [weakref.ref(p.val()) for p in model.parameters()]
+        return model, step, held
+
+    model, step, held = train("cpu")
+    reference, _, _ = train("interpreter")
+    for p, q in zip(model.parameters(), reference.parameters()):
+        np.testing.assert_allclose(p.val(), q.val(), rtol=1e-5, atol=1e-6)
+    donated = step._last.bound.run._donated
+    assert donated  # some pairs are updated in place
+    in_place = [r for r, p in zip(held, model.parameters()) if r() is p.val()]
+    assert in_place  # the arrays of three steps ago are the params now, updated in place

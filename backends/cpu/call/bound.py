@@ -34,6 +34,9 @@ from operator import attrgetter, is_
 
 import numpy as np
 
+from ....ir.memory_plan import overwritable_operands
+from ..codegen import KernelPlan
+from ..gemm.matmul import plan_matmul
 from .binding import FLOATS, Guard, covers
 from .buffers import aligned_empty, data_address
 from .rows import Operand
@@ -58,6 +61,26 @@ _getrefcount = sys.getrefcount
 # `fed`, getrefcount's argument; the owner: the entry, the array, the turn's `written`, the
 # argument (which the native guard's ceilings leave out)
 _FREE_ARRAY, _FREE_OWNER = 5, 4
+
+
+def overwrites(plan: KernelPlan, source: int, target: int) -> bool:
+    """Whether the kernels may write result slot `target` over input slot `source`: the
+    kernel writing it runs after the loss check (codegen.loss_check: a step that stops
+    there has changed nothing) and is the last to read `source`, which it reads only at
+    the index it writes (ir/memory_plan.py `overwritable_operands`), and a GEMM does not
+    accumulate into `target` before its epilogue reads `source`."""
+    last = {i: n for n, st in enumerate(plan.steps) for i in st.ins}
+    writer = next((n for n, st in enumerate(plan.steps) if target in st.outs), None)
+    if writer is None or plan.loss_check is None or writer <= plan.loss_check[0] \
+            or last.get(source) != writer:
+        return False
+    st = plan.steps[writer]
+    j = st.outs.index(target)
+    if st.op.name == "kernel.matmul" and j == 0 \
+            and plan_matmul(st.op, plan.isa, plan.threads).in_place:
+        return False
+    allowed = overwritable_operands(st.op, j, st.ins)
+    return all(k in allowed for k, i in enumerate(st.ins) if i == source)
 
 
 class _Turn:
@@ -101,7 +124,8 @@ class Feedback:
     read and write: a general call drops them first, so that the pool sees who else
     does (a caller must not keep a turn either)."""
 
-    def __init__(self, exe, feeds: Mapping[int, int | str], scratch: Sequence[int] = ()):
+    def __init__(self, exe, feeds: Mapping[int, int | str], scratch: Sequence[int] = (),
+                 donate: Sequence[int] = ()):
         self.exe = exe
         args = {row.key: row for row in exe._inputs}
         params = {row.key: (j, row) for j, row in enumerate(exe._params)}
@@ -120,6 +144,10 @@ class Feedback:
         self._in_slots = [row.slot for row in fed_rows]
         self._fed_layouts = list(map(_bound_layout, fed_rows))
         self._out_slots = [exe._results[r].slot for r in self._fed]
+        # the fed pairs (positions in `_fed`) whose result the kernels write over the very
+        # input it replaces: one buffer for both turns, updated in place (`overwrites`)
+        self._donated = frozenset(k for k, r in enumerate(self._fed) if r in donate and
+                                  overwrites(exe.plan, self._in_slots[k], self._out_slots[k]))
         # what each call binds unless it is the object the last call bound
         self._args = [row for row in exe._args if row.key not in feeds.values()]
         self._arg_pos = [row.key for row in self._args]
@@ -261,7 +289,10 @@ class Feedback:
             return
         writes: list = []
         used = set(map(id, reads))
-        for i, o in zip(self._in_slots, self._out_slots):
+        for k, (i, o) in enumerate(zip(self._in_slots, self._out_slots)):
+            if k in self._donated:  # read and written in place: what this call returned
+                writes.append(reads[k])
+                continue
             e = pooled.get(id(arrays[i]))
             if e is None or id(e) in used:
                 e = self._spare(o, used)
@@ -280,7 +311,9 @@ class Feedback:
                 returned[pos] = e[0]
             for pos, slot, buf, address in self._scratch:
                 returned[pos], table[slot] = buf, address
-            turns.append(_Turn(table, tuple(e[0] for e in r), self._fed_layouts, w, returned,
+            # the arrays it writes that no one else may hold (a donated one is its caller's)
+            free = [e for k, e in enumerate(w) if k not in self._donated]
+            turns.append(_Turn(table, tuple(e[0] for e in r), self._fed_layouts, free, returned,
                                self._args if self._guarded else None, self._native_scalars,
                                self.exe.guard_slot))
         self.turn, self._other = turns

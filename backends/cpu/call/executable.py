@@ -269,11 +269,14 @@ class Executable:
         runtime that binds the same params on every step calls (no mapping read per call)."""
         return self._collect(self._run(inputs, values))
 
-    def feedback(self, feeds: Mapping[int, int | str], scratch: Sequence[int] = ()) -> Feedback:
+    def feedback(self, feeds: Mapping[int, int | str], scratch: Sequence[int] = (),
+                 donate: Sequence[int] = ()) -> Feedback:
         """`run_values` for a caller that feeds result `r` back as the next call's input
         `feeds[r]` (an argument's position or a param's key): bound once, not per call;
-        `scratch`: results it reads at once and never keeps (bound.py)."""
-        return Feedback(self, feeds, scratch)
+        `scratch`: results it reads at once and never keeps; `donate`: fed results the
+        kernels may write over the input they replace where the schedule allows (a
+        training step's params and optimizer state, updated in place) (bound.py)."""
+        return Feedback(self, feeds, scratch, donate)
 
     def _values(self, params: Mapping | None) -> list:
         """The values of `param_keys` in `params` (None where it has none)."""
