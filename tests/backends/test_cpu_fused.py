@@ -383,8 +383,8 @@ def test_packed_threaded_gemm_with_edges(ta, tb, m, n, k, split, monkeypatch):
 
     pl = plan_matmul(mm, host_isa(), 2)
     plan = gemm.plan_own(pl.problem, host_isa(), 2)
-    assert plan["blocked"] and plan["pack_b"] and plan["threads"] == 2
-    assert plan["split"] == split
+    assert plan.blocked and plan.pack_b and plan.threads == 2
+    assert plan.split == split
     inputs = rand(xs, ws, (n,))
     close(cpu.Executable(f, 2, use_cache=False)(inputs), interpreter.run(g, inputs))
 
@@ -500,7 +500,7 @@ def test_direct_gemm_split_across_threads(tb, split, monkeypatch):
     f = fuse(g)
     mm = next(op for op in f.ops if op.name == "kernel.matmul")
     plan = gemm.plan_own(plan_matmul(mm, host_isa(), 2).problem, host_isa(), 2)
-    assert not plan["blocked"] and plan["split"] == split and plan["threads"] == 2
+    assert not plan.blocked and plan.split == split and plan.threads == 2
     exe = cpu.Executable(f, 2, use_cache=False)
     assert "ember_parallel_for" in exe.llvm_ir  # the loop goes to the thread pool
     inputs = rand((45, 30), ws)

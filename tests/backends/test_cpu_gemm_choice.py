@@ -263,11 +263,11 @@ def test_row_blocks_are_even(m, threads, monkeypatch):
     isa = Isa(512, 32)
     p = gemm.GemmProblem(m, 128, 2048, 1, m, 128, 1, 128, "f32")
     plan = gemm.plan_own(p, isa, threads)
-    mc, mr = plan["mc"], plan["blk"].mr
+    mc, mr = plan.mc, plan.blk.mr
     blocks = -(-m // mc)
-    assert plan["blocked"] and plan["split"] == "m" and mc % mr == 0
-    assert mc <= plan["blk"].mc and m - (blocks - 1) * mc > mc - blocks * mr
-    assert blocks % plan["threads"] == 0
+    assert plan.blocked and plan.split == "m" and mc % mr == 0
+    assert mc <= plan.blk.mc and m - (blocks - 1) * mc > mc - blocks * mr
+    assert blocks % plan.threads == 0
 
 
 def test_the_cache_key_has_the_caches(monkeypatch):
@@ -299,7 +299,7 @@ def test_the_own_gemm_gives_numpys_values_on_both_vector_widths(isa, m, n, k, ta
     b = rng.standard_normal((n, k) if tb else (k, n), np.float32)
     a, b = (a.T if ta else a), (b.T if tb else b)
     bench = gemm_timing.GemmBench(a, b, ISAS[isa], 2, ("own",))
-    assert gemm.plan_own(bench.p, ISAS[isa], 2)["nr"] % ISAS[isa].lanes("f32") == 0
+    assert gemm.plan_own(bench.p, ISAS[isa], 2).nr % ISAS[isa].lanes("f32") == 0
     bench.run("own")
     np.testing.assert_allclose(bench.c, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-3)
 
@@ -318,7 +318,7 @@ def test_one_block_of_rows_packs_b_a_k_block_at_a_time(isa, ta, tb, monkeypatch)
     a, b = (a.T if ta else a), (b.T if tb else b)
     bench = gemm_timing.GemmBench(a, b, ISAS[isa], 1, ("own",))
     plan = gemm.plan_own(bench.p, ISAS[isa], 1)
-    assert plan["pack_per_k"] and plan["scratch"] == plan["npanels"] * plan["nr"] * gemm.KC * 4
+    assert plan.pack_per_k and plan.scratch == plan.npanels * plan.nr * gemm.KC * 4
     bench.run("own")
     np.testing.assert_allclose(bench.c, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-3)
 

@@ -325,7 +325,24 @@ class GemmProblem:
         return 2 * self.m * self.n * self.k
 
 
-def plan_own(p: GemmProblem, isa: Isa, threads: int) -> dict:
+@dataclass(frozen=True)
+class OwnPlan:
+    """How the own GEMM runs one problem (`plan_own`)."""
+
+    blk: Blocking
+    nr: int            # columns per panel of B and C (blk.nv vectors)
+    blocked: bool      # K blocked by kc and M by mc (else all of K, straight on A)
+    pack_b: bool       # B packed into nr-wide panels (else read in place)
+    threads: int       # threads the work is split over
+    split: str         # what they split: "m" row blocks, "n" column panels
+    mc: int            # rows per block of A, a multiple of blk.mr (when blocked)
+    kc: int            # depth of a slice of K (when blocked)
+    scratch: int       # bytes of packed B
+    npanels: int       # column panels: cdiv(N, nr)
+    pack_per_k: bool   # B packed a kc-deep slice at a time, just before its use
+
+
+def plan_own(p: GemmProblem, isa: Isa, threads: int) -> OwnPlan:
     """How the own GEMM runs `p`: blocking, whether B is packed, how threads split the
     work ("m": row blocks, B packed first by all threads; "n": column panels, each thread
     packs its own panels of B and reads all of A), and the scratch bytes. With A not
@@ -362,9 +379,8 @@ def plan_own(p: GemmProblem, isa: Isa, threads: int) -> dict:
     # 122 GFLOP/s on one core, 151 packed by blocks (150 at K = 128)
     per_k = pack_b_ and blocked and t == 1 and p.m <= mc
     scratch = npanels * nr * (kc if per_k else p.k) * size if pack_b_ else 0
-    return {"blk": blk, "nr": nr, "blocked": blocked, "pack_b": pack_b_, "threads": t,
-            "split": split, "mc": mc, "kc": kc, "scratch": scratch, "npanels": npanels,
-            "pack_per_k": per_k}
+    return OwnPlan(blk=blk, nr=nr, blocked=blocked, pack_b=pack_b_, threads=t, split=split,
+                   mc=mc, kc=kc, scratch=scratch, npanels=npanels, pack_per_k=per_k)
 
 
 @dataclass
@@ -381,7 +397,7 @@ def finishes_rows(p: GemmProblem, isa: Isa, threads: int) -> bool:
     """Whether each thread of the own GEMM finishes whole rows of C (all of N) in turn, so
     that a `RowsDone` can follow each block of rows: not when threads split the columns."""
     plan = plan_own(p, isa, threads)
-    return p.m > 0 and p.n > 0 and p.k > 0 and (plan["split"] == "m" or plan["threads"] == 1)
+    return p.m > 0 and p.n > 0 and p.k > 0 and (plan.split == "m" or plan.threads == 1)
 
 
 def emit_own(b: ir.IRBuilder, p: GemmProblem, a, b_ptr, c, scratch, isa: Isa, threads: int,
@@ -389,162 +405,251 @@ def emit_own(b: ir.IRBuilder, p: GemmProblem, a, b_ptr, c, scratch, isa: Isa, th
     """C = A B (C += A B with `accumulate`) with the own GEMM; a, b_ptr, c are element
     pointers (already offset). `rows_done` (where `finishes_rows`) follows every finished
     block of rows."""
-    mod = b.module
-    plan = plan_own(p, isa, threads)
-    extra = rows_done.pointers if rows_done else []
-    blk, nr, dt = plan["blk"], plan["nr"], p.dtype
-    lanes = isa.lanes(dt)
-    el = S.REG[dt]
     if p.m == 0 or p.n == 0:
         return
     if p.k == 0:
         if not accumulate:
-            loop(b, p.m, lambda i: loop(b, p.n, lambda j: S.store(
-                b, c, dt, b.add(b.mul(i, i64(p.ldc)), j), S.const(dt, 0)), "j"), "i")
+            _zero(b, p, c)
         return
-    t, split = plan["threads"], plan["split"]
-    n_full, n_tail = divmod(p.n, nr)
-    packed_b = scratch
-    per_k = plan["pack_per_k"]
-    packb = pack_b(mod, p, nr, lanes, name) if plan["pack_b"] and not per_k else None
-    if packb is not None and not (split == "n" and t > 1):
+    gemm = _OwnGemm(b.module, p, plan_own(p, isa, threads), isa.lanes(p.dtype), name,
+                    accumulate, rows_done)
+    gemm.emit(b, a, b_ptr, c, scratch)
+
+
+def _zero(b: ir.IRBuilder, p: GemmProblem, c) -> None:
+    """C = 0: with K empty there is nothing to multiply, but C must still be written."""
+    dt = p.dtype
+    loop(b, p.m, lambda i: loop(b, p.n, lambda j: S.store(
+        b, c, dt, b.add(b.mul(i, i64(p.ldc)), j), S.const(dt, 0)), "j"), "i")
+
+
+@dataclass(frozen=True)
+class _KSlice:
+    """What every micro-kernel call in one kk-deep slice of a block of rows shares."""
+
+    i0: ir.Value          # the block's first row
+    rows: ir.Value        # its row count (mc, fewer in the last block)
+    k0: ir.Value          # the slice's first k
+    kk: int               # its depth: kc, or K's remainder
+    a: ir.Value           # A at (i0, k0)
+    tiles: ir.Value       # mr-row tiles in the block
+    accumulate: ir.Value  # i1: add into C (past the first slice, or with `accumulate`)
+
+
+class _OwnGemm:
+    """Emits one own GEMM (M, N, K > 0) as planned: B's packing function and micro-kernels,
+    and `{name}.gemm(ctx = [a, b, packed b, c, *rows_done pointers], lo, hi)`, a
+    `parallel_for` body over the row blocks or column panels the threads split. `emit`
+    writes into the caller's builder; the methods after `_body` into the body's, `self.bb`.
+    The order of emission is the generated IR's: keep it when editing."""
+
+    def __init__(self, mod: ir.Module, p: GemmProblem, plan: OwnPlan, lanes: int, name: str,
+                 accumulate: bool, rows_done: RowsDone | None):
+        self.mod, self.p, self.plan, self.lanes, self.name = mod, p, plan, lanes, name
+        self.accumulate, self.rows_done = accumulate, rows_done
+        self.el = S.REG[p.dtype]
+        self.n_full, self.n_tail = divmod(p.n, plan.nr)
+        # threads split the columns: each packs the B panels it multiplies
+        self.packs_own_panels = plan.split == "n" and plan.threads > 1
+        # straight on A the row blocks are evened out (16 rows: 8 + 8, not 14 + a 2-row block
+        # that computes 14); blocked, they are mr rows
+        self.mr = plan.blk.mr if plan.blocked else cdiv(p.m, cdiv(p.m, plan.blk.mr))
+        self.b_rs = i64(plan.nr) if plan.pack_b else i64(p.sb_k)  # B's row stride as read
+
+    def emit(self, b: ir.IRBuilder, a, b_ptr, c, packed_b) -> None:
+        """The whole GEMM into the caller's builder `b`: pack B (unless the threads or the
+        k slices do), then run the body on the threads."""
+        plan = self.plan
+        packb = (pack_b(self.mod, self.p, plan.nr, self.lanes, self.name)
+                 if plan.pack_b and not plan.pack_per_k else None)
+        if packb is not None and not self.packs_own_panels:
+            self._pack_b_first(b, packb, b_ptr, packed_b)
+        self._micro_kernels()
+        body, items = self._body(packb)
+        extra = self.rows_done.pointers if self.rows_done else []
+        ctx = stack_array(b, PTR, 4 + len(extra), "ctx")
+        for i, v in enumerate((a, b_ptr, packed_b, c, *extra)):
+            b.store(v, elem(b, ctx, PTR, i))
+        parallel_for(b, body, ctx, items, min(plan.threads, items), self.name)
+
+    def _pack_b_first(self, b: ir.IRBuilder, packb: ir.Function, b_ptr, packed_b) -> None:
+        """All of B's panels packed before any thread multiplies, so that every thread reads
+        all of them (threaded from 64K elements of B: below, a parallel region costs more)."""
         ctx = stack_array(b, PTR, 2, "packctx")
         b.store(b_ptr, elem(b, ctx, PTR, 0))
         b.store(packed_b, elem(b, ctx, PTR, 1))
-        tb = min(t, plan["npanels"]) if p.k * p.n >= (1 << 16) else 1
-        parallel_for(b, packb, ctx, plan["npanels"], tb, f"{name}.pb")
-    # straight on A the row blocks are evened out (16 rows: 8 + 8, not 14 + a 2-row block
-    # that computes 14); blocked, they are mr rows
-    mr = blk.mr if plan["blocked"] else cdiv(p.m, cdiv(p.m, blk.mr))
-    transposed_a = p.sa_k != 1 and p.k > 1
-    uk_full = microkernel(mod, dt, lanes, mr, blk.nv, False, prefetch_a=transposed_a)
-    nv_t = cdiv(n_tail, lanes) if n_tail else 0
-    uk_tail = (microkernel(mod, dt, lanes, mr, nv_t, not plan["pack_b"], prefetch_a=transposed_a)
-               if n_tail else None)
+        npanels = self.plan.npanels
+        threads = min(self.plan.threads, npanels) if self.p.k * self.p.n >= (1 << 16) else 1
+        parallel_for(b, packb, ctx, npanels, threads, f"{self.name}.pb")
 
-    def panels(bb, p0, p1, call):
-        """call(kernel, panel index, columns) for column panels [p0, p1)."""
-        def one(jp):
-            if not n_tail:
-                call(uk_full, jp, nr)
-                return
-            with bb.if_else(bb.icmp_signed("<", jp, i64(n_full))) as (full, tail):
-                with full:
-                    call(uk_full, jp, nr)
-                with tail:
-                    call(uk_tail, jp, n_tail)
-        for_range(bb, p0, p1, one, "jp")
+    def _micro_kernels(self) -> None:
+        """One micro-kernel for full panels and, where N leaves a remainder, one as narrow
+        as the last panel (B's loads masked where B is read in place, not padded)."""
+        p, plan = self.p, self.plan
+        prefetch_a = p.sa_k != 1 and p.k > 1  # A transposed: read down its columns
+        self.uk_full = microkernel(self.mod, p.dtype, self.lanes, self.mr, plan.blk.nv, False,
+                                   prefetch_a=prefetch_a)
+        self.uk_tail = (microkernel(self.mod, p.dtype, self.lanes, self.mr,
+                                    cdiv(self.n_tail, self.lanes), not plan.pack_b,
+                                    prefetch_a=prefetch_a) if self.n_tail else None)
 
-    body = ir.Function(mod, ir.FunctionType(ir.VoidType(), [PTR, I64, I64]), f"{name}.gemm")
-    body.linkage = "internal"
-    ctx, lo, hi = body.args
-    bb = ir.IRBuilder(body.append_basic_block("entry"))
-    ta, tsrc, tb_, tc, *t_extra = [bb.load(elem(bb, ctx, PTR, i), typ=PTR)
-                                   for i in range(4 + len(extra))]
+    def _body(self, packb: ir.Function | None) -> tuple[ir.Function, int]:
+        """`{name}.gemm(ctx, lo, hi)` over the thread's share [lo, hi) of the row blocks
+        (split "m") or column panels (split "n"); returns it and the number of those."""
+        p, plan = self.p, self.plan
+        fn = ir.Function(self.mod, ir.FunctionType(ir.VoidType(), [PTR, I64, I64]),
+                         f"{self.name}.gemm")
+        fn.linkage = "internal"
+        ctx, lo, hi = fn.args
+        bb = self.bb = ir.IRBuilder(fn.append_basic_block("entry"))
+        n_extra = len(self.rows_done.pointers) if self.rows_done else 0
+        self.a, self.b_src, self.b_packed, self.c, *self.extra = [
+            bb.load(elem(bb, ctx, PTR, i), typ=PTR) for i in range(4 + n_extra)]
+        if self.packs_own_panels:
+            self._pack_own_panels(packb, lo, hi)
+        self.panels = self._share("n", lo, hi, plan.npanels)
+        row_blocks = cdiv(p.m, plan.mc if plan.blocked else self.mr)
+        if plan.blocked and plan.pack_per_k:
+            self._k_packers()
+        row_block = self._m_block if plan.blocked else self._row_block
+        for_range(bb, *self._share("m", lo, hi, row_blocks), row_block, "ib")
+        bb.ret_void()
+        return fn, row_blocks if plan.split == "m" else plan.npanels
 
-    def finished(r0, r1):
-        if rows_done is not None:
-            rows_done.emit(bb, t_extra, r0, r1)
-    b_rs = i64(nr) if plan["pack_b"] else i64(p.sb_k)
+    def _share(self, split: str, lo, hi, count: int) -> tuple[ir.Value, ir.Value]:
+        """The range of row blocks or panels (`split` "m" or "n") a thread takes: its share
+        [lo, hi) where the threads split them, else all `count`."""
+        return (lo, hi) if self.plan.split == split else (i64(0), i64(count))
 
-    def bpanel(jp, k0, kk):
-        if per_k:  # the kk-deep block just packed
-            return bb.gep(tb_, [bb.mul(jp, i64(nr * kk))], inbounds=True, source_etype=el)
-        if plan["pack_b"]:
-            return bb.gep(tb_, [bb.add(bb.mul(jp, i64(nr * p.k)), bb.mul(k0, i64(nr)))],
+    def _pack_own_panels(self, packb: ir.Function, lo, hi) -> None:
+        """Threads split the columns: each packs just the panels [lo, hi) of B it uses."""
+        bb = self.bb
+        ctx = stack_array(bb, PTR, 2, "packctx")
+        bb.store(self.b_src, elem(bb, ctx, PTR, 0))
+        bb.store(self.b_packed, elem(bb, ctx, PTR, 1))
+        bb.call(packb, [ctx, lo, hi])
+
+    def _k_packers(self) -> None:
+        """B packed per k slice (`pack_per_k`): a packing function for each slice depth (kc,
+        and K's remainder), and their context, whose destination is the scratch."""
+        p, kc, bb = self.p, self.plan.kc, self.bb
+        self.pack_k = {kk: pack_b(self.mod, replace(p, k=kk), self.plan.nr, self.lanes,
+                                  f"{self.name}.k{kk}")
+                       for kk in {kc, p.k % kc} if kk}
+        self.kctx = stack_array(bb, PTR, 2, "packctx")
+        bb.store(self.b_packed, elem(bb, self.kctx, PTR, 1))
+
+    def _rows_finished(self, r0, r1) -> None:
+        """`rows_done` on rows [r0, r1), which this thread has just finished."""
+        if self.rows_done is not None:
+            self.rows_done.emit(self.bb, self.extra, r0, r1)
+
+    def _over_panels(self, call: Callable) -> None:
+        """`call(kernel, panel, columns)` for each of the thread's column panels."""
+        for_range(self.bb, *self.panels, lambda jp: self._panel(jp, call), "jp")
+
+    def _panel(self, jp, call: Callable) -> None:
+        """`call` on panel jp with the kernel for its width: all nr columns, or (the last
+        panel, where N leaves a remainder) fewer, decided at run time."""
+        if not self.n_tail:
+            call(self.uk_full, jp, self.plan.nr)
+            return
+        bb = self.bb
+        with bb.if_else(bb.icmp_signed("<", jp, i64(self.n_full))) as (full, tail):
+            with full:
+                call(self.uk_full, jp, self.plan.nr)
+            with tail:
+                call(self.uk_tail, jp, self.n_tail)
+
+    def _b_panel(self, jp, k0, kk: int) -> ir.Value:
+        """Where B's panel jp starts at row k0: in the kk-deep slice just packed (per k), in
+        the packed panels, or in B itself."""
+        bb, p, nr, el = self.bb, self.p, self.plan.nr, self.el
+        if self.plan.pack_per_k:
+            return bb.gep(self.b_packed, [bb.mul(jp, i64(nr * kk))], inbounds=True,
+                          source_etype=el)
+        if self.plan.pack_b:
+            return bb.gep(self.b_packed, [bb.add(bb.mul(jp, i64(nr * p.k)),
+                                                 bb.mul(k0, i64(nr)))],
                           inbounds=True, source_etype=el)
-        return bb.gep(tsrc, [bb.add(bb.mul(bb.mul(jp, i64(nr)), i64(p.sb_n)),
-                                    bb.mul(k0, i64(p.sb_k)))], inbounds=True, source_etype=el)
+        return bb.gep(self.b_src, [bb.add(bb.mul(bb.mul(jp, i64(nr)), i64(p.sb_n)),
+                                          bb.mul(k0, i64(p.sb_k)))], inbounds=True,
+                      source_etype=el)
 
-    if split == "n" and t > 1:  # each thread packs the B panels it multiplies
-        pctx = stack_array(bb, PTR, 2, "packctx")
-        bb.store(tsrc, elem(bb, pctx, PTR, 0))
-        bb.store(tb_, elem(bb, pctx, PTR, 1))
-        bb.call(packb, [pctx, lo, hi])
-    p0, p1 = (lo, hi) if split == "n" else (i64(0), i64(plan["npanels"]))
-    if not plan["blocked"]:
-        # straight on A, all of K at once; threads take row blocks or column panels
-        m_blocks = cdiv(p.m, mr)
+    def _c_tile(self, row, jp) -> ir.Value:
+        """Where C's tile at `row` in panel jp starts."""
+        bb = self.bb
+        return bb.gep(self.c, [bb.add(bb.mul(row, i64(self.p.ldc)),
+                                      bb.mul(jp, i64(self.plan.nr)))],
+                      inbounds=True, source_etype=self.el)
 
-        def rowblock(ib):
-            r0 = bb.mul(ib, i64(mr))
-            rows = bb.select(bb.icmp_signed("<", bb.add(r0, i64(mr)), i64(p.m)),
-                             i64(mr), bb.sub(i64(p.m), r0))
-            ap = bb.gep(ta, [bb.mul(r0, i64(p.sa_m))], inbounds=True, source_etype=el)
+    def _kernel(self, uk: ir.Function, c, a, b, kk: int, accumulate, rows, cols: int) -> None:
+        """One micro-kernel call: C's rows x cols tile at c (+)= A's rows at a times B's
+        panel at b, kk deep (c comes first: its address is computed before B's)."""
+        p = self.p
+        self.bb.call(uk, [a, i64(p.sa_m), i64(p.sa_k), b, self.b_rs, c, i64(p.ldc), i64(kk),
+                          accumulate, rows, i64(cols)])
 
-            def call(uk, jp, cols):
-                cp = bb.gep(tc, [bb.add(bb.mul(r0, i64(p.ldc)), bb.mul(jp, i64(nr)))],
-                            inbounds=True, source_etype=el)
-                bb.call(uk, [ap, i64(p.sa_m), i64(p.sa_k), bpanel(jp, i64(0), p.k), b_rs, cp,
-                             i64(p.ldc), i64(p.k), ir.Constant(I1, int(accumulate)), rows,
-                             i64(cols)])
+    def _row_block(self, ib) -> None:
+        """Straight on A: row block ib (mr rows, fewer in the last) times all of K, across
+        the thread's panels; then those rows are finished."""
+        bb, p, mr = self.bb, self.p, self.mr
+        r0 = bb.mul(ib, i64(mr))
+        rows = bb.select(bb.icmp_signed("<", bb.add(r0, i64(mr)), i64(p.m)),
+                         i64(mr), bb.sub(i64(p.m), r0))
+        a = bb.gep(self.a, [bb.mul(r0, i64(p.sa_m))], inbounds=True, source_etype=self.el)
+        accumulate = ir.Constant(I1, int(self.accumulate))
+        self._over_panels(lambda uk, jp, cols: self._kernel(
+            uk, self._c_tile(r0, jp), a, self._b_panel(jp, i64(0), p.k), p.k, accumulate,
+            rows, cols))
+        self._rows_finished(r0, bb.add(r0, rows))
 
-            panels(bb, p0, p1, call)
-            finished(r0, bb.add(r0, rows))
+    def _m_block(self, ib) -> None:
+        """Blocked: row block ib (mc rows, fewer in the last) one kc-deep slice of K at a
+        time, A's block staying in L2; then those rows are finished."""
+        bb, p, mc, kc = self.bb, self.p, self.plan.mc, self.plan.kc
+        i0 = bb.mul(ib, i64(mc))
+        rows = bb.select(bb.icmp_signed("<", bb.add(i0, i64(mc)), i64(p.m)), i64(mc),
+                         bb.sub(i64(p.m), i0))
+        k_full, k_tail = divmod(p.k, kc)
+        loop(bb, k_full, lambda kb: self._k_slice(i0, rows, bb.mul(kb, i64(kc)), kc), "kb")
+        if k_tail:
+            self._k_slice(i0, rows, i64(k_full * kc), k_tail)
+        self._rows_finished(i0, bb.add(i0, rows))
 
-        if split == "n":
-            for_range(bb, i64(0), i64(m_blocks), rowblock, "ib")
-            items = plan["npanels"]
-        else:
-            for_range(bb, lo, hi, rowblock, "ib")
-            items = m_blocks
-    else:
-        mc, kc = plan["mc"], plan["kc"]
-        n_mblocks = cdiv(p.m, mc)
-        items = n_mblocks if split == "m" else plan["npanels"]
+    def _k_slice(self, i0, rows, k0, kk: int) -> None:
+        """The kk-deep slice at k0 (run time; kk constant) of the row block at i0, across
+        the thread's panels (B's slice packed first, when packed per k)."""
+        bb, p, mr = self.bb, self.p, self.plan.blk.mr
+        a = bb.gep(self.a, [bb.add(bb.mul(i0, i64(p.sa_m)), bb.mul(k0, i64(p.sa_k)))],
+                   inbounds=True, source_etype=self.el)
+        if self.plan.pack_per_k:
+            self._pack_k_slice(k0, kk)
+        tiles = bb.sdiv(bb.add(rows, i64(mr - 1)), i64(mr))
+        accumulate = (ir.Constant(I1, 1) if self.accumulate
+                      else bb.icmp_signed(">", k0, i64(0)))
+        s = _KSlice(i0, rows, k0, kk, a, tiles, accumulate)
+        self._over_panels(lambda uk, jp, cols: self._slice_panel(s, uk, jp, cols))
 
-        if per_k:  # B's kc-deep blocks packed as they come: kc, and K's remainder
-            pack_k = {kk: pack_b(mod, replace(p, k=kk), nr, lanes, f"{name}.k{kk}")
-                      for kk in {plan["kc"], p.k % plan["kc"]} if kk}
-            kctx = stack_array(bb, PTR, 2, "packctx")
-            bb.store(tb_, elem(bb, kctx, PTR, 1))
+    def _pack_k_slice(self, k0, kk: int) -> None:
+        """B's kk-deep slice at k0 into the scratch, just before its one use (it stays in
+        L2: packed whole, B was written past it)."""
+        bb = self.bb
+        bb.store(bb.gep(self.b_src, [bb.mul(k0, i64(self.p.sb_k))], inbounds=True,
+                        source_etype=self.el), elem(bb, self.kctx, PTR, 0))
+        bb.call(self.pack_k[kk], [self.kctx, i64(0), i64(self.plan.npanels)])
 
-        def kblock(i0, mrows, k0, kk):
-            """One kk-deep slice (k0 runtime, kk constant) of row block i0."""
-            src = bb.gep(ta, [bb.add(bb.mul(i0, i64(p.sa_m)), bb.mul(k0, i64(p.sa_k)))],
-                         inbounds=True, source_etype=el)
-            if per_k:
-                bb.store(bb.gep(tsrc, [bb.mul(k0, i64(p.sb_k))], inbounds=True,
-                                source_etype=el), elem(bb, kctx, PTR, 0))
-                bb.call(pack_k[kk], [kctx, i64(0), i64(plan["npanels"])])
-            n_rb = bb.sdiv(bb.add(mrows, i64(blk.mr - 1)), i64(blk.mr))
-            acc = ir.Constant(I1, 1) if accumulate else bb.icmp_signed(">", k0, i64(0))
+    def _slice_panel(self, s: _KSlice, uk: ir.Function, jp, cols: int) -> None:
+        """Panel jp of a slice: B's panel located once, then each mr-row tile of the block."""
+        b = self._b_panel(jp, s.k0, s.kk)
+        for_range(self.bb, i64(0), s.tiles, lambda r: self._slice_tile(s, uk, jp, cols, b, r),
+                  "r")
 
-            def call(uk, jp, cols):
-                bpp = bpanel(jp, k0, kk)
-
-                def rb(r):
-                    ap = bb.gep(src, [bb.mul(r, i64(blk.mr * p.sa_m))], inbounds=True,
-                                source_etype=el)
-                    row = bb.add(i0, bb.mul(r, i64(blk.mr)))
-                    rows = bb.sub(mrows, bb.mul(r, i64(blk.mr)))
-                    rows = bb.select(bb.icmp_signed("<", rows, i64(blk.mr)), rows,
-                                     i64(blk.mr))
-                    cp = bb.gep(tc, [bb.add(bb.mul(row, i64(p.ldc)), bb.mul(jp, i64(nr)))],
-                                inbounds=True, source_etype=el)
-                    bb.call(uk, [ap, i64(p.sa_m), i64(p.sa_k), bpp, i64(nr), cp, i64(p.ldc),
-                                 i64(kk), acc, rows, i64(cols)])
-
-                for_range(bb, i64(0), n_rb, rb, "r")
-
-            panels(bb, p0, p1, call)
-
-        def mblock(ib):
-            i0 = bb.mul(ib, i64(mc))
-            mrows = bb.select(bb.icmp_signed("<", bb.add(i0, i64(mc)), i64(p.m)), i64(mc),
-                              bb.sub(i64(p.m), i0))
-            k_full, k_tail = divmod(p.k, kc)
-            loop(bb, k_full, lambda kb: kblock(i0, mrows, bb.mul(kb, i64(kc)), kc), "kb")
-            if k_tail:
-                kblock(i0, mrows, i64(k_full * kc), k_tail)
-            finished(i0, bb.add(i0, mrows))
-
-        if split == "m":
-            for_range(bb, lo, hi, mblock, "ib")
-        else:
-            for_range(bb, i64(0), i64(n_mblocks), mblock, "ib")
-    bb.ret_void()
-    ctx_arr = stack_array(b, PTR, 4 + len(extra), "ctx")
-    for i, v in enumerate((a, b_ptr, packed_b, c, *extra)):
-        b.store(v, elem(b, ctx_arr, PTR, i))
-    parallel_for(b, body, ctx_arr, items, min(t, items), name)
+    def _slice_tile(self, s: _KSlice, uk: ir.Function, jp, cols: int, b, r) -> None:
+        """Tile r (mr rows, fewer in the last) of a slice's panel jp."""
+        bb, p, mr = self.bb, self.p, self.plan.blk.mr
+        a = bb.gep(s.a, [bb.mul(r, i64(mr * p.sa_m))], inbounds=True, source_etype=self.el)
+        row = bb.add(s.i0, bb.mul(r, i64(mr)))
+        rows = bb.sub(s.rows, bb.mul(r, i64(mr)))
+        rows = bb.select(bb.icmp_signed("<", rows, i64(mr)), rows, i64(mr))
+        self._kernel(uk, self._c_tile(row, jp), a, b, s.kk, s.accumulate, rows, cols)

@@ -173,7 +173,7 @@ def engine_for(p: GemmProblem, isa: Isa, threads: int) -> str:
 
 
 def gemm_scratch(p: GemmProblem, engine: str, isa: Isa, threads: int) -> int:
-    return plan_own(p, isa, threads)["scratch"] if engine == "own" else 0
+    return plan_own(p, isa, threads).scratch if engine == "own" else 0
 
 
 def gemm_call(b: ir.IRBuilder, p: GemmProblem, engine: str, pa, pb, pc, scratch, isa: Isa,

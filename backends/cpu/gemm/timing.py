@@ -51,7 +51,7 @@ class GemmBench:
         p = self.p = GemmProblem(m, n, k, sa[0], sa[1], sb[0], sb[1], n, "f32")
         self.a, self.b = a, b
         self.c = np.zeros((m, n), np.float32)
-        self.scratch = raw_bytes(max(plan_own(p, isa, threads)["scratch"], 64))
+        self.scratch = raw_bytes(max(plan_own(p, isa, threads).scratch, 64))
         mod = ir.Module(name="gemm_bench")
         for engine in engines:
             _entry(mod, p, engine, isa, threads)
