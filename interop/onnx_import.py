@@ -301,6 +301,9 @@ def _check(graph: OnnxGraph, dynamic: set[str]) -> None:
                      for v in (*n.inputs, *n.outputs) if v in dynamic
                      and (t := graph.value_types.get(v)) is not None and t not in DTYPES]
         found += [f"{n.where}: {w}" for w in what]
+    found += [f"output {o!r}: {TensorProto.DataType.Name(t).lower()} (ember has float, double, "
+              "float16, int64, int32, bool)" for o in graph.outputs  # (folded ones too)
+              if (t := graph.value_types.get(o)) is not None and t not in DTYPES]
     if found:
         nodes = len({f.split(":")[0] for f in found})
         raise OnnxImportError(f"cannot import the model: {nodes} node"

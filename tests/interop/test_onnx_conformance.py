@@ -26,7 +26,6 @@ pytestmark = pytest.mark.slow  # ONNX's whole node-test suite
 onnx = pytest.importorskip("onnx")
 
 import ember as em  # noqa: E402
-from ember.frontend.trace import ShapeError  # noqa: E402
 from ember.interop.onnx_import import load  # noqa: E402
 from ember.interop.onnx_ops import RULES  # noqa: E402
 
@@ -74,7 +73,7 @@ EXPECTED_SKIPS = {
         "test_pow_types_float32_uint64", "test_mod_mixed_sign_int8", "test_mod_mixed_sign_int16",
         "test_mod_uint8", "test_mod_uint16", "test_mod_uint32", "test_mod_uint64",
         "test_top_k_uint64", "test_einsum_batch_matmul_bfloat16", "test_einsum_sum_bfloat16",
-        "test_einsum_transpose_bfloat16"] + _CAST_TYPES,
+        "test_einsum_transpose_bfloat16", "test_range_bfloat16_type_positive_delta"] + _CAST_TYPES,
     "3-d convolutions and pools": ["test_averagepool_3d_default", "test_maxpool_3d_default",
                                    "test_convtranspose_3d"],
     "pools with dilations": [
@@ -131,8 +130,6 @@ KNOWN_FAILURES = {
     "align_corners at a fractional scale: ember takes length_resized as the output size, as "
     "onnxruntime does (ONNX's reference: length * scale, unrounded)": (
         AssertionError, ["test_resize_downsample_scales_linear_align_corners"]),
-    "a bfloat16 result folded at import fails to compile (ShapeError), not at import": (
-        ShapeError, ["test_range_bfloat16_type_positive_delta"]),
 }
 
 
