@@ -22,23 +22,16 @@ graph on every call and reduces the buffers across ranks once per update.
 
 from __future__ import annotations
 
-import numbers
-
 import numpy as np
 
 from ..ir import numpy_dtype
+from .inputs import count
 from .pipeline import SIMPLIFY, recompute_spec
 
 
 def accumulate_count(value) -> int:
     """`accumulate=` checked: an int (not a bool) >= 1."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"accumulate must be an int >= 1 (micro-batches per optimizer "
-                        f"update), got {type(value).__name__} {value!r}")
-    if value < 1:
-        raise ValueError(f"accumulate must be >= 1 (micro-batches per optimizer update), "
-                         f"got {value}")
-    return int(value)
+    return count("accumulate", value, "micro-batches per optimizer update")
 
 
 def accumulation_pipeline(optimizer_spec: str | None, k: int, linear: str = "split",

@@ -73,16 +73,21 @@ def check_labels(labels: tuple, inputs: tuple) -> None:
                              f"[0, {c}){skipped} (the model's output has {c} classes)")
 
 
+def count(name: str, value, meaning: str) -> int:
+    """A count argument checked: an int (numpy's too, not a bool) of at least 1; else a
+    TypeError or ValueError naming the argument and what it counts."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int ({meaning}), got {value!r}")
+    if value < 1:
+        raise ValueError(f"{name} must be at least 1 ({meaning}), got {value}")
+    return int(value)
+
+
 def model_input_count(n_inputs) -> int:
     """`n_inputs` of a gradient function or training step, checked: how many leading
     arguments of each call go to the model (the rest go to the loss function)."""
-    if isinstance(n_inputs, bool) or not isinstance(n_inputs, (int, np.integer)):
-        raise TypeError(f"n_inputs must be an int (how many leading arguments of each call "
-                        f"go to the model), got {n_inputs!r}")
-    if n_inputs < 1:
-        raise ValueError(f"n_inputs must be at least 1 (the model takes the first n_inputs "
-                         f"arguments of each call), got {n_inputs}")
-    return int(n_inputs)
+    return count("n_inputs", n_inputs, "how many leading arguments of each call go to the "
+                 "model")
 
 
 def argument_role(i: int, n_inputs: int) -> str:
