@@ -83,6 +83,11 @@ def overwrites(plan: KernelPlan, source: int, target: int) -> bool:
     return all(k in allowed for k, i in enumerate(st.ins) if i == source)
 
 
+def _entry(a: np.ndarray) -> tuple:
+    """A pool entry's (array, owner, address) for a donated array written in place."""
+    return a, a if a.base is None else a.base, data_address(a)
+
+
 class _Turn:
     """One of the two turns: its table; `fed`, the arrays a call on it must be fed (what the
     last call returned, in the feeds' order) and their layouts; the arrays it writes and
@@ -269,10 +274,19 @@ class Feedback:
         return spare if spare is not None else self.exe._new_result(slot, pool)
 
     def _general(self, inputs: Sequence, values: Sequence) -> list[np.ndarray]:
-        """`run_values`, then both turns bound again from what it bound."""
+        """`run_values`, then both turns bound again from what it bound. A donated input
+        that the turns held (an array this feedback made, never a caller's own, which a
+        clone may share) is written over here too: it stays its Param's array, current."""
         exe = self.exe
+        ours = {id(a) for t in (self.turn, self._other) if t is not None for a in t.fed}
         self.turn = self._other = None  # their references are not the caller's
-        arrays = exe._run(inputs, values)
+        into = {}
+        for k in self._donated:
+            arg, pos = self._sources[k]
+            x = inputs[pos] if arg else values[pos]
+            if id(x) in ours and _layout(x) == self._fed_layouts[k]:  # (as bound, not
+                into[self._out_slots[k]] = x  # reshaped or restrided in place since)
+        arrays = exe._run(inputs, values, into)
         results = exe._collect(arrays)
         if self.carries:
             self._bind_turns(inputs, values, arrays, results)
@@ -284,7 +298,8 @@ class Feedback:
         one after it the other way round. None when a result is not one of the pool's (all
         of them held)."""
         pooled = self.exe._pooled
-        reads = [pooled.get(id(results[r])) for r in self._fed]
+        reads = [pooled.get(id(results[r])) or (_entry(results[r]) if k in self._donated
+                                                else None) for k, r in enumerate(self._fed)]
         if any(e is None for e in reads):
             return
         writes: list = []

@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from llvmlite import ir
 
 from ....ir import Block, Operation, Region, ScalarType
+from ....ir.memory_plan import overwritable_operands
 from ...strides import contiguous_strides
 from ..call.buffers import regions
 from ..kernels import scalar as S
@@ -74,6 +75,15 @@ def as_kernel(op):
                      [Region([block])])
 
 
+def _updates_an_input(op) -> bool:
+    """Whether result 0 is computed over an input of the graph that it may overwrite (a
+    param or optimizer state, as a training step's weight update fused into its gradient's
+    GEMM): its product then goes to scratch, so that a step updating that input in place
+    (call/bound.py) reads it before the result is written."""
+    k = overwritable_operands(op, 0, range(len(op.operands)))
+    return any(op.operands[i].op is None or op.operands[i].op.name == "ember.param" for i in k)
+
+
 def plan_matmul(op, isa: Isa, threads: int) -> MatmulPlan:
     a = op.attributes
     space, maps = a["space"], a["maps"]
@@ -84,7 +94,8 @@ def plan_matmul(op, isa: Isa, threads: int) -> MatmulPlan:
     o = a["out_maps"][0][:-1]
     t0 = a["out_types"][0]
     in_place = (t0.dtype == dt and (o[nb + 1] == 1 or n == 1)
-                and (m == 1 or o[nb] >= n) and all(s or d == 1 for s, d in zip(o, space)))
+                and (m == 1 or o[nb] >= n) and all(s or d == 1 for s, d in zip(o, space))
+                and not _updates_an_input(op))
 
     def layout(in_place: bool):
         """C's leading dimension and map (the epilogue's), and the batch folded into rows:
