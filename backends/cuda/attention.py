@@ -34,7 +34,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ...ir import Operation
-from ...ir.dialects.kernel_attention import Attention, AttentionGrad, logical_shapes, result_maps
+from ...ir.dialects.kernel_attention import (
+    Attention,
+    AttentionGrad,
+    AttentionShape,
+    attention_shape,
+)
 from ..errors import UnsupportedFusionError
 from ..strides import cdiv, collapse, contiguous_strides
 from . import launch as L
@@ -51,19 +56,11 @@ CNAME = {"do": "dout"}     # `do` is a C keyword
 
 
 @dataclass(frozen=True)
-class Geometry:
-    """One attention op's static shape: sizes, causal, scale, dtype and each buffer's element
-    strides over its logical shape (operands and results: their maps; scratch: contiguous)."""
+class Geometry(AttentionShape):
+    """One attention op's AttentionShape for this backend: `maps` holds the scratch `drow`
+    (contiguous over [*batch, Tq]) besides every operand and result, and `itype` is the C
+    index type every offset fits in."""
 
-    batch: tuple[int, ...]
-    tq: int
-    tk: int
-    d: int
-    dv: int
-    causal: bool
-    scale: float
-    dtype: str
-    maps: dict[str, tuple[int, ...]]
     itype: str
 
     @property
@@ -95,16 +92,11 @@ class Geometry:
 
 def geometry(op: Operation) -> Geometry:
     """The Geometry of a `kernel.attention` or `kernel.attention_grad` op."""
-    a = op.attributes
-    cls = Attention if op.name == Attention.name else AttentionGrad
-    shapes = logical_shapes(a)
-    maps = {n: tuple(m) for n, m in zip(cls.operand_names + cls.result_names,
-                                         a["maps"] + result_maps(op.name, a))}
-    maps["drow"] = tuple(contiguous_strides(shapes["lse"]))
-    tq, tk, d, dv = a["sizes"]
+    s = attention_shape(op)
+    maps = {**s.maps, "drow": tuple(contiguous_strides((*s.batch, s.tq)))}
     sizes = [v.type.size for v in op.operands] + [r.type.size for r in op.results]
-    return Geometry(tuple(a["batch"]), tq, tk, d, dv, bool(a["causal"]), float(a["scale"]),
-                    op.operands[0].type.dtype, maps, L.index_type(*sizes))
+    return Geometry(s.batch, s.tq, s.tk, s.d, s.dv, s.causal, s.scale, s.dtype, maps,
+                    L.index_type(*sizes))
 
 
 def _mul(x: str, s: int, itype: str) -> str:

@@ -5,8 +5,9 @@ for compile errors).
 A reshape takes its operand's slot; a transpose of the last two axes that only feeds
 matmuls is no copy at all, just a transposed view cuBLAS reads. Elementwise ops,
 transposes, reductions, matmuls and the `kernel` dialect's fused ops are lowered here;
-ops with kernels of their own (convolutions, pools, gather/scatter, dropout) are in
-spatial.py. Results and scratch are placed in one arena by `program.plan_arena`.
+ops with kernels of their own by the modules whose tables make up LOWERINGS (windows.py,
+indexing.py, dropout.py, collective.py, spatial.py, attention.py). Results and scratch
+are placed in one arena by `program.plan_arena`.
 Steps are kernel launches, cuBLAS GEMMs (`cupy.matmul` on strided views) and memsets.
 This module is pure Python: everything it decides is testable without a GPU.
 """
@@ -22,12 +23,16 @@ from ...ir.memory_plan import in_place_operands
 from ...ir.printer import GraphPrinter
 from ..errors import CodegenError, UnsupportedOpError
 from ..strides import broadcast_strides, contiguous_strides
+from . import attention, collective, dropout, indexing, spatial, windows
 from . import launch as L
 from .fused import Body, epilogue_kernel, fused_kernel
 from .program import Gemm, KernelInfo, Launch, Program, Slot, View, plan_arena
 from .scalar import CTYPE, ELEMENTWISE, PRELUDE, composed_definitions, expr
-from .spatial import LOWERINGS
 from .templates import Kernel, Operand, map_kernel, out_operands, reduce_kernels, transpose_kernel
+
+LOWERINGS = {**windows.LOWERINGS, **indexing.LOWERINGS, **dropout.LOWERINGS,
+             **collective.LOWERINGS, **spatial.LOWERINGS, **attention.LOWERINGS}
+"""Op name -> the lowering of an op with kernels of its own: `fn(lowering, op)`."""
 
 
 class CudaCompileError(CodegenError):
@@ -59,7 +64,7 @@ def _swaps_last_two(perm: list[int]) -> bool:
 
 class Lowering:
     """One graph's walk: `p` is the Program being built and `where` each value's slot; the
-    op lowerings here and in spatial.py add slots and steps through `result`, `scratch`,
+    op lowerings here and in LOWERINGS add slots and steps through `result`, `scratch`,
     `launch` and `gemm`."""
 
     def __init__(self, graph: Graph, sm_count: int):

@@ -28,11 +28,15 @@ ds = p * (do v^T - rowsum(do * o)) * scale.
 from __future__ import annotations
 
 import math
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from ..opdef import OPS, SHAPE, InferenceError, OpDef, register, same_dtype
 from ..types import TensorType, Type
 from .kernel import check_cover, check_map
+
+if TYPE_CHECKING:
+    from ..core import Operation
 
 ATTRS = {"batch": SHAPE, "sizes": SHAPE, "maps": (list,), "causal": bool, "scale": float}
 LAYOUT = {"out_maps": (list,), "out_types": (list,)}
@@ -118,3 +122,34 @@ class AttentionGrad(AttentionOp):
 
 
 ATTENTION_OPS = (Attention.name, AttentionGrad.name)
+
+
+@dataclass(frozen=True)
+class AttentionShape:
+    """One attention op's static shape, for any backend: the batch dims, the sizes, causal,
+    scale, the dtype, and each operand's and result's element strides over its logical
+    shape (`maps` and `result_maps`), by buffer name (q, k, v, ... then o, lse or dq, dk,
+    dv)."""
+
+    batch: tuple[int, ...]
+    tq: int
+    tk: int
+    d: int
+    dv: int
+    causal: bool
+    scale: float
+    dtype: str
+    maps: dict[str, tuple[int, ...]]
+
+
+def attention_shape(op: Operation) -> AttentionShape:
+    """The AttentionShape of a (verified) `kernel.attention` or `kernel.attention_grad` op."""
+    cls, a = OPS[op.name], op.attributes
+    assert issubclass(cls, AttentionOp)  # one of ATTENTION_OPS
+    t = op.operands[0].type
+    assert isinstance(t, TensorType)
+    tq, tk, d, dv = (int(n) for n in a["sizes"])
+    maps = {name: tuple(m) for name, m in zip(cls.operand_names + cls.result_names,
+                                               a["maps"] + result_maps(op.name, a))}
+    return AttentionShape(tuple(a["batch"]), tq, tk, d, dv, bool(a["causal"]),
+                          float(a["scale"]), t.dtype, maps)

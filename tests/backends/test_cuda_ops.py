@@ -292,9 +292,9 @@ def test_emulator_catches_a_wrong_kernel(monkeypatch):
 def test_a_concat_of_many_operands_is_a_kernel_per_group_of_them(monkeypatch):
     """Past CONCAT_OPERANDS operands a concat takes one kernel per group of them, each
     writing its slab of the result (here: groups of 2, so slabs at offsets)."""
-    from ember.backends.cuda import spatial
+    from ember.backends.cuda import windows
 
-    monkeypatch.setattr(spatial, "CONCAT_OPERANDS", 2)
+    monkeypatch.setattr(windows, "CONCAT_OPERANDS", 2)
     shapes = [(2, 3, 5), (2, 1, 5), (2, 0, 5), (2, 4, 5), (2, 2, 5), (2, 1, 5)]
     g = Graph("f", [TensorType(s, "f64") for s in shapes])
     b = Builder(g.body)

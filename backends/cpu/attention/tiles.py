@@ -10,8 +10,7 @@ import math
 from llvmlite import ir
 
 from ....ir import Operation
-from ....ir.dialects.kernel_attention import result_maps
-from ....ir.opdef import OPS
+from ....ir.dialects.kernel_attention import attention_shape
 from ...strides import cdiv, contiguous_strides
 from ..kernels import scalar as S
 from ..kernels.loops import carried, for_range, loop
@@ -27,16 +26,14 @@ class Blocking:
     """Sizes, strides and blocking of one attention op."""
 
     def __init__(self, op: Operation, isa: Isa):
-        a = op.attributes
-        self.tq, self.tk, self.d, self.dv = a["sizes"]
-        self.dtype = op.operands[0].type.dtype
+        s = attention_shape(op)
+        self.tq, self.tk, self.d, self.dv = s.tq, s.tk, s.d, s.dv
+        self.dtype = s.dtype
         self.lanes = isa.lanes(self.dtype)
-        self.batch = list(a["batch"])
-        names = OPS[op.name].operand_names + OPS[op.name].result_names
-        # every buffer's map over its logical shape, by name
-        self.maps = dict(zip(names, a["maps"] + result_maps(op.name, a)))
+        self.batch = s.batch
+        self.maps = s.maps  # every buffer's map over its logical shape, by name
         self.nb, self.nbatch = len(self.batch), math.prod(self.batch)
-        self.causal, self.scale = a["causal"], a["scale"]
+        self.causal, self.scale = s.causal, s.scale
         self.nvmax = 4 if isa.regs >= 32 else 2  # MR * nv accumulators, nv loads, a splat
         self.nv = min(self.nvmax, cdiv(self.tq, self.lanes))  # query vectors per tile
         self.bq = self.nv * self.lanes  # queries per block
