@@ -5,6 +5,17 @@ from ember import nn
 F = nn.functional
 
 
+class Fn(nn.Module):
+    """A module whose forward is the function `fn`, to trace or compile one call."""
+
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x):
+        return self.fn(x)
+
+
 class Block(nn.Module):
     """A pre-norm transformer block (LayerNorm, causal attention, an MLP, residuals) and a
     classifier head on its mean over the sequence."""

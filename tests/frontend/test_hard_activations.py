@@ -6,6 +6,7 @@ ops, from the registry.)"""
 
 import numpy as np
 import pytest
+from small_models import Fn
 
 import ember as em
 from ember import nn
@@ -77,15 +78,6 @@ def test_hardswish_never_overflows():
     """x * hardsigmoid(x), not x * relu6(x + 3) / 6: torch's x * 6 is inf past 5.7e37."""
     x = np.array([1e38, 3e38, -1e38], np.float32)
     np.testing.assert_array_equal(em.compile(nn.Hardswish(), x)(x), x * [1, 1, 0])
-
-
-class Fn(nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, x):
-        return self.fn(x)
 
 
 def test_the_hard_activations_are_compositions_and_sign_one_primitive():

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from small_models import Fn
 
 import ember as em
 from ember import nn
@@ -16,15 +17,6 @@ from ember import nn
 X = np.random.default_rng(0).standard_normal((2, 3, 4)).astype(np.float32)
 W = np.random.default_rng(1).standard_normal((4, 5)).astype(np.float32)
 ROW = np.arange(4, dtype=np.float32)
-
-
-class Fn(nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, x):
-        return self.fn(x)
 
 
 CASES = {  # name: f, called on X itself for numpy's answer and on the traced input

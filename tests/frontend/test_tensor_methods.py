@@ -7,21 +7,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from small_models import Fn
 
 import ember as em
 from ember import nn
 
 F = nn.functional
 X = np.random.default_rng(0).standard_normal((2, 3, 4)).astype(np.float32)
-
-
-class Fn(nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, x):
-        return self.fn(x)
 
 
 CASES = {  # method: (ember's call, numpy's reference)
