@@ -343,30 +343,29 @@ def _emit(graph, emit: str, debuginfo: bool) -> str:
     return print_graph(graph, debuginfo=debuginfo)
 
 
-class _HelpEnv(argparse.Action):
-    """`--help-env`: print the EMBER_* environment switches (settings.py) and exit."""
+class _Print(argparse.Action):
+    """An option that prints `text()` and exits, as `--help` does (`--help-env`: the
+    EMBER_* switches of settings.py; `--list-passes`: the registered passes)."""
 
-    def __init__(self, option_strings, dest, **kwargs):
+    def __init__(self, option_strings, dest, text, **kwargs):
         super().__init__(option_strings, dest, nargs=0, **kwargs)
+        self.text = text
 
     def __call__(self, parser, namespace, values, option_string=None):
-        from ember.settings import describe
-
-        print(describe())
+        print(self.text())
         parser.exit()
 
 
-class _ListPasses(argparse.Action):
-    """`--list-passes`: print the registered passes and exit, as `--help` does."""
+def _environment_switches() -> str:
+    from ember.settings import describe
 
-    def __init__(self, option_strings, dest, **kwargs):
-        super().__init__(option_strings, dest, nargs=0, **kwargs)
+    return describe()
 
-    def __call__(self, parser, namespace, values, option_string=None):
-        from ember.passes.manager import describe_passes
 
-        print(describe_passes())
-        parser.exit()
+def _passes() -> str:
+    from ember.passes.manager import describe_passes
+
+    return describe_passes()
 
 
 class _RecomputeOption(argparse.Action):
@@ -386,8 +385,8 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="ember", description=__doc__)
     parser.add_argument("--version", action="version", version=f"ember {__version__}")
-    parser.add_argument("--help-env", action=_HelpEnv, help="list the EMBER_* environment "
-                        "variables ember reads, and exit")
+    parser.add_argument("--help-env", action=_Print, text=_environment_switches,
+                        help="list the EMBER_* environment variables ember reads, and exit")
     sub = parser.add_subparsers(dest="command", required=True)
 
     t = sub.add_parser("train", help="train a built-in model on built-in data")
@@ -464,7 +463,7 @@ def main(argv: list[str] | None = None) -> int:
                    "(atomically) instead of to stdout")
     o.add_argument("--split-input-file", action="store_true",
                    help="process each '// -----' chunk of the input on its own")
-    o.add_argument("--list-passes", action=_ListPasses, help="list the passes and exit")
+    o.add_argument("--list-passes", action=_Print, text=_passes, help="list the passes and exit")
     o.add_argument("--input-shape", action="append", metavar="NAME=DIMS",
                    help="an .onnx input's shape, e.g. x=1x3x32x32 (for symbolic dims)")
     o.add_argument("-p", "--passes", default="", help="e.g. 'decompose{linear=split},autodiff'")
