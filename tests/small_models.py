@@ -16,6 +16,17 @@ class Fn(nn.Module):
         return self.fn(x)
 
 
+class MeanPool(nn.Module):
+    """Mixes over T: a mean over the sequence, then a Linear (inputs [B, T, 6])."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc, self.head = nn.Linear(6, 8), nn.Linear(8, 3)
+
+    def forward(self, x):
+        return self.head(F.relu(self.fc(x)).mean(axis=1))
+
+
 class Block(nn.Module):
     """A pre-norm transformer block (LayerNorm, causal attention, an MLP, residuals) and a
     classifier head on its mean over the sequence."""

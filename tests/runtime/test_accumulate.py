@@ -7,6 +7,7 @@ import threading
 
 import numpy as np
 import pytest
+from small_models import MeanPool
 
 import ember as em
 from ember import nn, optim
@@ -156,17 +157,6 @@ def test_bad_accumulate_is_a_usage_error_before_compiling(bad, error):
 def test_numpy_int_is_accepted():
     step = em.compile_train_step(mlp(), loss, optim.SGD(lr=0.1), accumulate=np.int64(3))
     assert step.accumulate == 3 and type(step.accumulate) is int
-
-
-class MeanPool(nn.Module):
-    """Mixes over T: a mean over the sequence, then a Linear."""
-
-    def __init__(self):
-        super().__init__()
-        self.fc, self.head = nn.Linear(6, 8), nn.Linear(8, 3)
-
-    def forward(self, x):
-        return self.head(nn.functional.relu(self.fc(x)).mean(axis=1))
 
 
 def test_dynamic_dims_weight_each_micro_batch_one_kth():

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from small_models import MeanPool
 
 import ember as em
 from ember import nn, optim
@@ -26,17 +27,6 @@ def gpt(block: int = 64) -> Gpt:
 
 def tokens(t: int, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed + t).integers(0, 65, (2, t))
-
-
-class MeanPool(nn.Module):
-    """Mixes over T: a mean over the sequence, then a Linear."""
-
-    def __init__(self):
-        super().__init__()
-        self.fc, self.head = nn.Linear(6, 8), nn.Linear(8, 3)
-
-    def forward(self, x):
-        return self.head(nn.functional.relu(self.fc(x)).mean(axis=1))
 
 
 class FlatMax(nn.Module):
