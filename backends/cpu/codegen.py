@@ -19,6 +19,7 @@ code and only needs the plan. `emit(plan)` builds the module.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -77,6 +78,14 @@ class KernelPlan:
     # a training step's (step, slot) of its loss: after that step the entry returns
     # LOSS_NOT_FINITE, running no later kernel, unless the loss is finite (`loss_check`)
     loss_check: tuple[int, int] | None = None
+
+    @functools.cached_property
+    def readers_and_writers(self) -> tuple[dict[int, int], dict[int, int]]:
+        """(slot -> the last call that reads it, slot -> the call that writes it), for the
+        calls as planned (they do not change once planned)."""
+        last = {i: n for n, st in enumerate(self.steps) for i in st.ins}
+        writer = {o: n for n, st in enumerate(self.steps) for o in st.outs}
+        return last, writer
 
     def scratch_bytes(self, op: Operation) -> int:
         """The working memory `op`'s kernel holds while it runs (packed GEMM panels, conv

@@ -69,8 +69,8 @@ def overwrites(plan: KernelPlan, source: int, target: int) -> bool:
     there has changed nothing) and is the last to read `source`, which it reads only at
     the index it writes (ir/memory_plan.py `overwritable_operands`), and a GEMM does not
     accumulate into `target` before its epilogue reads `source`."""
-    last = {i: n for n, st in enumerate(plan.steps) for i in st.ins}
-    writer = next((n for n, st in enumerate(plan.steps) if target in st.outs), None)
+    last, writers = plan.readers_and_writers
+    writer = writers.get(target)
     if writer is None or plan.loss_check is None or writer <= plan.loss_check[0] \
             or last.get(source) != writer:
         return False
