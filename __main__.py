@@ -153,6 +153,9 @@ def _train(args: argparse.Namespace) -> int:
         if args.profile and args.backend != "cpu":
             raise ValueError(f"--profile times the cpu backend's kernels, not {args.backend}'s")
         comm = em.distributed.init() if int(os.environ.get("WORLD_SIZE", 1)) > 1 else None
+        if args.shard_optimizer and comm is None:
+            raise ValueError("--shard-optimizer shards the optimizer state across ranks: add "
+                             "--nproc N (or launch with torchrun)")
         lead = comm is None or comm.rank == 0
         say = print if lead else (lambda *a, **k: None)
         em.seed(args.seed)
@@ -194,6 +197,7 @@ def _train(args: argparse.Namespace) -> int:
                                 resume=args.resume, detect_anomaly=args.detect_anomaly,
                                 data_parallel=comm if comm is not None else False,
                                 logs=logs, profile=args.profile, accumulate=args.accumulate,
+                                shard_optimizer=args.shard_optimizer,
                                 on_resume=_longer_schedule(args.epochs, steps_per_epoch,
                                                            args.accumulate))
         if args.plot and logs is not None and results:
@@ -413,6 +417,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="gradient accumulation: one optimizer update per K batches (of "
                    "--batch-size each, weighted 1/K: with the mean loss, one step on K x the "
                    "batch); the lr schedule counts updates")
+    t.add_argument("--shard-optimizer", action="store_true",
+                   help="with --nproc: each rank keeps the optimizer state of its share of "
+                   "the params (ZeRO-1); checkpoints hold all of it")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--backend", choices=("cpu", "interpreter", "cuda"), default="cpu")
     t.add_argument("--recompute", "--checkpoint", default="none", choices=recompute_strategies(),

@@ -6,9 +6,12 @@ Run: `python benchmarks/dp.py` (`--quick`: fewer steps). Rows, per model:
 - 1 process, the data-parallel step with a local communicator (the split step's own
   cost: gradient graph, flat buffer, update graph), batch B;
 - 2 processes under torchrun (gloo), batch B per rank: the global batch is 2B;
+- the same with `shard_optimizer=True` (ZeRO-1: reduce-scatter, update of half the params,
+  all-gather);
 - 2 processes under mpiexec (mpi4py), where mpiexec and mpi4py are installed.
 Columns: median step time, global samples/s, scaling efficiency (samples/s over twice
-the fused 1-process figure), time per step spent in allreduce, bytes reduced per step.
+the fused 1-process figure), time per step spent in collectives, bytes they moved per
+step, and the optimizer state (AdamW's moments) held by rank 0.
 Models: the large MLP (784-512-512-10, B 128) and "GPT A" (a char-level GPT: 2 layers,
 n_embd 64, 4 heads, T 64, vocab 65, B 16, as issue 15 defines it).
 """
@@ -48,20 +51,29 @@ def workload(name: str, rank: int):
 
 
 class Timed(Communicator):
-    """A communicator that times its allreduces (and counts their bytes)."""
+    """A communicator that times its collectives (and counts their bytes)."""
 
     def __init__(self, inner: Communicator):
         self.inner, self.backend = inner, inner.backend
         self.rank, self.world_size = inner.rank, inner.world_size
         self.seconds, self.bytes, self.calls = 0.0, 0, 0
 
-    def allreduce_(self, array):
+    def _timed(self, run, array):
         t = time.perf_counter()
-        self.inner.allreduce_(array)
+        run()
         self.seconds += time.perf_counter() - t
         self.bytes += array.nbytes
         self.calls += 1
         return array
+
+    def allreduce_(self, array):
+        return self._timed(lambda: self.inner.allreduce_(array), array)
+
+    def reduce_scatter_(self, array, counts):
+        return self._timed(lambda: self.inner.reduce_scatter_(array, counts), array)
+
+    def all_gather_(self, array, counts):
+        return self._timed(lambda: self.inner.all_gather_(array, counts), array)
 
     def broadcast_(self, array, root=0):
         return self.inner.broadcast_(array, root)
@@ -75,13 +87,15 @@ class Timed(Communicator):
 
 def worker(name: str, mode: str, steps: int, out: str) -> None:
     """Time `steps` steps in this process (mode: fused, local, or dp under torchrun)."""
-    comm = em.distributed.init("mpi" if mode == "mpi" else "auto") if mode in ("dp", "mpi") \
-        else Communicator()
+    comm = em.distributed.init("mpi" if mode == "mpi" else "auto") \
+        if mode in ("dp", "shard", "mpi") else Communicator()
     timed = Timed(comm)
     em.seed(0)
     model, loss_fn, (x, y) = workload(name, comm.rank)
-    step = em.compile_train_step(model, loss_fn, optim.SGD(lr=0.01),
-                                 data_parallel=False if mode == "fused" else timed)
+    opt = optim.AdamW(lr=1e-3)
+    step = em.compile_train_step(model, loss_fn, opt,
+                                 data_parallel=False if mode == "fused" else timed,
+                                 shard_optimizer=mode == "shard")
     for _ in range(5):  # compile and warm up
         step(x, y)
     timed.seconds, timed.bytes, timed.calls = 0.0, 0, 0
@@ -94,7 +108,9 @@ def worker(name: str, mode: str, steps: int, out: str) -> None:
         with open(out, "w") as f:
             json.dump({"step": statistics.median(times), "batch": len(x) * comm.world_size,
                        "allreduce": timed.seconds / steps,
-                       "bytes": timed.bytes // steps if timed.calls else 0}, f)
+                       "bytes": timed.bytes // steps if timed.calls else 0,
+                       "state": sum(a.nbytes for slots in opt.state.values()
+                                    for a in slots.values())}, f)
     comm.close()
 
 
@@ -104,10 +120,11 @@ def measure(name: str, mode: str, steps: int) -> dict:
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "result.json")
         args = [sys.executable, __file__, "--worker", name, mode, str(steps), out]
-        launch = {"dp": [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                         "--nproc_per_node=2"],
+        torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                    "--nproc_per_node=2"]
+        launch = {"dp": torchrun, "shard": torchrun,
                   "mpi": ["mpiexec", "--oversubscribe", "-n", "2"]}
-        cmd = launch.get(mode, []) + (args[1:] if mode == "dp" else args)
+        cmd = launch.get(mode, []) + (args[1:] if mode in ("dp", "shard") else args)
         subprocess.run(cmd, env=env, check=True, capture_output=True, text=True)
         with open(out) as f:
             return json.load(f)
@@ -125,20 +142,21 @@ def main() -> None:
         return
     steps = 20 if args.quick else 100
     print(f"{'model':10} {'processes':22} {'step ms':>8} {'samples/s':>10} {'scaling':>8} "
-          f"{'allreduce ms':>12} {'MB/step':>8}")
+          f"{'collect. ms':>12} {'MB/step':>8} {'state MB':>9}")
     for name in args.models.split(","):
         base = None
         modes = [("fused", "1 (fused step)"), ("local", "1 (data-parallel step)"),
-                 ("dp", "2 (gloo, torchrun)")]
+                 ("dp", "2 (gloo, torchrun)"), ("shard", "2 (gloo, sharded)")]
         if shutil.which("mpiexec") and importlib.util.find_spec("mpi4py"):
             modes.append(("mpi", "2 (mpi4py, mpiexec)"))
         for mode, label in modes:
             r = measure(name, mode, steps)
             rate = r["batch"] / r["step"]
             base = base or rate
-            scaling = rate / (base * (2 if mode in ("dp", "mpi") else 1))
+            scaling = rate / (base * (2 if mode in ("dp", "shard", "mpi") else 1))
             print(f"{name:10} {label:22} {r['step'] * 1e3:8.2f} {rate:10,.0f} {scaling:8.2f} "
-                  f"{r['allreduce'] * 1e3:12.2f} {r['bytes'] / 2**20:8.2f}")
+                  f"{r['allreduce'] * 1e3:12.2f} {r['bytes'] / 2**20:8.2f} "
+                  f"{r['state'] / 2**20:9.2f}")
 
 
 if __name__ == "__main__":

@@ -85,6 +85,7 @@ def compile_train_step(model: Module, loss_fn: Callable, optimizer: Optimizer,
                        dynamic_dims: dict | None = None,
                        buckets: tuple[int, ...] | None = None,
                        n_inputs: int = 1, accumulate: int = 1,
+                       shard_optimizer: bool = False,
                        checkpoint: str | None = None) -> TrainStep:
     """`step(x, y)`: forward, backward and update in one compiled graph; returns the loss.
 
@@ -105,6 +106,11 @@ def compile_train_step(model: Module, loss_fn: Callable, optimizer: Optimizer,
     `em.distributed.init`) or a Communicator: each rank passes its shard of the global
     batch and the gradients are averaged across ranks before the update (runtime/
     data_parallel.py), so the run equals single-process training on the global batch.
+    `shard_optimizer` (with `data_parallel`): ZeRO-1, each rank keeps the optimizer state
+    of 1/N of the params (dealt whole, largest first) and updates those; gradients are
+    reduce-scattered and the new params all-gathered (runtime/zero.py). The results equal
+    unsharded data-parallel training; checkpoints hold the whole state and load into any
+    world size.
     `dynamic_dims`, `buckets`: symbolic dimensions of the call's arguments (model inputs
     and loss arguments alike, by position) as for `compile` (`{0: {1: "T"}, 1: {1: "T"}}`:
     tokens and targets of any length T; `{0: {1: "T"}, 1: {1: "T"}, 2: {1: "T"}}` adds an
@@ -125,6 +131,9 @@ def compile_train_step(model: Module, loss_fn: Callable, optimizer: Optimizer,
     Batch-statistic layers (BatchNorm) see each micro-batch alone, as in PyTorch.
     """
     accumulate = accumulate_count(accumulate)  # a usage error before anything is built
+    if shard_optimizer and data_parallel is False:
+        raise ValueError("shard_optimizer shards the optimizer state across data-parallel "
+                         "ranks: pass data_parallel=True (or a communicator) with it")
     options = _training_options(backend, linear, _renamed(recompute, checkpoint),
                                 memory_budget, detect_anomaly, n_inputs)
     options["accumulate"] = accumulate
@@ -143,7 +152,8 @@ def compile_train_step(model: Module, loss_fn: Callable, optimizer: Optimizer,
     if not isinstance(data_parallel, Communicator):
         raise TypeError(f"data_parallel must be True, False or a Communicator "
                         f"(em.distributed.init()), got {data_parallel!r}")
-    return DataParallelStep(model, loss_fn, optimizer, data_parallel, **options)
+    return DataParallelStep(model, loss_fn, optimizer, data_parallel, shard_optimizer,
+                            **options)
 
 
 def _renamed(recompute: str, checkpoint: str | None) -> str:

@@ -28,6 +28,7 @@ into the flat buffer, reduces it once and updates with the gradients scaled by
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -43,63 +44,75 @@ from .accumulate import accumulation_pipeline
 from .backend import to_host
 from .compiled import Entry, one_call_at_a_time
 from .distributed import Communicator
+from .flat import Flat, Item, lay_out
 from .params import param_values, state_key
 from .pipeline import SIMPLIFY, Stages, grad_pipeline
 from .steps import TrainStep
 from .update import UpdateLayout, hyper_inputs, state_inputs, update_graph, write_back
-
-_ALIGN = 64  # bytes: each view in a flat buffer starts where a kernel's own buffer would
-
-
-def _aligned(nbytes: int, dtype: np.dtype) -> np.ndarray:
-    raw = np.zeros(nbytes + _ALIGN, np.uint8)
-    start = -raw.ctypes.data % _ALIGN
-    return raw[start:start + nbytes].view(dtype)
+from .zero import (
+    ParamArena,
+    Shards,
+    clip_coefficient,
+    full_state,
+    gathered_state,
+    keep_own_state,
+)
 
 
 @dataclass
 class FlatBuffers:
     """Where the reduced results of one gradient graph sit: one buffer per dtype, and a
-    view of it for each result position (the loss, scalar metrics, buffers, gradients)."""
+    view of it for each result position (the loss, scalar metrics, buffers, gradients).
+    A buffer's first segment holds what every rank averages (`head`); then the gradients,
+    in one segment, or sharded (ZeRO-1) in one segment per rank that updates them."""
 
-    buffers: list[np.ndarray]
+    flats: list[Flat]
     views: dict[int, np.ndarray]  # result position -> its place, in the result's shape
     head: list[int]  # positions averaged here (not by the update graph): loss, metrics, buffers
 
     @classmethod
-    def of(cls, entry: Entry) -> FlatBuffers:
+    def of(cls, entry: Entry, shards: Shards | None = None) -> FlatBuffers:
+        """`shards`: which rank updates each param, when the optimizer is sharded."""
         types = [v.type for v in entry.graph.return_op.operands]
         main, buffers, grads = entry.split(list(range(len(types))))
         scalars = [k for k in main if types[k].shape == ()]
         head = [k for k in scalars + buffers if types[k].dtype.startswith(("f", "bf"))]
-        by_dtype: dict[str, list[int]] = {}
-        for k in head + grads:
-            by_dtype.setdefault(types[k].dtype, []).append(k)
-        out, views = [], {}
-        for dtype, positions in by_dtype.items():
-            np_dtype = np.dtype(numpy_dtype(dtype))
-            offsets, n = [], 0
-            for k in positions:
-                offsets.append(n)
-                n += -(-types[k].nbytes // _ALIGN) * _ALIGN
-            flat = _aligned(n, np_dtype)
-            for k, off in zip(positions, offsets):
-                start = off // np_dtype.itemsize
-                views[k] = flat[start:start + types[k].size].reshape(types[k].shape)
-            out.append(flat)
-        return cls(out, views, head)
+        ids = entry.graph.attributes["ember.grads"]
+        items = [Item(k, types[k].shape, numpy_dtype(types[k].dtype), 0) for k in head]
+        items += [Item(k, types[k].shape, numpy_dtype(types[k].dtype),
+                       1 + (shards.owner[pid] if shards else 0)) for k, pid in zip(grads, ids)]
+        flats, views = lay_out(items, 1 + (shards.world_size if shards else 1))
+        return cls(flats, views, head)
+
+    def reduce(self, comm: Communicator) -> None:
+        """Sum every rank's buffers: all of them, or, sharded, the head everywhere and
+        each rank's gradient segment on that rank alone (one reduce-scatter)."""
+        for flat in self.flats:
+            head, grads = flat.counts[0], flat.counts[1:]
+            if len(grads) == 1:
+                comm.allreduce_(flat.buffer)
+                continue
+            if head:
+                comm.allreduce_(flat.buffer[:head])
+            comm.reduce_scatter_(flat.buffer[head:], grads)
 
 
 class DataParallelStep(TrainStep):
     """`compile_train_step(..., data_parallel=True | communicator)`: a TrainStep whose
     gradients are averaged across the ranks of `comm` before the update. Each rank passes
     its rows of every argument, the model's inputs and the loss function's alike
-    (`n_inputs`)."""
+    (`n_inputs`). With `shard_optimizer`, each rank keeps the optimizer state of its share
+    of the params and updates those alone (ZeRO-1: runtime/zero.py)."""
 
     def __init__(self, model: Module, loss_fn: Callable, optimizer, comm: Communicator,
-                 **options):
+                 shard_optimizer: bool = False, **options):
         super().__init__(model, loss_fn, optimizer, **options)
+        if shard_optimizer and self.on_device:
+            raise ValueError("shard_optimizer runs on host backends (cpu, interpreter): its "
+                             "collectives move numpy arrays")
         self.comm = comm
+        self.shard_optimizer = bool(shard_optimizer)
+        self._zero: tuple[tuple, Shards, ParamArena] | None = None  # (params' key, ...)
         self.rng_shard = comm.rank  # dropout draws the mask of its rows of the global batch
         self._flat: dict[int, FlatBuffers] = {}  # id(entry) -> its flat buffers
         self._updates: dict[tuple, tuple] = {}  # key -> (graph, run, layout)
@@ -148,7 +161,7 @@ class DataParallelStep(TrainStep):
             self.comm.check_same("the traced training graph", _fingerprint(entry))
             self._flat = {id(e): self._flat[id(e)] for e in self._cache.values()
                           if id(e) in self._flat}
-            flat = self._flat[id(entry)] = FlatBuffers.of(entry)
+            flat = self._flat[id(entry)] = FlatBuffers.of(entry, self.shards(table))
         if not self._synced:
             self.broadcast_params(table)
             self._synced = True
@@ -167,8 +180,7 @@ class DataParallelStep(TrainStep):
         if not direct:
             for k, view in flat.views.items():
                 np.copyto(view, to_host(outs[k]))
-        for buffer in flat.buffers:
-            self.comm.allreduce_(buffer)
+        flat.reduce(self.comm)
         scale = 1.0 / self.comm.world_size
         outs = list(outs)
         for k in flat.head:
@@ -181,15 +193,51 @@ class DataParallelStep(TrainStep):
             acc.reset()
         return self.loss if not self.metrics else (self.loss, *self.metrics)
 
+    def shards(self, table: dict) -> Shards | None:
+        """Which rank updates each param (None unless `shard_optimizer`), dealt again when
+        the params change (their shapes, which of them train)."""
+        if not self.shard_optimizer:
+            return None
+        key = state_key(table)
+        if self._zero is None or self._zero[0] != key:
+            shards = Shards.deal(table, self.comm.world_size)
+            self._zero = (key, shards, ParamArena(shards, table))
+        return self._zero[1]
+
     def update(self, table: dict, ids: list[str], grads: list[np.ndarray]) -> None:
         """The optimizer's update from the summed gradients (of every rank and, with
         `accumulate=k`, of the k micro-batches: scaled by 1/(world_size * k)), compiled once
-        per params."""
+        per params; sharded, of this rank's params alone, then everyone's gathered."""
         scale = 1.0 / (self.comm.world_size * self.accumulate)
-        key = (state_key(table), self.key_extra(), tuple(ids), scale)
+        shards = self.shards(table)
+        if shards is None:
+            self._update(table, ids, grads, scale, clipping=True)
+            return
+        assert self._zero is not None
+        arena, opt = self._zero[2], self.optimizer
+        by_id = dict(zip(ids, grads))
+        mine = [pid for pid in shards.of_rank(self.comm.rank) if pid in by_id]
+        own_grads = [by_id[pid] for pid in mine]
+        if opt.clip_norm:
+            coef = clip_coefficient(self.comm, own_grads, scale, opt.clip_norm)
+            if coef < 1.0:
+                for g in own_grads:
+                    g *= g.dtype.type(coef)
+        arena.adopt(table, self.set_param)
+        keep_own_state(opt, table, mine)
+        self._update(table, mine, own_grads, scale, clipping=False)
+        arena.gather(self.comm, table, mine, self.set_param)
+
+    def _update(self, table: dict, ids: list[str], grads: list[np.ndarray], scale: float,
+                clipping: bool) -> None:
+        """Run the update graph of params `ids` (compiled once per params and settings)."""
+        if not ids:  # a rank that owns no param still counts the step
+            self.optimizer.step_count += 1
+            return
+        key = (state_key(table), self.key_extra(), tuple(ids), scale, clipping)
         found = self._updates.get(key)
         if found is None:
-            graph = update_graph(self.optimizer, table, list(ids), scale)
+            graph = update_graph(self.optimizer, table, list(ids), scale, clipping)
             stages = Stages(graph, [*SIMPLIFY, "fuse"])
             found = (stages.graph, self.backend.compile(stages.graph),
                      UpdateLayout.of(stages.graph))
@@ -221,21 +269,34 @@ class DataParallelStep(TrainStep):
                 start += n
 
     def save_checkpoint(self, path: str, extra: dict | None = None) -> str:
-        """Rank 0 writes the checkpoint (replicas are equal); every rank returns once the
-        file is in place. Mid-accumulation, the ranks' gradient buffers differ: the file
-        holds their sum (one allreduce of copies; the live buffers are left as they are)."""
+        """Rank 0 writes the checkpoint (replicas are equal; sharded, each owner's optimizer
+        state gathered first); every rank returns once the file is in place.
+        Mid-accumulation, the ranks' gradient buffers differ: the file holds their sum (one
+        allreduce of copies; the live buffers are left as they are)."""
         pending, grads = super().accumulated()
         grads = {pid: np.array(g) for pid, g in grads.items()}  # copies, summed in place
         for g in grads.values():
             self.comm.allreduce_(g)
         self._saving = (pending, grads)
+        shards = self.shards(self.param_table())
+        state = self.optimizer.state if shards is None else gathered_state(
+            self.comm, self.optimizer, self.param_table(), shards)
         try:
             if self.comm.rank == 0:
-                super().save_checkpoint(path, extra)
+                with full_state(self.optimizer, state):
+                    super().save_checkpoint(path, extra)
         finally:
             self._saving = None
         self.comm.barrier()
         return path
+
+    def load_checkpoint(self, path: str, parse_extra: Callable | None = None):
+        """Every rank loads the same file (written by rank 0 of a run of any world size,
+        sharded or not: a sharded step keeps its own params' state); ranks given different
+        files fail together before anything changes."""
+        self.comm.check_same("the checkpoint file resumed from", file_digest(path),
+                             "every rank loads the same checkpoint file")
+        return super().load_checkpoint(path, parse_extra)
 
     def accumulated(self) -> tuple[int, dict]:
         """Mid-save, the buffers summed over the ranks (`save_checkpoint`)."""
@@ -249,6 +310,18 @@ class DataParallelStep(TrainStep):
         if self.comm.rank != 0:
             grads = {pid: np.zeros_like(g) for pid, g in grads.items()}
         super().restore_accumulated(pending, grads)
+
+
+def file_digest(path: str) -> str:
+    """SHA-256 of a file's bytes (or why it cannot be read: the ranks compare that too)."""
+    h = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            while block := f.read(1 << 24):
+                h.update(block)
+    except OSError as e:
+        return f"unreadable: {type(e).__name__}"
+    return h.hexdigest()
 
 
 def _fingerprint(entry: Entry) -> str:

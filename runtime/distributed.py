@@ -32,7 +32,10 @@ class DistributedError(RuntimeError):
 
 class Communicator:
     """One process of a group of `world_size`: `allreduce_` sums in place across ranks,
-    `broadcast_` copies rank `root`'s array into everyone's."""
+    `broadcast_` copies rank `root`'s array into everyone's. The sharded collectives
+    (ZeRO-1, runtime/zero.py) see a flat array as consecutive segments, one per rank, of
+    `counts[r]` elements: `reduce_scatter_` leaves in this rank's segment the sum of
+    everyone's, `all_gather_` fills every segment with its owner's."""
 
     backend = "local"
     rank, world_size = 0, 1
@@ -43,11 +46,31 @@ class Communicator:
     def broadcast_(self, array: np.ndarray, root: int = 0) -> np.ndarray:
         return array
 
+    def reduce_scatter_(self, array: np.ndarray, counts: list[int]) -> np.ndarray:
+        """Here by `allreduce_` (every segment summed): right for any communicator, the
+        backends below move only the segments."""
+        return self.allreduce_(array)
+
+    def all_gather_(self, array: np.ndarray, counts: list[int]) -> np.ndarray:
+        """Here by `allreduce_` of the array with every other rank's segments zeroed."""
+        if self.world_size > 1:
+            mine = self.segment(array, counts).copy()
+            array[:] = 0
+            self.segment(array, counts)[:] = mine
+            self.allreduce_(array)
+        return array
+
     def barrier(self) -> None:
         pass
 
     def close(self) -> None:
         pass
+
+    def segment(self, array: np.ndarray, counts: list[int], rank: int | None = None) -> np.ndarray:
+        """Rank `rank`'s (this rank's) segment of a flat array of `counts` segments."""
+        rank = self.rank if rank is None else rank
+        start = sum(counts[:rank])
+        return array[start:start + counts[rank]]
 
     def check_same(self, what: str, fingerprint: str, hint: str = "every rank must build the "
                    "same model and pass batches of the same shapes") -> None:
@@ -125,6 +148,27 @@ class GlooCommunicator(Communicator):
         self._collective("broadcast", lambda: self._dist.broadcast(t, src=root))
         return array
 
+    def reduce_scatter_(self, array, counts):
+        torch = self._torch
+        segments = [torch.from_numpy(self.segment(array, counts, r))
+                    for r in range(self.world_size)]
+        mine = torch.empty_like(segments[self.rank])  # gloo's output must not alias an input
+        self._collective("reduce_scatter", lambda: self._dist.reduce_scatter(mine, segments))
+        segments[self.rank].copy_(mine)
+        return array
+
+    def all_gather_(self, array, counts):
+        """gloo gathers equal sizes only: every segment padded to the longest."""
+        torch, longest = self._torch, max(counts)
+        own = torch.zeros(longest, dtype=torch.from_numpy(array[:0]).dtype)
+        own[:counts[self.rank]] = torch.from_numpy(self.segment(array, counts))
+        padded = own.new_empty(self.world_size * longest)
+        self._collective("all_gather",
+                         lambda: self._dist.all_gather_into_tensor(padded, own))
+        for r in range(self.world_size):
+            self.segment(array, counts, r)[:] = padded[r * longest:][:counts[r]].numpy()
+        return array
+
     def barrier(self):
         self._collective("barrier", self._dist.barrier)
 
@@ -155,6 +199,17 @@ class MpiCommunicator(Communicator):
 
     def broadcast_(self, array, root=0):
         self._comm.Bcast(array, root=root)
+        return array
+
+    def reduce_scatter_(self, array, counts):
+        mine = np.empty_like(self.segment(array, counts))
+        self._comm.Reduce_scatter(array, mine, recvcounts=counts, op=self._mpi.SUM)
+        self.segment(array, counts)[:] = mine
+        return array
+
+    def all_gather_(self, array, counts):
+        starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).tolist()
+        self._comm.Allgatherv(self._mpi.IN_PLACE, [array, (counts, starts)])
         return array
 
     def barrier(self):

@@ -329,12 +329,13 @@ class Optimizer:
                                         **self.pass_options(g)} for g in self.param_groups]
         return {"kind": self.kind, "options": options, "schedule": self.schedule.config()}
 
-    def pass_spec(self) -> str:
+    def pass_spec(self, clipping: bool = True) -> str:
         """This optimizer as a pipeline entry: `optimizer{kind=adam beta1=0.9 ...}`, the
         first group's settings, and where there are several groups `groups=`: each group's
-        own, `;` between groups (passes/optimizer.py)."""
+        own, `;` between groups (passes/optimizer.py). Without `clipping`, clip_norm is
+        left out (a sharded step clips before its update: runtime/zero.py)."""
         first, *rest = (self.pass_options(g) for g in self.param_groups)
-        opts = {"kind": self.kind, **first, **self._clipping()}
+        opts = {"kind": self.kind, **first, **(self._clipping() if clipping else {})}
         if rest:
             opts["groups"] = ";".join(",".join(f"{k}={_text(v)}" for k, v in o.items()
                                                if v != first[k]) for o in (first, *rest))

@@ -104,9 +104,11 @@ def write_back(opt, layout: UpdateLayout, table: dict, outs: list, set_param=Non
     opt.step_count += 1
 
 
-def update_graph(opt, table: dict, ids: list[str], scale: float = 1.0) -> Graph:
+def update_graph(opt, table: dict, ids: list[str], scale: float = 1.0,
+                 clipping: bool = True) -> Graph:
     """The optimizer's update of params `ids` alone: gradients in (multiplied by `scale`:
-    a data-parallel step's 1/world_size), new params and state out."""
+    a data-parallel step's 1/world_size), new params and state out; without `clipping`
+    whatever the optimizer's clip_norm (a sharded step clips before: runtime/zero.py)."""
     graph = Graph("update", [TensorType(table[pid].shape, table[pid].dtype) for pid in ids])
     b = Builder(graph.body)
     for pid in ids:
@@ -118,7 +120,7 @@ def update_graph(opt, table: dict, ids: list[str], scale: float = 1.0) -> Graph:
             scale, dtype=numpy_dtype(g.type.dtype)))) for g in grads]
     b.create("func.return", grads)
     graph.attributes["ember.grads"] = ids
-    (lower,) = parse_pipeline(opt.pass_spec())
+    (lower,) = parse_pipeline(opt.pass_spec(clipping))
     return lower.apply(mark_param_groups(graph, opt))
 
 

@@ -8,6 +8,10 @@ test_distributed.py: trains on its shard and writes its final params to OUT/rank
 --case mismatch: rank 1 builds a wider model.
 --case lr: rank 1 changes its learning rate after 3 steps.
 --case batch: rank 1 passes a shorter batch at step 5.
+--case files: each rank resumes from a checkpoint of its own (they differ).
+--shard: ZeRO-1 (shard_optimizer=True); with --case train it also saves a checkpoint at
+  step 10 and trains again from it, writing OUT/resumed<r>.npz and OUT/state<r>.txt (the
+  bytes of this rank's optimizer state).
 """
 
 from __future__ import annotations
@@ -39,8 +43,12 @@ def model(case: str, hidden: int = 32) -> nn.Module:
 
 
 def train(case: str, comm, rank: int, world_size: int, steps: int = STEPS,
-          batch: int = BATCH, backend: str = "cpu", seed: int = 0) -> nn.Module:
-    """`steps` steps on this rank's shard; with world_size 1 and batch * N, the reference."""
+          batch: int = BATCH, backend: str = "cpu", seed: int = 0, shard: bool = False,
+          save: tuple[int, str] | None = None, resume: str | None = None):
+    """`steps` steps on this rank's shard; with world_size 1 and batch * N, the reference.
+    `save`: (after how many steps, path) of a checkpoint; `resume`: a checkpoint to start
+    from (its steps are skipped). `comm` None: a step without data_parallel. Returns the
+    model and the step."""
     em.seed(seed)
     m = model(case, hidden=48 if case == "mismatch" and rank == 1 else 32)
     # not Adam around BatchNorm: the bias before it has a gradient of ~1e-9, rounding noise
@@ -49,12 +57,17 @@ def train(case: str, comm, rank: int, world_size: int, steps: int = STEPS,
            if case in ("batchnorm", "syncbn") else
            optim.Adam(lr=optim.Cosine(3e-3, steps), clip_norm=0.5))
     step = em.compile_train_step(m, nn.functional.cross_entropy, opt, backend=backend,
-                                 data_parallel=comm)
+                                 data_parallel=comm or False, shard_optimizer=shard)
+    if resume is not None:
+        step.load_checkpoint(resume)
     x, y = data()
     loader = em.DataLoader(x, y, batch, seed=1, rank=rank, world_size=world_size)
-    done = 0
+    done, skip = 0, opt.step_count
     while done < steps:
         for xb, yb in loader:
+            if skip:  # the batches the checkpoint's steps trained on
+                skip, done = skip - 1, done + 1
+                continue
             if case == "die" and rank == 1 and done == 3:
                 os._exit(3)
             if case == "lr" and rank == 1 and done == 3:
@@ -63,9 +76,11 @@ def train(case: str, comm, rank: int, world_size: int, steps: int = STEPS,
                 xb, yb = xb[:-1], yb[:-1]
             step(xb, yb)
             done += 1
+            if save is not None and done == save[0]:
+                step.save_checkpoint(save[1])
             if done == steps:
                 break
-    return m
+    return m, step
 
 
 def main() -> int:
@@ -74,14 +89,33 @@ def main() -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--backend", default="cpu")
     p.add_argument("--distributed", default="auto")
+    p.add_argument("--shard", action="store_true")
     args = p.parse_args()
     comm = em.distributed.init(args.distributed, timeout=float(os.environ.get("DP_TIMEOUT", 60)))
     with comm:
-        m = train(args.case, comm, comm.rank, comm.world_size, backend=args.backend,
-                  seed=100 + comm.rank)
-        params = {path: p.val() for path, p in m.all_params() if p.kind != "flag"}
-        np.savez(os.path.join(args.out, f"rank{comm.rank}.npz"), **params)
+        r, ckpt = comm.rank, os.path.join(args.out, "step10.safetensors")
+        if args.case == "files":
+            _, alone = train("train", None, 0, 1, steps=1, seed=r)
+            own = alone.save_checkpoint(os.path.join(args.out, f"own{r}.safetensors"))
+            train("train", comm, r, comm.world_size, shard=args.shard, resume=own)
+            return 0
+        save = (10, ckpt) if args.shard and args.case == "train" else None
+        m, step = train(args.case, comm, r, comm.world_size, backend=args.backend,
+                        seed=100 + r, shard=args.shard, save=save)
+        np.savez(os.path.join(args.out, f"rank{r}.npz"), **values(m))
+        if save is not None:
+            state = sum(a.nbytes for slots in step.optimizer.state.values()
+                        for a in slots.values())
+            with open(os.path.join(args.out, f"state{r}.txt"), "w") as f:
+                f.write(str(state))
+            m, _ = train(args.case, comm, r, comm.world_size, backend=args.backend,
+                         seed=200 + r, shard=True, resume=ckpt)
+            np.savez(os.path.join(args.out, f"resumed{r}.npz"), **values(m))
     return 0
+
+
+def values(m: nn.Module) -> dict[str, np.ndarray]:
+    return {path: p.val() for path, p in m.all_params() if p.kind != "flag"}
 
 
 if __name__ == "__main__":

@@ -394,3 +394,12 @@ def test_a_model_whose_first_layer_cannot_tell_is_asked_to_say(tmp_path, capsys)
         f"or `image = False` (rows) to class Net in {path}")
     path.write_text(source.format(image="image = False", conv="Conv1d", area=64))
     assert train("--model", f"{path}:Net", "--epochs", 1) == 0  # as it said
+
+
+def test_shard_optimizer_without_ranks_is_an_error_before_training(capsys):
+    from ember.__main__ import main
+
+    assert main(["train", "--shard-optimizer", "--no-progress"]) == 1
+    out, err = capsys.readouterr()
+    assert "--shard-optimizer shards the optimizer state across ranks: add --nproc N" in err
+    assert "training" not in out

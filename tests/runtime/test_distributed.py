@@ -30,12 +30,12 @@ import dp_worker  # noqa: E402
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "EMBER_NUM_THREADS": "1", "DP_TIMEOUT": "20"}
 
 
-def torchrun(case: str, out: Path, nproc: int = 2,
-             timeout: float = 180) -> subprocess.CompletedProcess:
+def torchrun(case: str, out: Path, nproc: int = 2, timeout: float = 180,
+             *options: str) -> subprocess.CompletedProcess:
     pytest.importorskip("torch.distributed")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc_per_node={nproc}", str(HERE / "dp_worker.py"), "--case", case,
-           "--out", str(out)]
+           "--out", str(out), *options]
     return subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=timeout)
 
 
@@ -46,9 +46,9 @@ def params(path: Path) -> dict[str, np.ndarray]:
 
 def single_process(case: str) -> dict[str, np.ndarray]:
     """The reference: one process, the global batch (2 x the per-rank batch), rank 0's seed."""
-    m = dp_worker.train(case, em.distributed.Communicator(), 0, 1, batch=2 * dp_worker.BATCH,
-                        seed=100)
-    return {path: p.val() for path, p in m.all_params() if p.kind != "flag"}
+    m, _ = dp_worker.train(case, em.distributed.Communicator(), 0, 1,
+                           batch=2 * dp_worker.BATCH, seed=100)
+    return dp_worker.values(m)
 
 
 @pytest.mark.parametrize("case", ["train", "dropout", "syncbn"])
@@ -64,6 +64,33 @@ def test_two_gloo_ranks_equal_single_process_on_the_global_batch(tmp_path, case)
     assert r0.keys() == ref.keys()
     for k in ref:
         np.testing.assert_allclose(r0[k], ref[k], rtol=1e-5, atol=1e-6, err_msg=k)
+
+
+def test_sharded_optimizer_equals_data_parallel_and_resumes_in_any_world_size(tmp_path):
+    """ZeRO-1 on 2 gloo ranks (Adam with clipping: the global norm crosses the shards):
+    the params equal single-process training on the global batch as unsharded ranks do,
+    each rank holds about half the optimizer state, a run resumed from the checkpoint of
+    step 10 ends bit-exactly where the unbroken one did, and the same file resumes in one
+    process without data parallelism."""
+    run = torchrun("train", tmp_path, 2, 180, "--shard")
+    assert run.returncode == 0, run.stderr[-3000:]
+    r0, r1 = params(tmp_path / "rank0.npz"), params(tmp_path / "rank1.npz")
+    ref = single_process("train")
+    for k in ref:
+        assert np.array_equal(r0[k], r1[k]), f"replicas differ at {k}"
+        np.testing.assert_allclose(r0[k], ref[k], rtol=1e-5, atol=1e-6, err_msg=k)
+    for r in (0, 1):
+        resumed = params(tmp_path / f"resumed{r}.npz")
+        for k in ref:
+            assert np.array_equal(resumed[k], r0[k]), f"rank {r}: resumed differs at {k}"
+    held = [int((tmp_path / f"state{r}.txt").read_text()) for r in (0, 1)]
+    total = 2 * sum(a.nbytes for a in ref.values())  # Adam: two moments per param
+    largest = 2 * max(a.nbytes for a in ref.values())  # params are dealt whole
+    assert sum(held) == total and max(held) <= total / 2 + largest / 2, held
+    m, _ = dp_worker.train("train", None, 0, 1, batch=2 * dp_worker.BATCH, seed=300,
+                           resume=str(tmp_path / "step10.safetensors"))
+    for k, v in dp_worker.values(m).items():
+        np.testing.assert_allclose(v, ref[k], rtol=1e-5, atol=1e-6, err_msg=k)
 
 
 def test_batchnorm_buffers_are_averaged_so_replicas_stay_equal(tmp_path):
@@ -105,6 +132,13 @@ def test_ranks_with_different_models_fail_together_naming_the_ranks(tmp_path):
         in run.stderr, run.stderr[-3000:]
 
 
+def test_ranks_resuming_from_different_checkpoints_fail_together(tmp_path):
+    run = torchrun("files", tmp_path, 2, 120, "--shard")
+    assert run.returncode != 0
+    assert "the checkpoint file resumed from differs between ranks: rank 0 and rank(s) [1]" \
+        in run.stderr, run.stderr[-3000:]
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -126,10 +160,12 @@ def test_a_peer_that_never_joins_is_an_error_within_the_timeout():
 
 
 @pytest.mark.skipif(shutil.which("mpiexec") is None, reason="no mpiexec on this machine")
-def test_two_mpi_ranks_equal_single_process(tmp_path):
+@pytest.mark.parametrize("options", [[], ["--shard"]], ids=["replicated", "sharded"])
+def test_two_mpi_ranks_equal_single_process(tmp_path, options):
+    """Sharded too: MPI's Reduce_scatter and Allgatherv (uneven segments)."""
     pytest.importorskip("mpi4py")
     cmd = ["mpiexec", "-n", "2", sys.executable, str(HERE / "dp_worker.py"), "--case", "train",
-           "--out", str(tmp_path), "--distributed", "mpi"]
+           "--out", str(tmp_path), "--distributed", "mpi", *options]
     # as root (CI containers), OpenMPI wants both variables; --oversubscribe: 2 ranks on
     # machines with fewer slots
     env = {**ENV, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
@@ -143,15 +179,17 @@ def test_two_mpi_ranks_equal_single_process(tmp_path):
         np.testing.assert_allclose(r0[k], ref[k], rtol=1e-5, atol=1e-6, err_msg=k)
 
 
+@pytest.mark.parametrize("shard", [False, True], ids=["replicated", "sharded"])
 @pytest.mark.parametrize("backend", ["cpu", "interpreter"])
 @pytest.mark.parametrize("case, make_opt", [
     ("train", lambda: optim.Adam(lr=1e-2, clip_norm=0.5)),
     # not Adam: the bias before BatchNorm has a gradient of ~1e-9, rounding noise that
     # Adam's normalization turns into steps of 1e-3 (either way of computing it)
     ("batchnorm", lambda: optim.SGD(lr=0.1, momentum=0.9, clip_norm=0.5))])
-def test_one_rank_data_parallel_step_equals_the_fused_step(backend, case, make_opt):
-    """world_size 1: the split step (gradients, flat buffer, update graph) gives what the
-    single fused training step gives."""
+def test_one_rank_data_parallel_step_equals_the_fused_step(backend, case, make_opt, shard):
+    """world_size 1: the split step (gradients, flat buffer, update graph; sharded, the
+    update clipped before it and the params in their arena) gives what the single fused
+    training step gives."""
     rng = np.random.default_rng(0)
     x, y = rng.standard_normal((32, 20)).astype(np.float32), rng.integers(0, 10, 32)
     finals = []
@@ -160,7 +198,7 @@ def test_one_rank_data_parallel_step_equals_the_fused_step(backend, case, make_o
         m = dp_worker.model(case)
         opt = make_opt()
         step = em.compile_train_step(m, nn.functional.cross_entropy, opt, backend=backend,
-                                     data_parallel=dp)
+                                     data_parallel=dp, shard_optimizer=shard and bool(dp))
         losses = [step(x, y) for _ in range(4)]
         finals.append((losses, [p.val().copy() for _, p in m.all_params()],
                        [opt.state[pid][slot].copy() for pid in sorted(opt.state, key=str)
@@ -169,6 +207,12 @@ def test_one_rank_data_parallel_step_equals_the_fused_step(backend, case, make_o
     np.testing.assert_allclose(l0, l1, rtol=1e-6)
     for a, b in zip(p0 + s0, p1 + s1):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_shard_optimizer_without_data_parallel_is_a_usage_error():
+    with pytest.raises(ValueError, match="pass data_parallel=True"):
+        em.compile_train_step(dp_worker.model("train"), nn.functional.cross_entropy,
+                              optim.AdamW(lr=1e-3), shard_optimizer=True)
 
 
 def test_data_parallel_rejects_what_is_not_a_communicator():
@@ -244,12 +288,13 @@ def ember_train(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_ember_train_nproc_prints_once_and_resumes_bit_exactly(tmp_path):
+    """Resumed with the optimizer sharded (ZeRO-1) too: the same updates."""
     ck = str(tmp_path / "run.safetensors")
     two = ember_train("--nproc", "2", "--epochs", "2", "--save", ck)
     assert two.returncode == 0, two.stderr[-3000:]
     assert two.stdout.count("final test accuracy") == 1  # rank 0 alone prints
     assert "batch 32 x 2 ranks" in two.stdout
-    resumed = ember_train("--nproc", "2", "--epochs", "3", "--resume", ck)
+    resumed = ember_train("--nproc", "2", "--epochs", "3", "--resume", ck, "--shard-optimizer")
     straight = ember_train("--nproc", "2", "--epochs", "3")
     assert resumed.returncode == 0 and straight.returncode == 0, resumed.stderr[-3000:]
 
