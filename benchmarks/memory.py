@@ -28,7 +28,9 @@ numpy, torch, ember's modules, the twin, the batch). Columns:
   balanced -> none, runtime/pipeline.py);
 - planned: the memory plan's peak (`memory_report()["peak_bytes"]`: params, optimizer
   state, inputs and the arena, kernel scratch included), real: what the executable holds
-  (`real_bytes`), and their ratio;
+  (`real_bytes`), and their ratio; held: what the whole step holds, measured from its
+  arrays (`held_bytes`: params, optimizer state, gradient buffers, every cached
+  executable's buffers; inputs not counted), and held/plan;
 - rss: peak RSS of the process, and how much of it came after the imports, the model and
   the batch (compile and run); xtorch: rss over the model's torch row's. `real` counts the
   params and optimizer state twice, as a step holds them: those it reads and, as
@@ -204,7 +206,8 @@ def row(name: str, strategy: str, quick: bool, steps: int) -> dict:
             "ran": step.graph.attributes.get("ember.recompute_strategy", "none"),
             "kernels": codegen.kernel_count(codegen.plan(step.graph)),
             "planned": report["peak_bytes"],
-            "real": report["real_bytes"], "rss": vm_hwm(), "rss_base": base,
+            "real": report["real_bytes"], "held": report["held_bytes"],
+            "rss": vm_hwm(), "rss_base": base,
             "step_ms": statistics.median(times) * 1e3, "compile_s": step.compile_seconds,
             "matmuls": sum(op.name in ("kernel.matmul", "ember.matmul")
                            for op in step.graph.walk()),
@@ -243,7 +246,7 @@ def torch_row(name: str, steps: int) -> dict:
         one()
         times.append(time.perf_counter() - t)
     return {"model": name, "strategy": "torch", "opt": "AdamW", "ran": "eager",
-            "kernels": None, "planned": None, "real": None, "rss": vm_hwm(),
+            "kernels": None, "planned": None, "real": None, "held": None, "rss": vm_hwm(),
             "rss_base": base, "hwm_reset": reset, "threads": torch.get_num_threads(),
             "step_ms": statistics.median(times) * 1e3, "compile_s": None, "matmuls": None,
             "attn_bwd": None}
@@ -279,15 +282,18 @@ def table(rows: list[dict], quick: bool) -> str:
         return f"{v / scale if scale != 1 else v:>{width}{spec}}"
 
     head = (f"{'model':<27}{'opt':<7}{'strategy':<10}{'ran':<10}{'planned MiB':>12}"
-            f"{'real MiB':>10}{'real/plan':>10}{'rss MiB':>9}{'(+run)':>8}{'xtorch':>8}"
+            f"{'real MiB':>10}{'real/plan':>10}{'held MiB':>10}{'held/plan':>10}"
+            f"{'rss MiB':>9}{'(+run)':>8}{'xtorch':>8}"
             f"{'step ms':>9}{'xnone':>7}{'compile s':>10}{'xnone':>7}{'kernels':>8}"
             f"{'matmuls':>8}{'attn bwd':>9}")
     lines = [head]
     for r in rows:
         ratio = None if r["planned"] is None else r["real"] / r["planned"]
+        held = None if r["planned"] is None else r["held"] / r["planned"]
         lines.append(f"{describe(r['model'], quick):<27}{r.get('opt', 'SGD-m'):<7}"
                      f"{r['strategy']:<10}{r['ran']:<10}{num(r['planned'], 12, '.1f', MIB)}"
                      f"{num(r['real'], 10, '.1f', MIB)}{num(ratio, 10, '.2f')}"
+                     f"{num(r['held'], 10, '.1f', MIB)}{num(held, 10, '.2f')}"
                      f"{r['rss'] / MIB:>9.0f}{(r['rss'] - r['rss_base']) / MIB:>8.0f}"
                      f"{over(r, 'rss', twin, 8)}{r['step_ms']:>9.1f}"
                      f"{over(r, 'step_ms', none)}{num(r['compile_s'], 10, '.2f')}"

@@ -247,6 +247,12 @@ class Param:
         return (self._value is not None or self._device is not None
                 or self._state.value is not None)
 
+    def held_arrays(self) -> list:
+        """Every array this Param keeps alive: its value, its device copy, an initial value
+        not yet dropped (what `memory_report()`'s `held_params` counts)."""
+        device = self._device.array if self._device is not None else None
+        return [a for a in (self._value, device, self._state.value) if a is not None]
+
     @property
     def size(self) -> int:
         return math.prod(self.shape)

@@ -19,6 +19,7 @@ from .accumulate import Accumulator, accumulate_count, accumulation_pipeline
 from .backend import to_host
 from .compiled import Compiled, Entry, one_call_at_a_time
 from .fast_path import BoundStep
+from .held import held as held_by
 from .inputs import check_arguments, finite_inputs, model_input_count
 from .params import GradientsParams
 from .pipeline import grad_pipeline, training_pipeline
@@ -89,7 +90,9 @@ class _Training(Compiled):
         where the backend sizes it (cpu: `Plan.scratch_bytes`); where the backend says what
         it allocates (cpu: `Executable.memory()`), also `real_bytes`: that plus the params,
         optimizer state and inputs as the plan counts them, and the backend's own bytes as
-        `real_<role>` (`real_arena` next to the plan's `arena_bytes`)."""
+        `real_<role>` (`real_arena` next to the plan's `arena_bytes`). The `held_*` rows
+        (runtime/held.py) measure what the step holds across all its compiled graphs, from
+        the arrays themselves: `held_bytes` next to the plan's `peak_bytes`."""
         from ..passes.memory import plan_memory
 
         entry = self._require()
@@ -101,6 +104,7 @@ class _Training(Compiled):
             report.update({f"real_{k}": v for k, v in held.items() if k != "total"})
             report["real_bytes"] = held["total"] + sum(
                 report[k] for k in ("params", "optimizer_state", "inputs"))
+        report.update(held_by(self))
         return report
 
 
