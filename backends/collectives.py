@@ -1,6 +1,7 @@
 """What `ember.allreduce` does when a compiled graph runs: the reducer the runtime installed
 for the call (a data-parallel step's communicator, summing in place across ranks), else
-nothing (one process: the sum over one rank is the value itself).
+nothing (one process: the sum over one rank is the value itself); and what
+`ember.grads_ready` does: call the handler installed for the call, if any.
 
 Backends call `allreduce_` from inside a run (the cpu backend through a native callback,
 which cannot raise: it `record`s the error, which `using` raises when its block ends).
@@ -34,6 +35,24 @@ def allreduce_(array: np.ndarray) -> None:
     reducer = getattr(_local, "reducer", None)
     if reducer is not None:
         reducer(array)
+
+
+@contextmanager
+def on_grads_ready(handler: Callable[[int], object]) -> Iterator[None]:
+    """Within the block, `ember.grads_ready {bucket = k}` calls `handler(k)` (a
+    data-parallel step starts reducing bucket k); elsewhere it does nothing."""
+    previous = getattr(_local, "ready", None)
+    _local.ready = handler
+    try:
+        yield
+    finally:
+        _local.ready = previous
+
+
+def grads_ready(bucket: int) -> None:
+    handler = getattr(_local, "ready", None)
+    if handler is not None:
+        handler(bucket)
 
 
 def record(error: BaseException) -> None:

@@ -370,6 +370,7 @@ NO_RULE = {  # core ops without a rule, and why an inference graph does without 
     "ember.allreduce": "SyncBatchNorm's training statistics; an inference trace uses the "
                        "running ones",
     "ember.scatter_add": _GRADIENT,
+    "ember.grads_ready": _GRADIENT,
     "ember.conv2d_grad_weight": _GRADIENT,
     "ember.max_pool2d_grad": _GRADIENT,
     "ember.avg_pool2d_grad": _GRADIENT,

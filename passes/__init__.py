@@ -2,6 +2,7 @@
 
 from . import (  # noqa: F401
     autodiff,
+    bucket_grads,
     canonicalize,
     cse,
     dce,

@@ -31,7 +31,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -43,7 +43,7 @@ from ..ir.printer import strip_locations
 from .accumulate import accumulation_pipeline
 from .backend import to_host
 from .compiled import Entry, one_call_at_a_time
-from .distributed import Communicator
+from .distributed import Communicator, Pending
 from .flat import Flat, Item, lay_out
 from .params import param_values, state_key
 from .pipeline import SIMPLIFY, Stages, grad_pipeline
@@ -63,38 +63,71 @@ from .zero import (
 class FlatBuffers:
     """Where the reduced results of one gradient graph sit: one buffer per dtype, and a
     view of it for each result position (the loss, scalar metrics, buffers, gradients).
-    A buffer's first segment holds what every rank averages (`head`); then the gradients,
-    in one segment, or sharded (ZeRO-1) in one segment per rank that updates them."""
+    A buffer's first segment holds what every rank averages (`head`); then the gradients:
+    one segment per bucket (`ember.grad_buckets`, passes/bucket_grads.py), each reduced
+    as soon as the backward has finished it (`start`, while the backward goes on) where
+    the kernels write its gradients in place, else after the run; or, sharded (ZeRO-1),
+    one segment per rank that updates them, reduce-scattered after the run."""
 
     flats: list[Flat]
     views: dict[int, np.ndarray]  # result position -> its place, in the result's shape
     head: list[int]  # positions averaged here (not by the update graph): loss, metrics, buffers
+    sharded: bool
+    buckets: list[list[np.ndarray]]  # each bucket's span of every buffer it has a part in
+    early: frozenset[int]  # the buckets `start` reduces during the run
+    pending: list[Pending] = field(default_factory=list)
 
     @classmethod
-    def of(cls, entry: Entry, shards: Shards | None = None) -> FlatBuffers:
-        """`shards`: which rank updates each param, when the optimizer is sharded."""
+    def of(cls, entry: Entry, shards: Shards | None = None,
+           direct: frozenset[int] = frozenset()) -> FlatBuffers:
+        """`shards`: which rank updates each param, when the optimizer is sharded;
+        `direct`: the result positions the kernels write into their views."""
         types = [v.type for v in entry.graph.return_op.operands]
         main, buffers, grads = entry.split(list(range(len(types))))
         scalars = [k for k in main if types[k].shape == ()]
         head = [k for k in scalars + buffers if types[k].dtype.startswith(("f", "bf"))]
         ids = entry.graph.attributes["ember.grads"]
+        buckets = [] if shards else entry.graph.attributes.get(
+            "ember.grad_buckets", [list(range(len(grads)))])
+        bucket_of = {j: b for b, js in enumerate(buckets) for j in js}
+        segment = [1 + (shards.owner[pid] if shards else bucket_of[j])
+                   for j, pid in enumerate(ids)]
         items = [Item(k, types[k].shape, numpy_dtype(types[k].dtype), 0) for k in head]
-        items += [Item(k, types[k].shape, numpy_dtype(types[k].dtype),
-                       1 + (shards.owner[pid] if shards else 0)) for k, pid in zip(grads, ids)]
-        flats, views = lay_out(items, 1 + (shards.world_size if shards else 1))
-        return cls(flats, views, head)
+        items += [Item(k, types[k].shape, numpy_dtype(types[k].dtype), segment[j])
+                  for j, k in enumerate(grads)]
+        flats, views = lay_out(items, 1 + (shards.world_size if shards else len(buckets)))
+        spans = [[flat.buffer[sum(flat.counts[:1 + b]):sum(flat.counts[:2 + b])]
+                  for flat in flats if flat.counts[1 + b]] for b in range(len(buckets))]
+        early = frozenset(b for b, js in enumerate(buckets)
+                          if all(grads[j] in direct for j in js))
+        return cls(flats, views, head, shards is not None, spans, early)
+
+    def start(self, comm: Communicator, bucket: int) -> None:
+        """The backward has finished `bucket`: begin its reduction, if its gradients are
+        in place already."""
+        if bucket in self.early:
+            self.pending += [comm.allreduce_start(span) for span in self.buckets[bucket]]
 
     def reduce(self, comm: Communicator) -> None:
-        """Sum every rank's buffers: all of them, or, sharded, the head everywhere and
-        each rank's gradient segment on that rank alone (one reduce-scatter)."""
+        """Sum every rank's buffers: the buckets `start` did not begin, then wait for those
+        it did; or, sharded, the head everywhere and each rank's gradient segment on that
+        rank alone (one reduce-scatter)."""
+        started, self.pending = self.pending, []
         for flat in self.flats:
             head, grads = flat.counts[0], flat.counts[1:]
-            if len(grads) == 1:
+            if not started and not self.sharded:
                 comm.allreduce_(flat.buffer)
-                continue
-            if head:
+            elif head:
                 comm.allreduce_(flat.buffer[:head])
-            comm.reduce_scatter_(flat.buffer[head:], grads)
+            if self.sharded:
+                comm.reduce_scatter_(flat.buffer[head:], grads)
+        if started:
+            for b, spans in enumerate(self.buckets):
+                if b not in self.early:
+                    for span in spans:
+                        comm.allreduce_(span)
+        for p in started:
+            p.wait()
 
 
 class DataParallelStep(TrainStep):
@@ -102,7 +135,10 @@ class DataParallelStep(TrainStep):
     gradients are averaged across the ranks of `comm` before the update. Each rank passes
     its rows of every argument, the model's inputs and the loss function's alike
     (`n_inputs`). With `shard_optimizer`, each rank keeps the optimizer state of its share
-    of the params and updates those alone (ZeRO-1: runtime/zero.py)."""
+    of the params and updates those alone (ZeRO-1: runtime/zero.py). `bucket_bytes`: the
+    most gradient bytes reduced at once while the backward goes on (DDP's bucket_cap_mb)."""
+
+    bucket_bytes = 25 << 20
 
     def __init__(self, model: Module, loss_fn: Callable, optimizer, comm: Communicator,
                  shard_optimizer: bool = False, **options):
@@ -133,9 +169,13 @@ class DataParallelStep(TrainStep):
 
     def pipeline(self):
         if self.accumulator is not None:  # every call: the gradients added to the buffers
-            return accumulation_pipeline(None, self.accumulate, self.linear, self.recompute,
-                                         self.memory_budget)
-        return grad_pipeline(self.linear, self.recompute, self.memory_budget)
+            passes = accumulation_pipeline(None, self.accumulate, self.linear, self.recompute,
+                                           self.memory_budget)
+        else:
+            passes = grad_pipeline(self.linear, self.recompute, self.memory_budget)
+        if self.shard_optimizer or self.on_device:  # reduced after the run
+            return passes
+        return [*passes, f"bucket-grads{{bytes={self.bucket_bytes}}}"]
 
     def _phase(self) -> str | None:
         return None  # one gradient graph, whichever call of a cycle runs it
@@ -161,7 +201,8 @@ class DataParallelStep(TrainStep):
             self.comm.check_same("the traced training graph", _fingerprint(entry))
             self._flat = {id(e): self._flat[id(e)] for e in self._cache.values()
                           if id(e) in self._flat}
-            flat = self._flat[id(entry)] = FlatBuffers.of(entry, self.shards(table))
+            flat = self._flat[id(entry)] = FlatBuffers.of(
+                entry, self.shards(table), getattr(entry.run, "direct_results", frozenset()))
         if not self._synced:
             self.broadcast_params(table)
             self._synced = True
@@ -170,7 +211,10 @@ class DataParallelStep(TrainStep):
         params = self.params(table)
         args = self.arguments(entry, inputs) + self.extra_inputs(entry, table)
         direct = update and getattr(entry.run, "writes_out", False)
-        with collectives.using(self.comm.allreduce_):  # SyncBatchNorm's sums (ember.allreduce)
+        # SyncBatchNorm's sums (ember.allreduce); updating, each bucket of gradients is
+        # reduced as soon as the backward has finished it (ember.grads_ready)
+        with collectives.using(self.comm.allreduce_), collectives.on_grads_ready(
+                lambda bucket: flat.start(self.comm, bucket) if direct else None):
             outs = self.run(entry, args, params, out=flat.views if direct else None)
         if self.detect_anomaly:
             self.check_finite(entry, args, params, outs)

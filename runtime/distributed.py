@@ -17,6 +17,7 @@ from __future__ import annotations
 import atexit
 import hashlib
 import os
+from collections.abc import Callable
 from datetime import timedelta
 
 import numpy as np
@@ -28,6 +29,16 @@ DEFAULT_TIMEOUT = DIST_TIMEOUT.default  # seconds; EMBER_DIST_TIMEOUT overrides 
 
 class DistributedError(RuntimeError):
     """A collective failed: a peer died, timed out or disagrees with this rank."""
+
+
+class Pending:
+    """A collective under way: `wait()` returns once it is done (or raises its error)."""
+
+    def __init__(self, wait: Callable[[], object]):
+        self._wait = wait
+
+    def wait(self) -> None:
+        self._wait()
 
 
 class Communicator:
@@ -45,6 +56,12 @@ class Communicator:
 
     def broadcast_(self, array: np.ndarray, root: int = 0) -> np.ndarray:
         return array
+
+    def allreduce_start(self, array: np.ndarray) -> Pending:
+        """`allreduce_` begun: the sum is in `array` once the returned handle's `wait()`
+        returns (here at once; gloo and MPI reduce while the caller computes on)."""
+        self.allreduce_(array)
+        return Pending(lambda: None)
 
     def reduce_scatter_(self, array: np.ndarray, counts: list[int]) -> np.ndarray:
         """Here by `allreduce_` (every segment summed): right for any communicator, the
@@ -130,9 +147,9 @@ class GlooCommunicator(Communicator):
             atexit.register(self.close)
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
 
-    def _collective(self, name: str, run) -> None:
+    def _collective(self, name: str, run):
         try:
-            run()
+            return run()
         except Exception as e:  # noqa: BLE001
             raise DistributedError(f"rank {self.rank}: {name} across {self.world_size} ranks "
                                    f"failed (a peer died, or did not answer within "
@@ -147,6 +164,11 @@ class GlooCommunicator(Communicator):
         t = self._torch.from_numpy(array)
         self._collective("broadcast", lambda: self._dist.broadcast(t, src=root))
         return array
+
+    def allreduce_start(self, array):
+        t = self._torch.from_numpy(array)  # held by the handle until the sum is in
+        work = self._collective("allreduce", lambda: self._dist.all_reduce(t, async_op=True))
+        return Pending(lambda: self._collective("allreduce", lambda: (work.wait(), t)))
 
     def reduce_scatter_(self, array, counts):
         torch = self._torch
@@ -201,6 +223,10 @@ class MpiCommunicator(Communicator):
         self._comm.Bcast(array, root=root)
         return array
 
+    def allreduce_start(self, array):
+        request = self._comm.Iallreduce(self._mpi.IN_PLACE, array, op=self._mpi.SUM)
+        return Pending(request.Wait)
+
     def reduce_scatter_(self, array, counts):
         mine = np.empty_like(self.segment(array, counts))
         self._comm.Reduce_scatter(array, mine, recvcounts=counts, op=self._mpi.SUM)
@@ -245,4 +271,4 @@ def init(backend: str = "auto", timeout: float | None = None) -> Communicator:
     return Communicator()
 
 
-__all__ = ["Communicator", "DistributedError", "detect", "init"]
+__all__ = ["Communicator", "DistributedError", "Pending", "detect", "init"]

@@ -1,9 +1,13 @@
 """The allreduce of the cuda backend: no kernel, one `program.HostAllReduce` step from the
 operand's slot into the result's (copied to the host, summed across ranks by
-backends/collectives.py, copied back; one process: a copy).
+backends/collectives.py, copied back; one process: a copy). `ember.grads_ready` is its
+token alone, a constant: a device step reduces its gradients after the run (the runtime
+buckets them on host backends only, runtime/data_parallel.py).
 """
 
 from __future__ import annotations
+
+import numpy as np
 
 from ...ir import Operation
 from .program import HostAllReduce
@@ -14,4 +18,9 @@ def _allreduce(lw, op: Operation) -> None:
                                     lw.op_index))
 
 
-LOWERINGS = {"ember.allreduce": _allreduce}
+def _grads_ready(lw, op: Operation) -> None:
+    lw.where[op.result] = lw.slot("const", op.result.type,
+                                  value=np.array(op.attributes["bucket"], np.int64))
+
+
+LOWERINGS = {"ember.allreduce": _allreduce, "ember.grads_ready": _grads_ready}

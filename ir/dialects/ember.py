@@ -460,6 +460,23 @@ class AllReduce(OpDef):
 
 
 @register
+class GradsReady(OpDef):
+    """`grads_ready(g, ...) {bucket}`: these gradients are final, so a data-parallel step
+    may start reducing bucket `bucket` of its flat buffer while the backward goes on
+    (passes/bucket_grads.py, runtime/data_parallel.py). Its result is the bucket's index,
+    a token nothing reads. Not pure: never removed, merged, moved or recomputed."""
+
+    name = "ember.grads_ready"
+    traits = frozenset({"collective"})
+    arity = (1, None)
+    attrs = {"bucket": COUNT}
+
+    @classmethod
+    def infer(cls, operand_types: list[TensorType], attrs: dict[str, Any]) -> list[Type]:
+        return [TensorType((), "i64")]
+
+
+@register
 class Dropout(OpDef):
     """`dropout(x, rng) {p, seed, key}`: x * keep / (1 - p), keep drawn by the counter hash.
 

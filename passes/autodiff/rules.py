@@ -256,7 +256,8 @@ def _no_gradient(b: Builder, op: Operation, gs: Grads, needs: list[bool]) -> Gra
 
 # Ops left without a rule on purpose, and why: a gradient that must flow through one is an
 # AutodiffError naming it. tests/ir/test_registry.py holds every other op to having a rule.
-NO_RULE = {"ember.max_pool2d_grad": "second order through max pooling is not supported"}
+NO_RULE = {"ember.max_pool2d_grad": "second order through max pooling is not supported",
+           "ember.grads_ready": "placed after the backward (bucket-grads), which it ends"}
 
 
 # --- reductions and shapes -------------------------------------------------------------

@@ -2,7 +2,8 @@
 test_distributed.py: trains on its shard and writes its final params to OUT/rank<r>.npz.
 
 --case train: an MLP with LayerNorm, Adam with clipping, seeded differently per rank
-  (rank 0's params are broadcast). --case batchnorm: the same with BatchNorm1d.
+  (rank 0's params are broadcast). Gradients are reduced in buckets of 1 KiB, each while
+  the backward computes the next. --case batchnorm: the same with BatchNorm1d.
 --case dropout: with a Dropout layer. --case syncbn: BatchNorm1d(sync=True).
 --case die: rank 1 exits after 3 steps.
 --case mismatch: rank 1 builds a wider model.
@@ -24,6 +25,7 @@ import numpy as np
 
 import ember as em
 from ember import nn, optim
+from ember.runtime.data_parallel import DataParallelStep
 
 STEPS, BATCH = 20, 16
 
@@ -91,6 +93,8 @@ def main() -> int:
     p.add_argument("--distributed", default="auto")
     p.add_argument("--shard", action="store_true")
     args = p.parse_args()
+    # buckets of 1 KiB: the gradients of each layer reduced while the backward goes on
+    DataParallelStep.bucket_bytes = 1024
     comm = em.distributed.init(args.distributed, timeout=float(os.environ.get("DP_TIMEOUT", 60)))
     with comm:
         r, ckpt = comm.rank, os.path.join(args.out, "step10.safetensors")

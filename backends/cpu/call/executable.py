@@ -199,6 +199,12 @@ class Executable:
         return out
 
     @property
+    def direct_results(self) -> frozenset[int]:
+        """The result positions whose kernels write straight into an `out=` array (the
+        others are copied there once the run is over)."""
+        return frozenset(k for k, row in enumerate(self._results) if row.own)
+
+    @property
     def llvm_ir(self) -> str:
         """The LLVM IR generated for this graph (before optimization), emitted again from
         the plan on every read (`emit` is deterministic): neither the module nor its text

@@ -17,7 +17,7 @@ from ....ir import Operation, TensorType
 from ....ir.opdef import normalize_axes, ops_with
 from ...strides import broadcast_strides, collapse, contiguous_strides
 from . import scalar as S
-from .collective import allreduce
+from .collective import allreduce, grads_ready
 from .loops import loop, nest, offset
 from .scalar import PTR
 
@@ -229,6 +229,7 @@ ONE_OP_LOOPS: dict[str, OneOpLoop] = {
     "ember.matmul": matmul,
     "ember.one_hot": one_hot,
     "ember.allreduce": allreduce,
+    "ember.grads_ready": grads_ready,
 }
 
 
