@@ -81,7 +81,7 @@ def _batched(what: str, x: Tensor, rank: int, fn: Callable) -> Tensor | tuple:
 
 def _const(x: Tensor, a: np.ndarray) -> Tensor:
     """The array `a` as a constant of x's dtype."""
-    return x.trace.constant(np.asarray(a, ir.numpy_dtype(x.dtype)), x.dtype)
+    return x.trace.constant(np.asarray(a, ir.numpy_dtype(x.dtype)))
 
 
 def _take(x: Tensor, axis: int, index: np.ndarray, valid: np.ndarray, fill) -> Tensor:

@@ -81,7 +81,7 @@ def batch_norm(x, running_mean, running_var, gamma=None, beta=None, training: bo
     if x.ndim not in (2, 3, 4):
         raise t.error(f"batch_norm: input must be (N, C), (N, C, L) or (N, C, H, W), got "
                       f"{list(x.shape)}")
-    ones = np.ones(x.shape[1], dtype=np.float64 if x.dtype == "f64" else np.float32)
+    ones = np.ones(x.shape[1], ir.numpy_dtype(x.dtype))
     g = t.lift(gamma) if gamma is not None else t.lift(ones, x.dtype)
     b = t.lift(beta) if beta is not None else t.lift(np.zeros_like(ones), x.dtype)
     active = bool(training) and t.training

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..ir import DTYPES, dtype_of, numpy_dtype
+from ..ir import DTYPES, dtype_of, is_float, numpy_dtype
 from ..ir.types import FLOAT_DTYPES
 from . import context
 
@@ -162,15 +162,20 @@ def _is_torch_tensor(v) -> bool:
 def as_array(v) -> np.ndarray:
     """A value given for a Param (an array, a torch tensor, numbers) as a numpy array of
     real numbers; ValueError or TypeError for anything else. A torch tensor is detached
-    and copied to the host first (numpy refuses one that requires grad or lives on a GPU),
-    and bf16 or float8 widened to f32 (numpy has neither)."""
+    and copied to the host first (numpy refuses one that requires grad or lives on a GPU);
+    its bf16 becomes ml_dtypes' bfloat16 (the same bits), float8 is widened to f32."""
     if _is_torch_tensor(v):
         v = v.detach().cpu()
-        if v.is_floating_point() and str(v.dtype) not in _TORCH_FLOATS:
-            v = v.float()
-        v = v.numpy()
+        if str(v.dtype) == "torch.bfloat16":  # torch is loaded: `v` is one of its tensors
+            import torch
+
+            v = v.view(torch.int16).numpy().view(numpy_dtype("bf16"))
+        elif v.is_floating_point() and str(v.dtype) not in _TORCH_FLOATS:
+            v = v.float().numpy()
+        else:
+            v = v.numpy()
     a = np.asarray(v)
-    if a.dtype.kind not in "biuf":
+    if a.dtype.kind not in "biuf" and not is_float(a.dtype):
         raise ValueError(f"a {type(v).__name__} of {a.dtype}, not an array of real numbers")
     return a
 

@@ -38,9 +38,9 @@ from .norm import BatchNorm, GroupNorm, LayerNorm, RMSNorm
 from .param import ParamId, as_array
 
 _IDS = "ember.param_ids"  # metadata key: JSON {path: ParamId string}
-# the safetensors dtypes ember has (BF16, F8_*, U8, ... have no ember dtype)
-_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "I64": np.int64,
-           "I32": np.int32, "BOOL": np.bool_}
+# the safetensors dtypes ember has (F8_*, U8, ... have no ember dtype)
+_DTYPES = {"F64": "f64", "F32": "f32", "F16": "f16", "BF16": "bf16", "I64": "i64",
+           "I32": "i32", "BOOL": "i1"}
 
 
 class RecordError(ValueError):
@@ -140,7 +140,7 @@ class Archive:
         for name in f.keys():
             info = f.get_slice(name)
             code = info.get_dtype()
-            self.header[name] = (np.dtype(_DTYPES[code]) if code in _DTYPES else code,
+            self.header[name] = (numpy_dtype(_DTYPES[code]) if code in _DTYPES else code,
                                  tuple(info.get_shape()))
 
     def tensor(self, name: str) -> np.ndarray:

@@ -116,7 +116,7 @@ def resample(x: Tensor, taps: dict) -> Tensor:
             g = t.op("ember.gather", y, t.lift(np.ascontiguousarray(at, np.int64)), axis=0)
             if not (w == 1).all():
                 w = w.reshape(-1, *([1] * (y.ndim - 1))).astype(ir.numpy_dtype(y.dtype))
-                g = g * t.constant(w, y.dtype)
+                g = g * t.constant(w)
             total = g if total is None else total + g
         y = total
     return y if order == sorted(order) else y.transpose([order.index(a) for a in range(x.ndim)])

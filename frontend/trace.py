@@ -227,12 +227,9 @@ class Trace:
         self.param_tensors[p.id] = t = Tensor(op.result, self)
         return t
 
-    def constant(self, value: np.ndarray, dtype: str | None = None) -> Tensor:
-        """An `ember.constant`; `dtype` only where numpy has none of its own (bf16)."""
-        value = np.array(value, order="C")  # a copy: later changes to it do not leak in
-        if dtype is None or dtype == ir.dtype_of(value.dtype):
-            return self.op("ember.constant", value=value)
-        return self.op("ember.constant", value=value, dtype=dtype)
+    def constant(self, value: np.ndarray) -> Tensor:
+        """An `ember.constant` of a copy of `value` (later changes to it do not leak in)."""
+        return self.op("ember.constant", value=np.array(value, order="C"))
 
     def lift(self, x, dtype: str | None = None) -> Tensor:
         """A Tensor of this trace from a Tensor, a Param, a python scalar (of `dtype`) or array."""
@@ -245,7 +242,7 @@ class Trace:
         if isinstance(x, (bool, int, float)) and dtype is not None:
             if isinstance(x, float) and not ir.TensorType((), dtype).is_float and x != int(x):
                 raise self.error(f"the scalar {x} does not fit a {dtype} tensor")
-            return self.constant(np.array(x, dtype=ir.numpy_dtype(dtype)), dtype)
+            return self.constant(np.array(x, dtype=ir.numpy_dtype(dtype)))
         if isinstance(x, (np.ndarray, np.generic, bool, int, float, list)):
             return self.constant(np.asarray(x))
         raise TypeError(f"cannot use a {type(x).__name__} as a tensor")

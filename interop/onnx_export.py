@@ -32,7 +32,7 @@ import numpy as np
 from ..files import write_atomically
 from ..frontend.module import Module
 from ..frontend.trace import TensorSpec, trace_function
-from ..ir import Graph, Location, Operation, Value, numpy_dtype
+from ..ir import Graph, Location, Operation, Value, is_float, numpy_dtype
 from ..runtime.params import ParamTable
 from ..runtime.pipeline import Stages, inference_pipeline
 from .onnx_export_ops import (
@@ -102,12 +102,9 @@ def _doc(op: Operation) -> str:
 
 
 def _tensor(name: str, value: np.ndarray, dtype: str):
-    """An ONNX TensorProto of ember dtype `dtype` (bf16 from the f32 values ember holds)."""
-    from onnx import helper, numpy_helper
+    """An ONNX TensorProto of ember dtype `dtype`."""
+    from onnx import numpy_helper
 
-    if dtype == "bf16":
-        return helper.make_tensor(name, ONNX_DTYPES[dtype], value.shape,
-                                  np.asarray(value, np.float32).ravel().tolist())
     return numpy_helper.from_array(np.asarray(value, numpy_dtype(dtype), order="C"), name)
 
 
@@ -418,7 +415,7 @@ def _same(v, w) -> bool:
     if isinstance(v, np.ndarray) or isinstance(w, np.ndarray):
         v, w = np.asarray(v), np.asarray(w)
         return v.shape == w.shape and v.dtype == w.dtype and \
-            np.array_equal(v, w, equal_nan=v.dtype.kind in "fc")
+            np.array_equal(v, w, equal_nan=is_float(v.dtype) or v.dtype.kind == "c")
     return type(v) is type(w) and v == w
 
 

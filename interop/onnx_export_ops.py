@@ -36,7 +36,7 @@ ONNX_DTYPES = {"f32": 1, "f64": 11, "f16": 10, "bf16": 16, "i64": 7, "i32": 6, "
 
 @dataclass(frozen=True)
 class Const:
-    """A tensor value in a node attribute; `dtype` is ember's (bf16 values are held as f32)."""
+    """A tensor value in a node attribute; `dtype` is ember's."""
 
     value: np.ndarray
     dtype: str

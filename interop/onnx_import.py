@@ -40,7 +40,7 @@ from ..frontend import context
 from ..frontend.module import Module
 from ..frontend.param import Param
 from ..frontend.trace import ShapeError, TensorSpec
-from ..ir import InferenceError
+from ..ir import InferenceError, is_float
 from .onnx_errors import OnnxImportError
 from .onnx_ops import DTYPES, RULES, problems
 from .onnx_read import Node, OnnxGraph, read
@@ -187,7 +187,7 @@ def _param_kinds(graph: OnnxGraph, bound: set[str]) -> dict[str, tuple[str, str]
     for name, a in graph.initializers.items():
         if name in bound:
             roles[name] = ("constant", "given by constants=")
-        elif a.dtype.kind != "f":
+        elif not is_float(a.dtype):
             roles[name] = ("constant", f"not a float: {a.dtype}")
         elif name not in needed:
             roles[name] = ("constant", "read only by shape arithmetic or as a static input "
@@ -297,12 +297,13 @@ def _check(graph: OnnxGraph, dynamic: set[str]) -> None:
                      "or shape arithmetic), but it is computed from the graph's inputs"
                      for k, i in _slots(n, "static") if i in dynamic]
             what += [f"{v!r} is {TensorProto.DataType.Name(t).lower()} (ember has float, "
-                     "double, float16, int64, int32, bool)"
+                     "double, float16, bfloat16, int64, int32, bool)"
                      for v in (*n.inputs, *n.outputs) if v in dynamic
                      and (t := graph.value_types.get(v)) is not None and t not in DTYPES]
         found += [f"{n.where}: {w}" for w in what]
     found += [f"output {o!r}: {TensorProto.DataType.Name(t).lower()} (ember has float, double, "
-              "float16, int64, int32, bool)" for o in graph.outputs  # (folded ones too)
+              "float16, bfloat16, int64, int32, bool)"
+              for o in graph.outputs  # (folded ones too)
               if (t := graph.value_types.get(o)) is not None and t not in DTYPES]
     if found:
         nodes = len({f.split(":")[0] for f in found})

@@ -149,8 +149,8 @@ def _where(node, c, a, b):
 
 
 @rule("Cast", attrs="to saturate round_mode",
-      check=lambda n: [] if attr(n, "to") in DTYPES else [f"cast to ONNX type {attr(n, 'to')} "
-                                                        "(ember has f32 f64 f16 i64 i32 bool)"])
+      check=lambda n: [] if attr(n, "to") in DTYPES else [
+          f"cast to ONNX type {attr(n, 'to')} (ember has f32 f64 f16 bf16 i64 i32 bool)"])
 def _cast(node, x):
     return tensor(x).astype(DTYPES[attr(node, "to")])
 

@@ -14,8 +14,9 @@ import numpy as np
 from .onnx_errors import OnnxImportError
 from .onnx_read import Node
 
-# ONNX TensorProto element types ember has (FLOAT, DOUBLE, FLOAT16, INT64, INT32, BOOL)
-DTYPES = {1: "f32", 11: "f64", 10: "f16", 7: "i64", 6: "i32", 9: "i1"}
+# ONNX TensorProto element types ember has (FLOAT, DOUBLE, FLOAT16, BFLOAT16, INT64, INT32,
+# BOOL)
+DTYPES = {1: "f32", 11: "f64", 10: "f16", 16: "bf16", 7: "i64", 6: "i32", 9: "i1"}
 
 
 @dataclass(frozen=True)

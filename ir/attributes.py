@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 import re
-import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -28,7 +27,6 @@ _LAZY_SPLAT = 1 << 20  # bigger splats stay read-only broadcast views instead of
 _DIM = re.compile(r"([0-9]+)x")
 _WORD = re.compile(r"[A-Za-z0-9_]+")
 _INT_TYPES = frozenset({"i64", "i32", "i1", "index"})
-_HEX_FLOAT = {"f64": ("<Q", "<d"), "f32": ("<I", "<f"), "f16": ("<H", "<e")}
 # arrays as the printer writes the common ones, read in one match (`AttributeParser.array`):
 # of plain ints (at most 18 digits: no int() limit to hit), or of strings without escapes
 _INTS = re.compile(r"\[(-?[0-9]{1,18}(?:, -?[0-9]{1,18})*)\]")
@@ -277,15 +275,12 @@ class AttributeParser(Lexer):
 
     def hex_float(self, bits: int, dtype: str, pos: int) -> float:
         """A float from its IEEE bit pattern (`0x7FC00000` for an f32 NaN)."""
-        width = 16 if dtype == "bf16" else 8 * struct.calcsize(_HEX_FLOAT[dtype][0])
+        np_dtype = numpy_dtype(dtype)
+        width = 8 * np_dtype.itemsize
         if bits >= 1 << width:
             raise self.error(f"expected a {dtype} bit pattern of at most {width // 4} hex "
                              "digits", pos)
-        if dtype == "bf16":
-            dtype, bits = "f32", bits << 16
-        ifmt, ffmt = _HEX_FLOAT[dtype]
-        value: float = struct.unpack(ffmt, struct.pack(ifmt, bits))[0]
-        return value
+        return float(np.array(bits, f"u{np_dtype.itemsize}").view(np_dtype))
 
     # -- dense elements -------------------------------------------------------------------
 
@@ -370,7 +365,7 @@ class AttributeParser(Lexer):
             bits = cast.view(f"u{cast.itemsize}")  # bit patterns keep NaN payloads exactly
             for i, (tok, v) in enumerate(elems):
                 if tok.kind == "hex":
-                    bits[i] = v << 16 if dtype == "bf16" else v
+                    bits[i] = v
             return cast
         lo, hi = (0, 1) if dtype == "i1" else (np.iinfo(np_dtype).min, np.iinfo(np_dtype).max)
         for tok, v in elems:
@@ -405,15 +400,12 @@ class AttributeParser(Lexer):
                                  f"got {len(raw)}", tok.pos)
             bits = np.unpackbits(np.frombuffer(raw, np.uint8), bitorder="little")
             return bits[:size].astype(bool).reshape(t.shape)
-        item = 2 if t.dtype == "bf16" else numpy_dtype(t.dtype).itemsize
+        np_dtype = numpy_dtype(t.dtype)
+        item = np_dtype.itemsize
         if len(raw) not in (item, item * size):
             raise self.error(f"expected {item * size} bytes of hex data for {t}, got {len(raw)}",
                              tok.pos)
-        if t.dtype == "bf16":
-            a = (np.frombuffer(raw, "<u2").astype(np.uint32) << 16).view(np.float32)
-        else:
-            a = np.frombuffer(raw, numpy_dtype(t.dtype).newbyteorder("<"))
-            a = a.astype(numpy_dtype(t.dtype))
+        a = np.frombuffer(raw, f"<u{item}").astype(f"=u{item}").view(np_dtype)
         if len(raw) == item and size != 1:
             return self.splat_array(a[0], t.shape, size)
         return a.reshape(t.shape).copy()

@@ -6,6 +6,8 @@ by its name. Traits used by passes and backends:
 - `pure`: no side effects (removable when unused, mergeable by CSE)
 - `elementwise`: result[i] depends on operand[i] only (after numpy broadcasting)
 - `reduction`: reduces over `axes`
+- `movement`: every result element is an operand element (or a zero), so the op is exact
+  in any dtype and a backend runs it on bf16/f16 bits as they are (passes/widen.py)
 - `compute_bound` / `memory_bound`: what bounds the op, so what recompute keeps or recomputes
 - `random`: draws from the counter-based generator
 - `terminator`: ends a block

@@ -20,7 +20,7 @@ from .types import ScalarType, TensorType, dtype_of
 
 BARE_ID = re.compile(r"[A-Za-z_][A-Za-z0-9_$.]*")
 VALUE_ID = re.compile(r"[A-Za-z_$.\-][A-Za-z0-9_$.\-]*")  # digit-only names are for results
-_HEX_WIDTH = {"f64": 16, "f32": 8, "f16": 4}
+_HEX_WIDTH = {"f64": 16, "f32": 8, "f16": 4, "bf16": 4}
 _UNKNOWN = "%<<UNKNOWN SSA VALUE>>"
 _LOC_AT_END = re.compile(r' loc\("[^"]*":\d+:\d+\)$', re.M)
 _PLAIN = re.compile(r"[ !#-\[\]-~]*")  # printable ASCII but '"' and '\\': printed as it is

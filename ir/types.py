@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import ml_dtypes
 import numpy as np
 
 if TYPE_CHECKING:
@@ -14,19 +15,20 @@ if TYPE_CHECKING:
 
 DTYPES = ("f32", "f64", "f16", "bf16", "i64", "i32", "i1")
 FLOAT_DTYPES = frozenset({"f32", "f64", "f16", "bf16"})
+LOW_PRECISION = frozenset({"f16", "bf16"})  # computed in f32 (ir/precision.py)
 MAX_BYTES = 2**63 - 1  # every backend addresses a tensor's bytes with int64 offsets
 
-# bf16 has no numpy dtype; it is stored as f32 by the reference interpreter.
-_NUMPY = {"f32": np.float32, "f64": np.float64, "f16": np.float16, "bf16": np.float32,
-          "i64": np.int64, "i32": np.int32, "i1": np.bool_}
-_FROM_NUMPY = {np.dtype(np.float32): "f32", np.dtype(np.float64): "f64",
-               np.dtype(np.float16): "f16", np.dtype(np.int64): "i64",
-               np.dtype(np.int32): "i32", np.dtype(np.bool_): "i1"}
+# numpy has no bf16: ml_dtypes' bfloat16 (what JAX uses) holds it
+_NUMPY: dict[str, np.dtype] = {k: np.dtype(v) for k, v in (
+    ("f32", np.float32), ("f64", np.float64), ("f16", np.float16), ("bf16", ml_dtypes.bfloat16),
+    ("i64", np.int64), ("i32", np.int32), ("i1", np.bool_))}
+_FROM_NUMPY = {v: k for k, v in _NUMPY.items()}
+_BF16 = _NUMPY["bf16"]
 
 
 def numpy_dtype(dtype: str) -> np.dtype:
     """The numpy dtype that holds values of an IR dtype."""
-    return np.dtype(_NUMPY[dtype])
+    return _NUMPY[dtype]
 
 
 def dtype_of(array_dtype: DTypeLike) -> str:
@@ -35,6 +37,12 @@ def dtype_of(array_dtype: DTypeLike) -> str:
     if d not in _FROM_NUMPY:
         raise TypeError(f"ember has no dtype for numpy {d}; use one of {', '.join(DTYPES)}")
     return _FROM_NUMPY[d]
+
+
+def is_float(array_dtype: DTypeLike) -> bool:
+    """Whether a numpy dtype holds floats: numpy's own, and bfloat16 (whose kind is 'V')."""
+    d = np.dtype(array_dtype)
+    return d.kind == "f" or d == _BF16
 
 
 @dataclass(frozen=True)

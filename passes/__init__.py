@@ -12,6 +12,7 @@ from . import (  # noqa: F401
     optimizer,
     pad_mask,
     recompute,
+    widen,
 )
 from .manager import PASSES, Pass, PassManager, PipelineError, parse_pipeline, register_pass
 

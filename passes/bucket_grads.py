@@ -19,6 +19,7 @@ from typing import ClassVar
 
 from ..ir import Builder, Graph, Value
 from .manager import Pass, register_pass
+from .narrow import tensor_type
 
 
 def _buckets(grads: list[Value], finished: list[int], limit: int) -> list[list[int]]:
@@ -27,8 +28,8 @@ def _buckets(grads: list[Value], finished: list[int], limit: int) -> list[list[i
     out: list[list[int]] = []
     size = 0
     for j in sorted(range(len(grads)), key=lambda j: finished[j]):
-        t = grads[j].type
-        last = grads[out[-1][-1]].type if out else None
+        t = tensor_type(grads[j])
+        last = tensor_type(grads[out[-1][-1]]) if out else None
         if last is None or last.dtype != t.dtype or size + t.nbytes > limit:
             out.append([])
             size = 0

@@ -17,8 +17,9 @@ from typing import ClassVar
 
 import numpy as np
 
-from ..ir import Graph, Operation, TensorType, Value, dtype_of, numpy_dtype
+from ..ir import Graph, Operation, TensorType, Value
 from ..ir.dense import splat_element
+from ..ir.precision import rounded
 from ..ir.rewriter import Pattern, Rewriter, apply_patterns
 from .dce import is_dead
 from .fold import FOLDERS, fold
@@ -42,9 +43,8 @@ def splat(v: Value) -> float | None:
 
 
 def constant(rw: Rewriter, at: Operation, value: object, type: TensorType) -> Value:
-    arr = np.ascontiguousarray(np.asarray(value, numpy_dtype(type.dtype))).reshape(type.shape)
-    extra = {} if dtype_of(arr.dtype) == type.dtype else {"dtype": type.dtype}
-    return rw.op(at, "ember.constant", value=arr, **extra)
+    arr = np.ascontiguousarray(rounded(value, type.dtype)).reshape(type.shape)
+    return rw.op(at, "ember.constant", value=arr)
 
 
 def same(op: Operation, v: Value) -> bool:
@@ -82,6 +82,15 @@ def identity_operand(index: int, unit: float) -> Pattern:
 def neg_neg(op: Operation, rw: Rewriter) -> bool:
     x = op.operands[0].op
     return x is not None and x.name == "ember.neg" and rw.replace(op, x.operands[0])
+
+
+def cube(op: Operation, rw: Rewriter) -> bool:
+    """`x ** 3 -> x * x * x`: multiplies that vectorize, where a float power is a libm call
+    per element (the tanh GELU's cube: in GPT-2's MLP, fused after its GEMM, it took as long
+    as the GEMM); within an ulp of the power's rounding."""
+    x = op.operands[0]
+    return (splat(op.operands[1]) == 3 and same(op, x) and tensor_type(x).is_float
+            and rw.replace(op, rw.op(op, "ember.mul", rw.op(op, "ember.mul", x, x), x)))
 
 
 def transpose(op: Operation, rw: Rewriter) -> bool:
@@ -135,6 +144,8 @@ def reduce_of_broadcast(op: Operation, rw: Rewriter) -> bool:
             padded[a] != shape[a] for a in range(len(shape)) if a not in axes):
         return False
     count = int(np.prod([shape[a] for a in axes]))
+    if op.name == "ember.reduce_sum" and float(rounded(count, op.result.type.dtype)) != count:
+        return False  # x * count would round the count (bf16 holds 257 as 256)
     if op.name == "ember.reduce_sum" and count != 1:
         x = rw.op(op, "ember.mul", x, constant(rw, op, count, tensor_type(x).with_shape(())))
     if tensor_type(x).shape != tensor_type(op.result).shape:
@@ -238,6 +249,7 @@ PATTERNS: dict[str, list[Pattern]] = {
     "ember.mul": [identity_operand(0, 1), identity_operand(1, 1)],
     "ember.div": [identity_operand(0, 1)],
     "ember.neg": [neg_neg],
+    "ember.pow": [cube],
     "ember.transpose": [transpose],
     "ember.reshape": [reshape],
     "ember.broadcast": [broadcast],

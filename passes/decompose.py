@@ -3,9 +3,10 @@
 Every backend then only needs core kernels. `linear=keep` leaves `nn.linear` whole (a
 backend may call a fused GEMM+bias for it); the choice is recorded as the graph attribute
 `ember.linear`, so a dump shows which lowering ran. Softmaxes subtract the max first, so
-they never overflow. The helpers here (`normalize`, `attention_probs`, ...) are also what
-the dedicated autodiff rules emit to recompute forward intermediates, so after
-decomposition CSE merges the two.
+they never overflow. An op on bf16/f16 values is lowered in f32 between casts, so its
+statistics and accumulations stay in f32 (as the interpreter computes the op). The helpers
+here (`normalize`, `attention_probs`, ...) are also what the dedicated autodiff rules emit
+to recompute forward intermediates, so after decomposition CSE merges the two.
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ..ir import Builder, Graph, Operation, Value, dtype_of, numpy_dtype
+from ..ir import Builder, Graph, Operation, Value, numpy_dtype
 from ..ir.rewriter import Rewriter, apply_patterns
 from .manager import Pass, PipelineError, register_pass
 from .narrow import tensor_type
+from .widen import needs_widening, widen
 
 LINEAR_CHOICES = ("split", "keep")
 CONV_ATTRS = ("stride", "padding", "dilation", "groups")
@@ -29,9 +31,7 @@ POOL_ATTRS = ("kernel", "stride", "padding")
 
 def const(b: Builder, value: float, dtype: str) -> Value:
     """A scalar constant of `dtype`."""
-    arr = np.array(value, numpy_dtype(dtype))
-    return b.op("ember.constant", value=arr,
-                **({} if dtype_of(arr.dtype) == dtype else {"dtype": dtype}))
+    return b.op("ember.constant", value=np.array(value, numpy_dtype(dtype)))
 
 
 def pick(op: Operation, keys: tuple[str, ...]) -> dict[str, Any]:
@@ -247,6 +247,8 @@ class Decompose(Pass):
         skip = {"nn.linear"} if self.linear == "keep" else set()
 
         def lower(op: Operation, rw: Rewriter) -> bool:
+            if needs_widening(op):  # bf16/f16: lowered in f32, its meaning (widen.py)
+                return rw.replace(op, *widen(rw.builder(op), op))
             new = RULES[op.name](rw.builder(op), op)
             return rw.replace(op, *(new if isinstance(new, tuple) else (new,)))
 

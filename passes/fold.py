@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from ..ir.precision import widened
 from ..ir.semantics import SIMPLE_OPS, Folder
 
 FOLDERS: dict[str, Folder] = SIMPLE_OPS
@@ -21,5 +22,5 @@ def fold(name: str, attrs: dict[str, Any], *values: np.ndarray) -> np.ndarray | 
     fn = FOLDERS.get(name)
     if fn is None:
         return None
-    with np.errstate(all="ignore"):
-        return np.asarray(fn(attrs, *values))
+    with np.errstate(all="ignore"):  # bf16 and f16 in f32; `constant` rounds the result
+        return np.asarray(fn(attrs, *map(widened, values)))

@@ -13,6 +13,9 @@ gradient's param is in; a param with a gradient in no group is an error. Without
 `groups`, one group takes every gradient. The optimizer's kind and its clipping (by the
 norm of all gradients together) are the same for every group.
 
+A bf16 or f16 param is updated in f32 (`computed`): its value, gradient and state (kept
+in its dtype) cast up, the new ones rounded once; `lr` and `step` are then f32.
+
 Contract (read by the runtime):
 - new arguments after the original ones: one `lr` per param group (`lr`, then `lr1`,
   `lr2`, ...: fed, so that changing one does not recompile) and `step` (scalars; `step`
@@ -37,11 +40,22 @@ from typing import ClassVar
 import numpy as np
 
 from ..ir import Builder, Graph, TensorType, Value, numpy_dtype
+from ..ir.types import LOW_PRECISION
 from .manager import Pass, PipelineError, register_pass
 from .narrow import rank
 
 SLOTS = {"sgd": ("momentum",), "adam": ("exp_avg", "exp_avg_sq"),
          "adamw": ("exp_avg", "exp_avg_sq")}
+
+
+def computed(dtype: str) -> str:
+    """The dtype an update of `dtype` params computes in: f32 for bf16 and f16 (whose
+    rounding would lose it: bf16's 0.999 is 1.0, so Adam's bias correction would be 0)."""
+    return "f32" if dtype in LOW_PRECISION else dtype
+
+
+def cast(b: Builder, v: Value, dtype: str) -> Value:
+    return v if v.type.dtype == dtype else b.op("ember.cast", v, dtype=dtype)
 
 
 @register_pass
@@ -115,7 +129,7 @@ class Optimizer(Pass):
         rules = self.rules()
         group = self.group_of(graph, ids, len(rules))
         params = {op.attributes["id"]: op.result for op in graph.params()}
-        dtype = grads[0].type.dtype if grads else "f32"
+        dtype = computed(grads[0].type.dtype) if grads else "f32"
         scalar = TensorType((), dtype)
         lrs = [graph.body.add_arg(scalar, f"lr{k or ''}") for k in range(len(rules))]
         step = graph.body.add_arg(scalar, "step")
@@ -126,10 +140,12 @@ class Optimizer(Pass):
         for pid, g, k in zip(ids, grads, group):
             rule = rules[k]
             state = {s: graph.body.add_arg(g.type, None) for s in rule.slots()}
-            p_new, s_new = rule._update(b, params[pid], g, lrs[k], step, state)
-            new_params.append(p_new)
+            own, f = g.type.dtype, computed(g.type.dtype)
+            p_new, s_new = rule._update(b, cast(b, params[pid], f), cast(b, g, f), lrs[k],
+                                        step, {s: cast(b, v, f) for s, v in state.items()})
+            new_params.append(cast(b, p_new, own))
             for s in rule.slots():
-                new_state.append(s_new[s])
+                new_state.append(cast(b, s_new[s], own))
                 state_names.append(f"{pid}:{s}")
         ret.drop_operands()
         for v in kept + new_params + new_state:

@@ -42,7 +42,7 @@ from .fast_path import BoundStep
 from .inputs import check_labels, label_inputs
 from .inspect_compiled import Inspectable
 from .params import ParamTable, StateWatch, param_values, state_key
-from .pipeline import Stages, inference_pipeline, without_fusion
+from .pipeline import Stages, inference_pipeline, with_low_precision, without_fusion
 from .update import UpdateLayout
 
 
@@ -240,7 +240,9 @@ class Compiled(Inspectable):
         labels = label_inputs(graph)
         if labels:  # checked natively where the backend can (cpu), else by check_inputs
             graph.attributes["ember.label_args"] = [list(label) for label in labels]
-        stages, run = self._lower(graph, self.pipeline())
+        pipeline = with_low_precision(self.pipeline(), graph,
+                                      getattr(self.backend, "LEGALIZE_LOW_PRECISION", None))
+        stages, run = self._lower(graph, pipeline)
         entry = Entry(stages.graph, run, stages, time.perf_counter() - start, specs, labels)
         self.compiles += 1
         dump = DUMP_IR.get()

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..backends import interpreter
 from ..backends.input_checks import InputCheckError
-from ..ir import Graph, Operation, Value, numpy_dtype
+from ..ir import Graph, Operation, Value, is_float, numpy_dtype
 from .backend import to_host
 
 
@@ -68,7 +68,7 @@ def locate_error(graph: Graph, inputs, params) -> tuple[Operation, Exception] | 
 
 
 def _bad(a: np.ndarray) -> bool:
-    return a.dtype.kind == "f" and not np.isfinite(a).all()
+    return is_float(a.dtype) and not np.isfinite(a).all()
 
 
 def _what(a: np.ndarray) -> str:
@@ -94,7 +94,7 @@ def find_anomaly(graph: Graph, inputs, params) -> str | None:
             if any(_bad(a) for a in args):  # inherited from an operand: reported earlier
                 continue
             stats = ", ".join(f"operand {i}: [{a.min():.3g}, {a.max():.3g}]"
-                              for i, a in enumerate(args) if a.dtype.kind == "f" and a.size)
+                              for i, a in enumerate(args) if is_float(a.dtype) and a.size)
             return (f"{describe(op)} produced {_what(results[bad[0]])} from finite operands"
                     + (f" ({stats})" if stats else ""))
     return None
@@ -123,7 +123,7 @@ def check_finite(outs: list, entry: Any, args: list, params: dict, what: str,
     (on the `backend` named) holds NaN/Inf, tracing it to the op behind it; `what` names
     the run (`train_step at step 3`)."""
     outs = [to_host(o) for o in outs]
-    if not any(o.dtype.kind == "f" and not np.isfinite(o).all() for o in outs):
+    if not any(_bad(o) for o in outs):
         return
     where = (find_anomaly(entry.replay_graph(), args, params)
              or f"the interpreter found none (the {backend} backend differs)")

@@ -31,7 +31,7 @@ import numpy as np
 
 from ..frontend.module import Module
 from ..frontend.trace import TensorSpec
-from ..ir import Graph
+from ..ir import Graph, is_float
 from ..passes.pad_mask import PadMaskError, refuse
 from .compiled import Compiled, CompiledFunction, one_call_at_a_time
 from .params import state_key
@@ -174,7 +174,7 @@ def follow_sizes(graph: Graph, other: Graph, sizes: dict[str, tuple[int, int]]) 
             if isinstance(v, np.ndarray):
                 common = tuple(slice(0, min(n, m)) for n, m in zip(v.shape, w.shape))
                 same = v.ndim == w.ndim and np.array_equal(v[common], w[common],
-                                                           equal_nan=v.dtype.kind == "f")
+                                                           equal_nan=is_float(v.dtype))
             else:  # int lists are shapes (reshape, broadcast), which follow the sizes
                 same = isinstance(v, list) or v == w
             if not same:

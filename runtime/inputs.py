@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ir import Graph, Operation
+from ..ir import Graph, Operation, is_float
 
 # ops whose result holds exactly its operand's values, rearranged: labels reshaped or
 # transposed on their way to the loss (a language model's [batch, T] targets flattened)
@@ -118,7 +118,7 @@ def check_arguments(inputs: tuple, n_inputs: int) -> None:
 def finite_inputs(inputs: tuple) -> None:
     for i, x in enumerate(inputs):
         x = np.asarray(x)
-        if x.dtype.kind == "f" and not np.isfinite(x).all():
+        if is_float(x.dtype) and not np.isfinite(x).all():
             rows = np.unique(np.nonzero(~np.isfinite(x))[0])[:5].tolist() if x.ndim else []
             raise ValueError(f"input {i} contains NaN or Inf"
                              + (f" (rows {rows}{', ...' if len(rows) == 5 else ''})"

@@ -17,6 +17,7 @@ from ..ir import Graph, VerifyError, verify
 from ..ir.memory_plan import plan_memory
 from ..ir.parser import parse
 from ..ir.printer import print_graph
+from ..ir.types import LOW_PRECISION
 from ..passes.manager import Pass, PassManager, parse_pipeline
 from ..passes.recompute import Recompute
 from ..settings import PASS_TIMING
@@ -68,6 +69,19 @@ def without_fusion(pipeline: list[str], option: str) -> list[str]:
     passes = parse_pipeline(",".join(pipeline))
     return [str(dataclasses.replace(p, **{option: False})) if p.name == "fuse" else spec
             for spec, p in zip(pipeline, passes)]
+
+
+def with_low_precision(pipeline: list[str], graph: Graph, legalize: str | None) -> list[str]:
+    """`pipeline` with `legalize`, a backend's pass for bf16/f16 values (its
+    `LEGALIZE_LOW_PRECISION`: `widen-low-precision` on cpu and cuda, whose kernels are f32),
+    before the simplification that cleans up its casts, where `graph` has such values; an
+    f32 graph's pipeline (and so its stages and cache keys) stays as it was."""
+    values = [*graph.args, *(r for op in graph.walk() for r in op.results)]
+    if legalize is None or not any(v.type.dtype in LOW_PRECISION for v in values):
+        return pipeline
+    names = [p.name for p in parse_pipeline(",".join(pipeline))]
+    at = next((i for i, n in enumerate(names) if n in (SIMPLIFY[0], "fuse")), len(names))
+    return [*pipeline[:at], legalize, *pipeline[at:]]
 
 
 def stage_names(pipeline: list[str]) -> list[str]:

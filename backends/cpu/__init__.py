@@ -26,6 +26,10 @@ from ..errors import KernelCompileError, UnsupportedOpError
 from .call.executable import Executable
 from .codegen import lower
 
+# bf16 and f16 values are only stored, moved and cast here: ops on them run in f32
+# (passes/widen.py), as the runtime's pipeline arranges
+LEGALIZE_LOW_PRECISION = "widen-low-precision"
+
 
 def compile(graph: Graph, threads: int | None = None) -> Executable:  # noqa: A001
     """Native code for `graph` (loaded from the compile cache when it was compiled
@@ -38,4 +42,5 @@ def emit_llvm(graph: Graph) -> str:
     return str(lower(graph).module)
 
 
-__all__ = ["Executable", "KernelCompileError", "UnsupportedOpError", "compile", "emit_llvm"]
+__all__ = ["LEGALIZE_LOW_PRECISION", "Executable", "KernelCompileError", "UnsupportedOpError",
+           "compile", "emit_llvm"]

@@ -14,6 +14,10 @@ from ..errors import UnsupportedOpError
 from .codegen import CudaCompileError, Program, emit_cuda, lower
 from .device import CudaUnavailableError, check_available, parse_device
 
+# bf16 and f16 values are only stored, moved and cast here: ops on them run in f32
+# (passes/widen.py), as the runtime's pipeline arranges
+LEGALIZE_LOW_PRECISION = "widen-low-precision"
+
 
 def compile(graph: Graph, device: str = "cuda"):  # noqa: A001  (the backend interface's name)
     from .executable import Executable
@@ -28,5 +32,6 @@ def compile_ptx(graph: Graph, arch: str = "compute_90") -> str:
     return ptx(lower(graph), arch)
 
 
-__all__ = ["CudaCompileError", "CudaUnavailableError", "Program", "UnsupportedOpError",
-           "check_available", "compile", "compile_ptx", "emit_cuda", "lower", "parse_device"]
+__all__ = ["LEGALIZE_LOW_PRECISION", "CudaCompileError", "CudaUnavailableError", "Program",
+           "UnsupportedOpError", "check_available", "compile", "compile_ptx", "emit_cuda",
+           "lower", "parse_device"]

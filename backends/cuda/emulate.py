@@ -90,6 +90,10 @@ template <typename T> static T __shfl_down_sync(unsigned int, T v, int d) {
   return out;
 }
 static inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
+static inline float __uint_as_float(unsigned int i) { float f; std::memcpy(&f, &i, 4); return f; }
+static inline unsigned int __float_as_uint(float f) {
+  unsigned int i; std::memcpy(&i, &f, 4); return i;
+}
 static inline double __longlong_as_double(long long i) {
   double f; std::memcpy(&f, &i, 8); return f;
 }

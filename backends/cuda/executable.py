@@ -16,6 +16,7 @@ import numpy as np
 
 from ...ir import Graph, numpy_dtype, verify
 from .. import collectives
+from ..errors import UnsupportedOpError
 from . import launch as L
 from .codegen import CudaCompileError, lower
 from .device import check_available
@@ -84,6 +85,10 @@ class Executable:
         with dev:
             sms = dev.attributes.get("MultiProcessorCount", L.DEFAULT_SMS)
             self.program = lower(graph, sms)
+            if any(s.type.dtype == "bf16" for s in self.program.slots):
+                raise UnsupportedOpError("the cuda backend cannot hold bf16 arrays yet (cupy "
+                                         "has no bfloat16; the kernels emit_cuda makes handle "
+                                         "it): run this graph on cpu, or in f16 or f32")
             self.source = self.program.source
             mod = load_module(self.program, self.device)
             self._kernels = {k.name: mod.get_function(k.name) for k in self.program.kernels}

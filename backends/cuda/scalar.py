@@ -5,7 +5,9 @@ element, so per-op kernels and fused kernels emit exactly the same expressions. 
 numerics follow the CPU backend's `scalar.py`: NaN-propagating max/min, integer true
 division truncated back, float-to-int casts that give INT_MIN for NaN and out-of-range
 values (as numpy on x86), bool stored as one byte. Math functions are the CUDA ones
-without fast-math (exp/log/tanh/erf within 2 ulp, IEEE division and sqrt).
+without fast-math (exp/log/tanh/erf within 2 ulp, IEEE division and sqrt). bf16 and f16
+are stored as their 16 bits and only moved and cast (ops on them run in f32:
+passes/widen.py).
 """
 
 from __future__ import annotations
@@ -14,13 +16,18 @@ import hashlib
 import math
 import re
 
+import numpy as np
+
 from ...ir.dialects.ember import expand
 from ...ir.opdef import ops_with
+from ...ir.precision import rounded
+from ...ir.types import LOW_PRECISION
 from ..errors import UnsupportedOpError
 
-CTYPE = {"f32": "float", "f64": "double", "i64": "long long", "i32": "int", "i1": "bool"}
+CTYPE = {"f32": "float", "f64": "double", "f16": "unsigned short", "bf16": "unsigned short",
+         "i64": "long long", "i32": "int", "i1": "bool"}
 FLOATS = ("f32", "f64")
-ITEMSIZE = {"f32": 4, "f64": 8, "i64": 8, "i32": 4, "i1": 1}
+ITEMSIZE = {"f32": 4, "f64": 8, "f16": 2, "bf16": 2, "i64": 8, "i32": 4, "i1": 1}
 _FN = {"exp": "exp", "log": "log", "sqrt": "sqrt", "tanh": "tanh", "erf": "erf", "pow": "pow",
        "abs": "fabs"}
 _CMP = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
@@ -51,6 +58,33 @@ __device__ __forceinline__ int ember_f2i32(double x) {
 __device__ __forceinline__ long long ember_f2i64(double x) {
   return (x != x || x >= 9223372036854775808.0 || x < -9223372036854775808.0)
       ? EMBER_I64_MIN : (long long)x;
+}
+
+// f32 <-> bf16 and f16 on their bits, to nearest even; a NaN stays a quiet NaN of its sign.
+// In integer arithmetic: no cuda_bf16.h / cuda_fp16.h, which NVRTC has not here.
+__device__ __forceinline__ float ember_bf16_to_f32(unsigned short h) {
+  return __uint_as_float((unsigned int)h << 16);
+}
+__device__ __forceinline__ unsigned short ember_f32_to_bf16(float x) {
+  const unsigned int u = __float_as_uint(x);
+  if (x != x) return (unsigned short)(((u >> 16) & 0x8000u) | 0x7fc0u);
+  return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+__device__ __forceinline__ float ember_f16_to_f32(unsigned short h) {
+  const unsigned int sign = (unsigned int)(h & 0x8000u) << 16, e = h & 0x7fffu;
+  if (e >= 0x7c00u) return __uint_as_float(sign | 0x7f800000u | (e & 0x3ffu) << 13);
+  if (e >= 0x400u) return __uint_as_float(sign | (e + 0x1c000u) << 13);  // rebias 15 -> 127
+  return __uint_as_float(sign | __float_as_uint((float)e * 5.9604644775390625e-8f));  // 2^-24
+}
+__device__ __forceinline__ unsigned short ember_f32_to_f16(float x) {
+  const unsigned int u = __float_as_uint(x), sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return (unsigned short)(sign | 0x7e00u | ((a >> 13) & 0x3ffu));
+  if (a >= 0x477ff000u) return (unsigned short)(sign | 0x7c00u);  // rounds to inf
+  if (a >= 0x38800000u) {  // normal: rebias 127 -> 15, round the 13 bits dropped
+    const unsigned int r = a - 0x38000000u;
+    return (unsigned short)(sign | ((r + 0xfffu + ((r >> 13) & 1u)) >> 13));
+  }  // subnormal: adding 0.5 (whose ulp is 2^-24) rounds to a multiple of 2^-24
+  return (unsigned short)(sign | (__float_as_uint(__uint_as_float(a) + 0.5f) - 0x3f000000u));
 }
 
 // Integer power by squaring; a negative exponent gives the truncated 1 / x**-e.
@@ -90,6 +124,8 @@ def literal(dtype: str, value) -> str:
     """A C literal of `dtype` (floats through a double literal, rounded by the cast)."""
     if dtype == "i1":
         return "true" if value else "false"
+    if dtype in LOW_PRECISION:  # its bits
+        return f"((unsigned short)0x{int(rounded(value, dtype).view(np.uint16)):04X}u)"
     if dtype in FLOATS:
         v = float(value)
         if v != v:
@@ -122,6 +158,7 @@ def math_fn(name: str, dtype: str) -> str:
 def identity(kind: str, dtype: str) -> str:
     """The start of an add/max/min/mul reduction, as a C literal of the accumulator's dtype
     (-0.0 for float sums, so x + identity == x bit for bit)."""
+    _check_precision(kind, dtype)
     if kind == "add":
         return literal(dtype, -0.0 if dtype in FLOATS else 0)
     if kind == "mul":
@@ -137,6 +174,7 @@ def identity(kind: str, dtype: str) -> str:
 
 def combine(kind: str, a: str, b: str, dtype: str) -> str:
     """The step of an add/max/min/mul reduction (on bools: or, or, and, and)."""
+    _check_precision(kind, dtype)
     if dtype == "i1":
         return f"({a} || {b})" if kind in ("add", "max") else f"({a} && {b})"
     if kind in ("max", "min"):
@@ -148,6 +186,11 @@ def cast(x: str, src: str, dst: str) -> str:
     """numpy `astype`: truncation toward zero, bool(x) is x != 0 (NaN is True)."""
     if src == dst:
         return x
+    if src in LOW_PRECISION or dst in LOW_PRECISION:
+        if "f32" not in (src, dst):
+            raise UnsupportedOpError(f"the cuda backend casts {src} to {dst} through f32: run "
+                                     "the widen-low-precision pass first")
+        return f"ember_{src}_to_{dst}({x})"
     if dst == "i1":
         return f"({x} != 0)"
     if src in FLOATS and dst in ("i32", "i64"):
@@ -157,6 +200,14 @@ def cast(x: str, src: str, dst: str) -> str:
 
 def _unsupported(name: str, dtype: str):
     raise UnsupportedOpError(f"the cuda backend has no kernel for '{name}' on {dtype} tensors")
+
+
+def _check_precision(name: str, dtype: str) -> None:
+    """Arithmetic on bf16/f16 runs in f32 here: a graph that still has it is refused."""
+    if dtype in LOW_PRECISION:
+        raise UnsupportedOpError(f"the cuda backend computes '{name}' on {dtype} in f32: run "
+                                 "the widen-low-precision pass first (the runtime's pipeline "
+                                 "does)")
 
 
 # Composed ops' device functions, by name, each after the ones it calls. A definition is a
@@ -193,6 +244,8 @@ def expr(name: str, attrs: dict, args: list[str], dtype: str) -> str:
     `dtype` is the operands' dtype (for select: of the two values; for cast: the source's).
     An op declared as a composition of others (its `expand`) is a call of a `__device__`
     function computing that composition (`composed`)."""
+    if name.rsplit(".", 1)[-1] != "cast":
+        _check_precision(name, dtype)
     lets: list[str] = []
 
     def let(n: str, a: dict, v: list[str]) -> str:

@@ -1,7 +1,8 @@
 """The numpy interpreter: runs any graph of registered ops, op by op.
 
 It is the reference every other backend is tested against, and the fallback that
-runs anything the IR can express.
+runs anything the IR can express. An op on bf16 or f16 values computes in f32 and rounds
+its results (ir/precision.py).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from ...ir import Graph, Operation, numpy_dtype, verify
+from ...ir.precision import rounded, widened
 from ..errors import UnsupportedOpError
 from .fused import FUSED
 from .reference import KERNELS
@@ -31,14 +33,14 @@ def _evaluate(op: Operation, args: list[np.ndarray], params: Mapping[str, np.nda
             raise KeyError(f"no value for param {op.attributes.get('path', '')} (id {pid})")
         values = [params[pid]]
     elif op.name in FUSED:
-        values = FUSED[op.name](op, *args)
+        values = FUSED[op.name](op, *map(widened, args))
     elif op.name in KERNELS:
-        out = KERNELS[op.name](op.attributes, *args)
+        out = KERNELS[op.name](op.attributes, *map(widened, args))
         values = list(out) if len(op.results) != 1 else [out]  # multi-result: a tuple
     else:
         raise UnsupportedOpError(f"the interpreter has no kernel for '{op.name}'")
-    return [np.ascontiguousarray(np.asarray(v), dtype=numpy_dtype(r.type.dtype))
-            .reshape(r.type.shape) for v, r in zip(values, op.results)]
+    return [np.ascontiguousarray(rounded(v, r.type.dtype)).reshape(r.type.shape)
+            for v, r in zip(values, op.results)]
 
 
 class Executable:

@@ -4,7 +4,8 @@ A body is evaluated once over the whole iteration space, each scalar value as an
 broadcastable to the space: a block argument is its operand viewed through its map
 (`as_strided`, so stride 0 broadcasts and permuted strides transpose), `kernel.index` an
 arange along its dim, `kernel.reduce` a numpy reduction with keepdims. Scalar ops reuse
-the `ember.*` references, so fused and unfused graphs share one definition of each op.
+the `ember.*` references, so fused and unfused graphs share one definition of each op
+(on bf16 and f16 computed in f32, each result rounded: ir/precision.py).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from numpy.lib.stride_tricks import as_strided
 
 from ...ir import Operation, TensorType, numpy_dtype
 from ...ir.dialects.kernel_attention import logical_shapes, result_maps
+from ...ir.precision import rounded, widened
 from . import rng
 from .reference import KERNELS
 
@@ -38,8 +40,9 @@ def run_body(op: Operation, args: list[np.ndarray], shape) -> list[np.ndarray]:
         vals = [env[v] for v in s.operands]
         if s.name == "kernel.yield":
             return [np.broadcast_to(v, shape) for v in vals]
+        vals = [widened(v) for v in vals]
         if s.name == "kernel.constant":
-            v = np.array(a["value"], numpy_dtype(s.result.type.dtype))
+            v = np.array(a["value"])
         elif s.name == "kernel.index":
             d = a["dim"]
             v = np.arange(shape[d], dtype=np.int64).reshape(
@@ -52,7 +55,7 @@ def run_body(op: Operation, args: list[np.ndarray], shape) -> list[np.ndarray]:
         else:
             with np.errstate(all="ignore"):
                 v = KERNELS["ember." + s.name.removeprefix("kernel.")](a, *vals)
-        env[s.result] = np.asarray(v, numpy_dtype(s.result.type.dtype))
+        env[s.result] = rounded(v, s.result.type.dtype)
     raise ValueError(f"{op.name} body has no kernel.yield")
 
 

@@ -23,9 +23,11 @@ from ..opdef import (
     register,
     same_dtype,
 )
-from ..types import TensorType, Type, dtype_of, numpy_dtype
+from ..precision import rounded
+from ..types import TensorType, Type, dtype_of
 
 ELEMENTWISE = frozenset({"pure", "elementwise", "memory_bound"})
+MOVEMENT = frozenset({"pure", "memory_bound", "movement"})
 
 
 @register
@@ -39,26 +41,20 @@ class Param(OpDef):
 
 @register
 class Constant(OpDef):
-    """`constant {value = dense<...>}`; `dtype` names an element type that numpy stores as
-    another (bf16 values are held as f32)."""
+    """`constant {value = dense<...>}`: the value's dtype is the result's (bf16 values are
+    ml_dtypes' bfloat16)."""
 
     name = "ember.constant"
     traits = frozenset({"pure", "memory_bound", "constant"})
     attrs = {"value": np.ndarray}
-    optional_attrs = {"dtype": DTYPE}
 
     @classmethod
     def infer(cls, operand_types: list[TensorType], attrs: dict[str, Any]) -> list[Type]:
         v = attrs["value"]
         try:
-            own = dtype_of(v.dtype)
+            return [TensorType(v.shape, dtype_of(v.dtype))]
         except TypeError as e:
             raise InferenceError(f"ember.constant: {e}") from None
-        dtype = attrs.get("dtype", own)
-        if numpy_dtype(dtype) != v.dtype:
-            raise InferenceError(f"ember.constant: dtype {dtype} is not stored as its value's "
-                                 f"{own} elements")
-        return [TensorType(v.shape, dtype)]
 
 
 class Scalars:
@@ -242,7 +238,7 @@ class Cast(Elementwise):
     name = "ember.cast"
     arity = (1, 1)
     attrs = {"dtype": DTYPE}
-    ref = staticmethod(lambda a, x: x.astype(numpy_dtype(a["dtype"])))
+    ref = staticmethod(lambda a, x: rounded(x, a["dtype"]))  # to bf16/f16 through f32, as torch
 
     @classmethod
     def dtype(cls, types: Sequence[Type], attrs: dict[str, Any]) -> str:
@@ -284,6 +280,7 @@ class Broadcast(OpDef):
     """numpy `broadcast_to(x, shape)`."""
 
     name = "ember.broadcast"
+    traits = MOVEMENT
     arity = (1, 1)
     attrs = {"shape": SHAPE}
 
@@ -300,6 +297,7 @@ class Broadcast(OpDef):
 @register
 class Reshape(OpDef):
     name = "ember.reshape"
+    traits = MOVEMENT
     arity = (1, 1)
     attrs = {"shape": SHAPE}
 
@@ -316,6 +314,7 @@ class Reshape(OpDef):
 @register
 class Transpose(OpDef):
     name = "ember.transpose"
+    traits = MOVEMENT
     arity = (1, 1)
     attrs = {"perm": list}
 
@@ -345,6 +344,7 @@ class _Windowed(OpDef):
     """slice and unslice: one window of a `full` shape, `part` elements from `start` by
     `step`; slice's operand is the full tensor, unslice's result is."""
 
+    traits = MOVEMENT
     arity = (1, 1)
     attrs = {"start": list, "step": list, "shape": SHAPE}
     reads: ClassVar[bool]
@@ -382,6 +382,7 @@ class Concat(OpDef):
     other dim and the dtype agree."""
 
     name = "ember.concat"
+    traits = MOVEMENT
     arity = (1, None)
     attrs = {"axis": int}
 

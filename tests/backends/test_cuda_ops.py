@@ -174,6 +174,8 @@ case("softmax_layer_norm", [R((4, 10)), R((3, 5, 16)), R((16,)), R((16,))],
                             b.op("nn.layer_norm", y, g, c, axes=[2], eps=1e-5)])
 case("allreduce", [R((3, 5)), R((4,), "f64")], lambda b, x, y: [  # one process: the value
     b.op("ember.mul", b.op("ember.allreduce", x), x), b.op("ember.allreduce", y)])
+case("grads_ready", [R((3, 5)), R((4,))], lambda b, x, y: [  # its token: the bucket
+    b.op("ember.grads_ready", x, y, bucket=3)])
 case("dropout", [R((5, 37)), R((), "i64", 3, 3)], lambda b, x, s: [
     b.op("ember.dropout", x, s, p=0.3, seed=7, key=11),
     b.op("ember.dropout", x, s, p=0.0, seed=7, key=12)])

@@ -13,6 +13,7 @@ from safetensors import safe_open
 import ember as em
 from ember import nn
 from ember.frontend.records import RecordError, load, load_torch, save
+from ember.ir import numpy_dtype
 
 
 class Net(nn.Module):
@@ -59,6 +60,50 @@ def test_a_0d_param_round_trips_as_0d(tmp_path):
         assert f.get_tensor("temperature").shape == ()
     load(b, tmp_path / "net.safetensors")
     assert b.temperature.val().shape == () and b.temperature.val() == 0.75
+
+
+class ToDtype(em.ModuleMapper):
+    def __init__(self, dtype):
+        self.dtype = numpy_dtype(dtype)
+
+    def map_float(self, param):
+        return param.map(lambda a: a.astype(self.dtype))
+
+    map_buffer = map_float
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+def test_bf16_and_f16_records_round_trip_and_load_in_torch(tmp_path, dtype):
+    """Saved as safetensors BF16 / F16: the same bits back in ember and in PyTorch."""
+    torch = pytest.importorskip("torch")
+    from safetensors.torch import load_file
+
+    a = Net().map(ToDtype(dtype))
+    path = tmp_path / "net.safetensors"
+    save(a, path)
+    theirs = load_file(str(path))
+    for k, v in values(a).items():
+        want = torch.bfloat16 if dtype == "bf16" else torch.float16
+        assert v.dtype == numpy_dtype(dtype) and theirs[k].dtype == want
+        assert theirs[k].view(torch.int16).numpy().tobytes() == v.tobytes()
+    b = Net().map(ToDtype(dtype))
+    load(b, path)
+    assert all(v.tobytes() == values(b)[k].tobytes() for k, v in values(a).items())
+    with pytest.raises(RecordError, match=f"the file has \\[4, 8\\] {numpy_dtype(dtype)}, the "
+                                          "model has \\[4, 8\\] float32"):
+        load(Net(), path)
+
+
+def test_load_torch_keeps_bf16_where_the_param_is_bf16():
+    torch = pytest.importorskip("torch")
+    model = nn.Linear(3, 2).map(ToDtype("bf16"))
+    model.bias = em.Param.from_array(np.zeros(2, np.float32))
+    weight = torch.randn(2, 3).to(torch.bfloat16)  # PyTorch's [out, in]
+    load_torch(model, {"weight": weight, "bias": torch.full((2,), 0.1, dtype=torch.bfloat16)})
+    assert model.weight.val().dtype == numpy_dtype("bf16")
+    assert model.weight.val().tobytes() == weight.T.contiguous().view(torch.int16).numpy().tobytes()
+    assert model.bias.val().dtype == np.float32  # an f32 param: bf16 0.1, exactly widened
+    assert (model.bias.val() == np.float32(torch.tensor(0.1, dtype=torch.bfloat16).item())).all()
 
 
 def test_save_replaces_the_old_file_atomically(tmp_path, monkeypatch):
@@ -215,7 +260,7 @@ def test_other_dtypes_and_non_records_are_record_errors_and_nan_is_data(tmp_path
         assert all(np.array_equal(before[k], v) for k, v in values(model).items())
 
     header, body = split(good)
-    for dtype, shape, shown in [("I32", [4, 8], "int32"), ("BF16", [4, 16], "BF16"),
+    for dtype, shape, shown in [("I32", [4, 8], "int32"), ("BF16", [4, 16], "bfloat16"),
                                 ("F8_E4M3", [128], "F8_E4M3"), ("F32", [8, 4], "float32")]:
         edited = json.loads(json.dumps(header))
         edited["layers.0.weight"].update(dtype=dtype, shape=shape)

@@ -16,7 +16,17 @@ from strategies import (
     op_graph,
 )
 
-from ember.ir import OPS, Builder, Graph, Location, ScalarType, TensorType, VerifyError, verify
+from ember.ir import (
+    OPS,
+    Builder,
+    Graph,
+    Location,
+    ScalarType,
+    TensorType,
+    VerifyError,
+    numpy_dtype,
+    verify,
+)
 from ember.ir.parser import parse, parse_module
 from ember.ir.printer import fmt_attr, print_graph, print_module
 
@@ -96,6 +106,8 @@ def test_value_names_keep_valid_unique_hints():
     (np.array([1e-45, 3.4028235e38, np.nan, -np.inf, 1e-5], np.float32),
      "dense<[1.0e-45, 3.4028235e+38, 0x7FC00000, 0xFF800000, 1.0e-05]> : tensor<5xf32>"),
     (np.array([0.1, 65504, np.inf], np.float16), "dense<[0.1, 6.55e+04, 0x7C00]> : tensor<3xf16>"),
+    (np.array([1.5, 0.1, -np.inf, np.nan], numpy_dtype("bf16")),
+     "dense<[1.5, 0.100098, 0xFF80, 0x7FC0]> : tensor<4xbf16>"),
     (np.array([0.0, -0.0], np.float64), "dense<[0.0, -0.0]> : tensor<2xf64>"),
 ])
 def test_attribute_text(value, text):
@@ -172,7 +184,7 @@ def test_hex_dense_as_mlir_opt_prints_it():
     assert attrs["b"].tobytes() == f16.tobytes() and attrs["b"].dtype == np.float16
     assert (attrs["c"] == bools).all()
     assert attrs["d"].shape == (200,) and (attrs["d"] == 1.5).all()
-    assert attrs["e"].tolist() == [1.5, -2.25] and attrs["e"].dtype == np.float32
+    assert attrs["e"].tolist() == [1.5, -2.25] and attrs["e"].dtype == numpy_dtype("bf16")
     assert attrs["f"].all() and attrs["f"].shape == (3, 3)
     assert attrs["g"].tolist() == [1, 2]
 

@@ -59,10 +59,6 @@ BAD_ATTRIBUTES = [
      "attribute 'perm' must be a list of integers"),
     ('%0 = "ember.cast"(%x) {dtype = "f8"} : (tensor<2x3xf32>) -> tensor<2x3xf32>',
      "ember.cast attribute 'dtype' must be one of"),
-    ('%0 = "ember.constant"() {value = dense<1.0> : tensor<2xf32>, dtype = "q"} : () -> '
-     "tensor<2xf32>", "ember.constant attribute 'dtype' must be one of"),
-    ('%0 = "ember.constant"() {value = dense<1.0> : tensor<2xf32>, dtype = "i32"} : () -> '
-     "tensor<2xi32>", "ember.constant: dtype i32 is not stored as its value's f32 elements"),
     ('%0 = "ember.constant"() {value = 3} : () -> tensor<2xf32>',
      "ember.constant attribute 'value' must be ndarray, got 3"),
     ('%0 = "ember.scatter_add"(%l, %x) {shape = [-2, 3]} : (tensor<2xi64>, tensor<2x3xf32>) -> '

@@ -55,6 +55,24 @@ def test_erf(seed, n):
     grad_check(op("ember.erf"), [np.random.default_rng(seed).normal(size=(n, 2))], {0})
 
 
+@pytest.mark.parametrize("dtype,rtol", [("f32", 1e-7), ("f16", 2**-11), ("bf16", 2**-8)])
+def test_cast_gradient_is_the_gradient_cast_back(dtype, rtol):
+    """So through bf16 the gradient is rounded to bf16 (within 2**-8). x and x +- eps are
+    multiples of 2**-7 in [0.5, 2), which every dtype here holds: exact differences."""
+    x = np.random.default_rng(0).integers(4, 16, size=(3, 4)) / 8
+    graph = grad_check(lambda b, x: b.op("ember.cast", b.op("ember.cast", x, dtype=dtype),
+                                         dtype="f64"), [x], {0}, eps=2**-7, rtol=rtol)
+    assert [op.result.type.dtype for op in graph.ops if op.name == "ember.cast"] == \
+        [dtype, "f64", dtype, "f64"]  # forward, then backward: the casts reversed
+
+
+def test_cast_gradient_through_f32_math():
+    grad_check(lambda b, x: b.op("ember.cast", b.op("ember.exp", b.op("ember.cast", x,
+                                                                      dtype="f32")),
+                                 dtype="f64"),
+               [np.random.default_rng(1).normal(size=(2, 3))], {0}, eps=1e-3, rtol=1e-3)
+
+
 @FEW
 @given(seed=seeds, p=st.sampled_from([0.0, 0.3, 0.7]), step=st.integers(0, 5))
 def test_dropout_regenerates_the_mask(seed, p, step):

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from ember.backends import interpreter
-from ember.ir import Builder, Graph, TensorType, verify
+from ember.ir import Builder, Graph, TensorType, numpy_dtype, verify
 from ember.passes import parse_pipeline
 from ember.passes.manager import PassManager
 
@@ -79,6 +79,16 @@ def test_neg_neg_and_transposes():
     assert canon(three, (2, 3, 4)) == ["ember.transpose", "func.return"]
 
 
+def test_a_cube_is_multiplies():
+    """x ** 3 becomes x * x * x (the tanh GELU's cube: multiplies vectorize, a float power
+    is a libm call per element); other exponents, or one that broadcasts x, keep the power."""
+    assert canon(lambda b, x: b.op("ember.pow", x, const(b, 3.0)), (2, 3)) == [
+        "ember.mul", "ember.mul", "func.return"]
+    assert "ember.pow" in canon(lambda b, x: b.op("ember.pow", x, const(b, 2.5)), (3,))
+    assert "ember.pow" in canon(lambda b, x: b.op("ember.pow", x, const(b, np.full((2, 3), 3.0))),
+                                (3,))
+
+
 def test_reshapes_and_broadcasts():
     rr = lambda b, x: b.op("ember.reshape", b.op("ember.reshape", x, shape=[6]), shape=[3, 2])  # noqa
     assert canon(rr, (2, 3)) == ["ember.reshape", "func.return"]
@@ -107,6 +117,22 @@ def test_reduce_of_broadcast(reduce, keepdims):
     # a reduction over a real (non-broadcast) axis stays
     assert reduce in canon(lambda b, x: b.op(reduce, b.op("ember.broadcast", x, shape=[4, 3]),
                                              axes=[0, 1], keepdims=keepdims), (3,))
+
+
+def test_a_sum_of_a_broadcast_stays_where_its_dtype_cannot_hold_the_count():
+    """bf16 holds 256 but not 257: x * 257 would be x * 256 (the sum of 257 copies is not)."""
+    def fn(n):
+        return lambda b, x: b.op("ember.reduce_sum", b.op("ember.broadcast", x, shape=[n, 3]),
+                                 axes=[0], keepdims=False)
+    x = np.array([1.0, 1.5, 3.0], numpy_dtype("bf16"))
+    for n, kept in [(256, False), (257, True)]:
+        g = Graph("f", [T((3,), "bf16")])
+        b = Builder(g.body)
+        b.create("func.return", [fn(n)(b, g.args[0])])
+        want = interpreter.run(g, [x])[0]
+        g = PassManager(parse_pipeline("canonicalize")).run(g)
+        assert ("ember.reduce_sum" in [op.name for op in g.ops]) == kept
+        assert interpreter.run(g, [x])[0].tobytes() == want.tobytes()
 
 
 def test_cse_merges_identical_pure_ops():

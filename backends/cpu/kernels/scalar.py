@@ -2,21 +2,26 @@
 
 The kernels (`unfused.py`, `fused.py`) own the loops; this file owns what happens to one
 element, so the numerics of each op (NaN propagation, integer division, casts) live in one place.
-i1 lives in registers as LLVM `i1` and in memory as one byte (numpy bool).
+i1 lives in registers as LLVM `i1` and in memory as one byte (numpy bool). bf16 and f16
+are only stored, moved and cast (ops on them run in f32: passes/widen.py): f16 as LLVM's
+`half`, bf16 as its 16 bits (llvmlite has no `bfloat` type).
 """
 
 from __future__ import annotations
 
+import numpy as np
 from llvmlite import ir
 
 from ....ir.dialects.ember import expand
+from ....ir.precision import rounded
+from ....ir.types import LOW_PRECISION
 from ...errors import UnsupportedOpError
 from . import vmath
 
-I32, I64 = ir.IntType(32), ir.IntType(64)
+I16, I32, I64 = ir.IntType(16), ir.IntType(32), ir.IntType(64)
 PTR = ir.PointerType()  # opaque: buffers, contexts, function arguments
-REG = {"f32": ir.FloatType(), "f64": ir.DoubleType(), "i64": I64, "i32": I32,
-       "i1": ir.IntType(1)}
+REG = {"f32": ir.FloatType(), "f64": ir.DoubleType(), "f16": ir.HalfType(), "bf16": I16,
+       "i64": I64, "i32": I32, "i1": ir.IntType(1)}
 MEM = {**REG, "i1": ir.IntType(8)}
 FLOATS = ("f32", "f64")
 CONTRACT = ("contract",)  # lets LLVM fuse a*b+c into an FMA; never changes a lone op
@@ -30,12 +35,16 @@ def i64(n: int) -> ir.Constant:
 
 
 def const(dtype: str, value) -> ir.Constant:
+    if dtype == "bf16":
+        return ir.Constant(I16, int(rounded(value, dtype).view(np.uint16)))
+    if dtype == "f16":
+        return ir.Constant(REG[dtype], float(rounded(value, dtype)))
     return ir.Constant(REG[dtype], float(value) if dtype in FLOATS else int(value))
 
 
 def size(dtype: str) -> int:
     """Bytes per element in memory."""
-    return {"f32": 4, "f64": 8, "i64": 8, "i32": 4, "i1": 1}[dtype]
+    return {"f32": 4, "f64": 8, "f16": 2, "bf16": 2, "i64": 8, "i32": 4, "i1": 1}[dtype]
 
 
 def declare(mod: ir.Module, name: str, ret: ir.Type, args: list) -> ir.Function:
@@ -76,6 +85,8 @@ def cast(b: ir.IRBuilder, v: ir.Value, src: str, dst: str) -> ir.Value:
     """
     if src == dst:
         return v
+    if src in LOW_PRECISION or dst in LOW_PRECISION:
+        return _low_precision_cast(b, v, src, dst)
     s, d = REG[src], REG[dst]
     if dst == "i1":
         return (b.fcmp_unordered("!=", v, ir.Constant(s, 0.0)) if src in FLOATS
@@ -92,6 +103,28 @@ def cast(b: ir.IRBuilder, v: ir.Value, src: str, dst: str) -> ir.Value:
     if dst in FLOATS:
         return b.sitofp(v, d)
     return b.sext(v, d) if d.width > s.width else b.trunc(v, d)
+
+
+def _low_precision_cast(b: ir.IRBuilder, v: ir.Value, src: str, dst: str) -> ir.Value:
+    """f32 <-> f16 or bf16, rounding to nearest even (widen-low-precision leaves no other
+    cast of them). f16 by LLVM's fpext/fptrunc (F16C's vcvtps2ph on x86); bf16 on its bits:
+    the high half of the f32's, rounded up where the low half is above half way or at it
+    with an odd high half; a NaN stays a quiet NaN of its sign, as ml_dtypes rounds."""
+    if "f32" not in (src, dst):
+        raise UnsupportedOpError(f"the cpu backend casts {src} to {dst} through f32: run the "
+                                 "widen-low-precision pass first")
+    if src == "f16":
+        return b.fpext(v, REG[dst])
+    if dst == "f16":
+        return b.fptrunc(v, REG[dst])
+    if src == "bf16":
+        return b.bitcast(b.shl(b.zext(v, I32), ir.Constant(I32, 16)), REG[dst])
+    bits = b.bitcast(v, I32)
+    high = b.lshr(bits, ir.Constant(I32, 16))
+    bias = b.add(b.and_(high, ir.Constant(I32, 1)), ir.Constant(I32, 0x7FFF))
+    near = b.lshr(b.add(bits, bias), ir.Constant(I32, 16))
+    nan = b.or_(b.and_(high, ir.Constant(I32, 0x8000)), ir.Constant(I32, 0x7FC0))
+    return b.trunc(b.select(b.fcmp_unordered("uno", v, v), nan, near), I16)
 
 
 def _ipow(b: ir.IRBuilder, x: ir.Value, e: ir.Value, dtype: str) -> ir.Value:
@@ -135,6 +168,7 @@ def _ipow(b: ir.IRBuilder, x: ir.Value, e: ir.Value, dtype: str) -> ir.Value:
 def combine(b: ir.IRBuilder, kind: str, acc: ir.Value, x: ir.Value, dtype: str,
             flags=CONTRACT) -> ir.Value:
     """`acc (+|*|max|min) x`, the step of a reduction or a matmul accumulation."""
+    _check_precision(kind, dtype)
     if dtype == "i1":
         return b.or_(acc, x) if kind in ("add", "max") else b.and_(acc, x)
     if dtype in FLOATS:
@@ -150,6 +184,7 @@ def combine(b: ir.IRBuilder, kind: str, acc: ir.Value, x: ir.Value, dtype: str,
 
 def identity(kind: str, dtype: str) -> ir.Constant:
     """The start of a reduction; -0.0 for float sums so x + identity == x bit for bit."""
+    _check_precision(kind, dtype)
     if kind == "add":
         return const(dtype, -0.0 if dtype in FLOATS else 0)
     if kind == "mul":
@@ -167,10 +202,19 @@ def _unsupported(name: str, dtype: str):
     raise UnsupportedOpError(f"the cpu backend has no kernel for '{name}' on {dtype} tensors")
 
 
+def _check_precision(name: str, dtype: str) -> None:
+    """Arithmetic on bf16/f16 runs in f32 here: a graph that still has it is refused."""
+    if dtype in LOW_PRECISION:
+        raise UnsupportedOpError(f"the cpu backend computes '{name}' on {dtype} in f32: run the "
+                                 "widen-low-precision pass first (the runtime's pipeline does)")
+
+
 def emit(b: ir.IRBuilder, name: str, attrs: dict, args: list, dtype: str) -> ir.Value:
     """One element of elementwise op `name`; `dtype` is the operands' dtype (for select:
     of the two values; for cast: of the source). An op declared as a composition of others
     (its `expand`) is that composition."""
+    if name.rsplit(".", 1)[-1] != "cast":
+        _check_precision(name, dtype)
     r = expand(name, attrs, args, lambda n, a, v: emit(b, n, a, v, dtype),
                lambda v: const(dtype, v))
     if r is not None:
