@@ -252,6 +252,15 @@ class Param:
         return (self._value is not None or self._device is not None
                 or self._state.value is not None)
 
+    def initial_array(self) -> np.ndarray | None:
+        """The value ember computed at init, where this Param holds it still and no clone
+        shares it (a training step may then write the first update over it, as it writes
+        every later one over the last), else None."""
+        if self._value is None and self._device is None and self._state.value is not None \
+                and _unshared(self._state):
+            return self._state.value
+        return None
+
     def held_arrays(self) -> list:
         """Every array this Param keeps alive: its value, its device copy, an initial value
         not yet dropped (what `memory_report()`'s `held_params` counts)."""

@@ -152,7 +152,8 @@ class BoundStep:
             if not bound:
                 if not general:
                     return None
-                outs = run([*head, *self.state(opt)] if self.slots else head, self.values())
+                state = self.state(opt) if self.slots else []
+                outs = run([*head, *state], self.values(), self.given_up(state))
         except Exception as e:  # a slot of another shape: state_inputs says so
             args = [*head, *state_inputs(opt, self.layout, self.table)]
             step.explain(self.entry, args, step.params(self.table), e)
@@ -182,6 +183,13 @@ class BoundStep:
             return False
         return not self.slots or (self.found(opt.state) and all(map(
             is_, map(dict.get, self.slot_dicts, self.names), islice(fed, len(self.fed), None))))
+
+    def given_up(self, state: list) -> frozenset[int]:
+        """The fed arrays the first update may write over (the general call's `owned`):
+        each Param's initial value that it alone holds, and the optimizer's state (zeros
+        it made, or what an earlier step or a checkpoint left: all its own)."""
+        initial = (p.initial_array() for p in self.fed)
+        return frozenset(id(a) for a in (*initial, *state) if a is not None)
 
     def values(self) -> list:
         """Every Param's value, in the order the executable binds them."""

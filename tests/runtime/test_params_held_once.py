@@ -1,6 +1,7 @@
 """A trained model holds each param and optimizer slot once: the first step's inputs (the
-Params' initial values, the zero optimizer state) are not kept alive after the runtime
-rebound them (issue 36), unless a clone still shares a Param's initial value."""
+Params' initial values, the zero optimizer state) are written over by the first update
+(cpu) or not kept alive after the runtime rebound them (issue 36), unless a clone still
+shares a Param's initial value."""
 
 from __future__ import annotations
 
@@ -36,10 +37,29 @@ def test_initial_values_and_zero_slots_go_once_rebound(backend):
     for _ in range(4):
         step(x, y)
     gc.collect()
-    assert not [r for r in initial if r() is not None]
-    assert not [r for r in zeros if r() is not None]
+    # gone, or (cpu: the first update written over them) the very arrays held now
+    current = {id(p.val()) for p in model.parameters()}
+    current |= {id(a) for slots in opt.state.values() for a in slots.values()}
+    assert not [r for r in initial + zeros if r() is not None and id(r()) not in current]
     assert all(p._state.value is None for p in model.parameters())
     assert sorted(next(iter(opt.state.values()))) == ["exp_avg", "exp_avg_sq"]  # (those)
+
+
+def test_the_first_update_is_written_over_the_initial_values():
+    """Where every later update is written over the last, so is the first over the initial
+    values: the first step never holds both (a GPT-2-small body's peak: 310 MiB less)."""
+    em.seed(0)
+    model, opt = mlp(), optim.AdamW(lr=1e-2)
+    step = em.compile_train_step(model, nn.functional.cross_entropy, opt)
+    initial = [p.val() for p in model.parameters()]
+    before = [a.copy() for a in initial]
+    step(*data())
+    first = [p.val() for p in model.parameters()]
+    step(*data())
+    in_place = [p.val() is a for p, a in zip(model.parameters(), first)]
+    assert sum(in_place) >= 2  # both weights (a bias summed by its gradient's kernel is not)
+    for a, b, c, same in zip(initial, before, first, in_place):
+        assert (c is a) == same and not np.array_equal(c, b)
 
 
 def test_a_clone_keeps_the_initial_value_it_shares():

@@ -29,6 +29,7 @@ from __future__ import annotations
 import ctypes
 import math
 import sys
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from operator import attrgetter, is_
 
@@ -190,9 +191,13 @@ class Feedback:
         self._other: _Turn | None = None  # the turn after it
         self._tables: list | None = None
 
-    def __call__(self, inputs: Sequence, values: Sequence) -> list[np.ndarray]:
+    def __call__(self, inputs: Sequence, values: Sequence,
+                 owned: frozenset[int] = frozenset()) -> list[np.ndarray]:
+        """`owned`: the ids of fed arrays that the caller gives up to be written over on a
+        general call (a Param's initial value, zero optimizer state: the first step then
+        updates in place as every later one does, instead of holding both)."""
         results = self._bound(inputs, values)
-        return self._general(inputs, values) if results is None else results
+        return self._general(inputs, values, owned) if results is None else results
 
     def _bound(self, inputs: Sequence, values: Sequence) -> list[np.ndarray] | None:
         """The bound call, where every fed input is its turn's; else None."""
@@ -273,19 +278,24 @@ class Feedback:
         spare = next((e for e in pool if id(e) not in used), None)
         return spare if spare is not None else self.exe._new_result(slot, pool)
 
-    def _general(self, inputs: Sequence, values: Sequence) -> list[np.ndarray]:
+    def _general(self, inputs: Sequence, values: Sequence,
+                 owned: frozenset[int] = frozenset()) -> list[np.ndarray]:
         """`run_values`, then both turns bound again from what it bound. A donated input
         that the turns held (an array this feedback made, never a caller's own, which a
-        clone may share) is written over here too: it stays its Param's array, current."""
+        clone may share) or that the caller gave up (`owned`) is written over here too:
+        it stays its Param's array, current. An array fed twice is never written over."""
         exe = self.exe
-        ours = {id(a) for t in (self.turn, self._other) if t is not None for a in t.fed}
+        ours = owned | {id(a) for t in (self.turn, self._other) if t is not None for a in t.fed}
         self.turn = self._other = None  # their references are not the caller's
         into = {}
-        for k in self._donated:
-            arg, pos = self._sources[k]
-            x = inputs[pos] if arg else values[pos]
-            if id(x) in ours and _layout(x) == self._fed_layouts[k]:  # (as bound, not
-                into[self._out_slots[k]] = x  # reshaped or restrided in place since)
+        if len(inputs) == exe._n_args and len(values) == len(exe.param_keys):  # (else _run
+            fed = [inputs[pos] if arg else values[pos] for arg, pos in self._sources]  # says)
+            twice = {k for k, n in Counter(map(id, fed)).items() if n > 1}
+            for k in self._donated:
+                x = fed[k]
+                if id(x) in ours and id(x) not in twice \
+                        and _layout(x) == self._fed_layouts[k]:  # (as bound, not reshaped
+                    into[self._out_slots[k]] = x  # or restrided in place since)
         arrays = exe._run(inputs, values, into)
         results = exe._collect(arrays)
         if self.carries:
