@@ -30,7 +30,8 @@ numpy, torch, ember's modules, the twin, the batch). Columns:
   state, inputs and the arena, kernel scratch included), real: what the executable holds
   (`real_bytes`), and their ratio; held: what the whole step holds, measured from its
   arrays (`held_bytes`: params, optimizer state, gradient buffers, every cached
-  executable's buffers; inputs not counted), and held/plan;
+  executable's arena and constants; inputs not counted), and held/plan (below 1 where the
+  plan counts the params and state twice, old and new, which in-place updates share);
 - rss: peak RSS of the process, and how much of it came after the imports, the model and
   the batch (compile and run); xtorch: rss over the model's torch row's. `real` counts the
   params and optimizer state twice, as a step holds them: those it reads and, as

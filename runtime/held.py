@@ -27,8 +27,8 @@ def distinct_bytes(arrays: Iterable) -> int:
 def held(step) -> dict[str, int]:
     """`held_params` (params and buffers, host or device), `held_optimizer_state`,
     `held_gradients` (accumulation and data-parallel buffers), `held_executables` (what
-    every cached executable allocated: arenas, constants, result buffers), and their sum
-    `held_bytes`."""
+    every cached executable keeps for itself: arenas, constants; the buffers it returns
+    are counted where they are held: new params, state), and their sum `held_bytes`."""
     params = [a for p in step.param_table().values() for a in p.held_arrays()]
     opt = getattr(step, "optimizer", None)
     state = [a for slots in opt.state.values() for a in slots.values()] if opt else []
@@ -40,8 +40,8 @@ def held(step) -> dict[str, int]:
     out = {"held_params": distinct_bytes(params),
            "held_optimizer_state": distinct_bytes(state),
            "held_gradients": distinct_bytes(grads),
-           "held_executables": sum(run.memory()["total"] for run in runs
-                                   if hasattr(run, "memory"))}
+           "held_executables": sum(run.memory()["total"] - run.memory()["results"]
+                                   for run in runs if hasattr(run, "memory"))}
     out["held_bytes"] = sum(out.values())
     return out
 
