@@ -181,7 +181,8 @@ def _train(args: argparse.Namespace) -> int:
             f"{args.data or 'digits'} with {optimizer}, {args.epochs} epochs, "
             f"batch {args.batch_size}{ranks}, {args.backend} backend"
             + (f", recompute {args.recompute}" if args.recompute != "none" else "")
-            + (f", {args.accumulate} micro-batches per update" if args.accumulate > 1 else ""))
+            + (f", {args.accumulate} micro-batches per update" if args.accumulate > 1 else "")
+            + (f", precision {args.precision}" if args.precision != "32" else ""))
         if lead:  # rank 0 writes the logs, as it writes the checkpoints
             logs = MetricLogs.open(args.log_dir, args.log or [], append=bool(args.resume))
         # ops that no line of the model made (the loss) are located at the model's source,
@@ -198,6 +199,7 @@ def _train(args: argparse.Namespace) -> int:
                                 data_parallel=comm if comm is not None else False,
                                 logs=logs, profile=args.profile, accumulate=args.accumulate,
                                 shard_optimizer=args.shard_optimizer,
+                                precision=args.precision,
                                 on_resume=_longer_schedule(args.epochs, steps_per_epoch,
                                                            args.accumulate))
         if args.plot and logs is not None and results:
@@ -386,6 +388,7 @@ def main(argv: list[str] | None = None) -> int:
     from ember import __version__
     from ember.passes.manager import describe_passes
     from ember.runtime.api import recompute_strategies
+    from ember.runtime.precision import PRECISIONS
 
     parser = argparse.ArgumentParser(prog="ember", description=__doc__)
     parser.add_argument("--version", action="version", version=f"ember {__version__}")
@@ -427,6 +430,10 @@ def main(argv: list[str] | None = None) -> int:
                    "backward recomputes (--checkpoint: its deprecated old name)")
     t.add_argument("--memory-budget", type=int, default=None, metavar="BYTES",
                    help="planned peak memory of the step (implies --recompute min-cut)")
+    t.add_argument("--precision", choices=tuple(PRECISIONS), default="32",
+                   help="mixed precision, as Lightning's: matmuls, linear layers, convolutions "
+                   "and attention in bf16 or f16 (16-mixed scales the loss), the rest, the "
+                   "params and the optimizer in f32")
     t.add_argument("--dump-ir", metavar="DIR", help="write the IR of every stage to DIR")
     t.add_argument("--save", metavar="PATH", help="checkpoint after each epoch and on Ctrl-C")
     t.add_argument("--resume", metavar="PATH", help="continue a run from a --save checkpoint, "

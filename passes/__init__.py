@@ -1,6 +1,7 @@
 """Graph transformations and the pass manager; importing this package registers every pass."""
 
 from . import (  # noqa: F401
+    autocast,
     autodiff,
     bucket_grads,
     canonicalize,

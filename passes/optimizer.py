@@ -13,6 +13,13 @@ gradient's param is in; a param with a gradient in no group is an error. Without
 `groups`, one group takes every gradient. The optimizer's kind and its clipping (by the
 norm of all gradients together) are the same for every group.
 
+With dynamic loss scaling (`ember.loss_scale`, left by `autodiff{loss_scale=true}`), the
+gradients are divided by that argument first; a step with any inf or NaN among them changes
+nothing (each new param and state tensor is a select of the old one), as
+torch.amp.GradScaler skips `optimizer.step()`, and result 1 (`ember.grads_finite` holds its
+index) says whether they were all finite, for the runtime to count the step and adjust the
+scale.
+
 A bf16 or f16 param is updated in f32 (`computed`): its value, gradient and state (kept
 in its dtype) cast up, the new ones rounded once; `lr` and `step` are then f32.
 
@@ -134,18 +141,27 @@ class Optimizer(Pass):
         lrs = [graph.body.add_arg(scalar, f"lr{k or ''}") for k in range(len(rules))]
         step = graph.body.add_arg(scalar, "step")
         b = Builder(graph.body, before=ret)
+        finite = None
+        if "ember.loss_scale" in graph.attributes and grads:
+            grads, finite = _unscaled(b, grads, graph.args[graph.attributes["ember.loss_scale"]])
+            kept.insert(1, finite)
+            graph.attributes["ember.grads_finite"] = 1
         if self.clip_norm > 0 and grads:
             grads = self._clip(b, grads)
         new_params, new_state, state_names = [], [], []
         for pid, g, k in zip(ids, grads, group):
             rule = rules[k]
-            state = {s: graph.body.add_arg(g.type, None) for s in rule.slots()}
-            own, f = g.type.dtype, computed(g.type.dtype)
-            p_new, s_new = rule._update(b, cast(b, params[pid], f), cast(b, g, f), lrs[k],
-                                        step, {s: cast(b, v, f) for s, v in state.items()})
-            new_params.append(cast(b, p_new, own))
+            own = params[pid].type  # g's before unscaling
+            state = {s: graph.body.add_arg(own, None) for s in rule.slots()}
+            f = computed(own.dtype)
+            p, old = cast(b, params[pid], f), {s: cast(b, v, f) for s, v in state.items()}
+            p_new, s_new = rule._update(b, p, cast(b, g, f), lrs[k], step, old)
+            if finite is not None:  # a skipped step keeps every old value
+                p_new = b.op("ember.select", finite, p_new, p)
+                s_new = {s: b.op("ember.select", finite, v, old[s]) for s, v in s_new.items()}
+            new_params.append(cast(b, p_new, own.dtype))
             for s in rule.slots():
-                new_state.append(cast(b, s_new[s], own))
+                new_state.append(cast(b, s_new[s], own.dtype))
                 state_names.append(f"{pid}:{s}")
         ret.drop_operands()
         for v in kept + new_params + new_state:
@@ -200,6 +216,25 @@ class Optimizer(Pass):
         norm = b.op("ember.add", b.op("ember.sqrt", total), const(1e-6))
         coef = b.op("ember.min", b.op("ember.div", const(self.clip_norm), norm), const(1.0))
         return [b.op("ember.mul", g, coef) for g in grads]
+
+
+def _unscaled(b: Builder, grads: list[Value], scale: Value) -> tuple[list[Value], Value]:
+    """The gradients divided by the loss `scale` (in the dtype their update computes in),
+    and whether all of them are finite (i1): sum(g * 0) is 0 unless some g is inf or NaN."""
+    inv = b.op("ember.div", b.op("ember.constant", value=np.array(
+        1, numpy_dtype(scale.type.dtype))), scale)
+    out, total = [], None
+    for g in grads:
+        f = computed(g.type.dtype)
+        g = b.op("ember.mul", cast(b, g, f), cast(b, inv, f))
+        zero = b.op("ember.constant", value=np.array(0, numpy_dtype(f)))
+        poison = cast(b, b.op("ember.reduce_sum", b.op("ember.mul", g, zero),
+                              axes=list(range(rank(g))), keepdims=False), scale.type.dtype)
+        total = poison if total is None else b.op("ember.add", total, poison)
+        out.append(g)
+    assert total is not None  # grads is not empty
+    zero = b.op("ember.constant", value=np.array(0, numpy_dtype(scale.type.dtype)))
+    return out, b.op("ember.cmp", total, zero, predicate="eq")
 
 
 @register_pass

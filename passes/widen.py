@@ -42,22 +42,29 @@ def needs_widening(op: Operation) -> bool:
 
 
 def widen(b: Builder, op: Operation) -> list[Value]:
-    """`op`'s results, computed in f32: by a copy of it on operands cast to f32 (the
-    results cast back), or for a cast, by two casts through f32."""
-    mark = {RECOMPUTE: op.attributes[RECOMPUTE]} if RECOMPUTE in op.attributes else {}
-
-    def cast(v: Value, dtype: str) -> Value:
-        return b.create("ember.cast", [v], {"dtype": dtype, **mark}).result
-
+    """`op`'s results, computed in f32: by its `twin` (the results cast back), or for a
+    cast, by two casts through f32."""
     if op.name == "ember.cast":
-        return [cast(cast(op.operands[0], "f32"), op.result.type.dtype)]
+        return [_cast(b, _cast(b, op.operands[0], "f32", op), op.result.type.dtype, op)]
+    new = twin(b, op)
+    return [_cast(b, n, r.type.dtype, op) if is_low(r) else n
+            for n, r in zip(new.results, op.results)]
+
+
+def twin(b: Builder, op: Operation) -> Operation:
+    """A copy of `op` on f32: its bf16/f16 operands cast up (exactly), such results f32."""
     attrs = dict(op.attributes)
     if attrs.get("dtype") in LOW_PRECISION:  # the result dtype of a one_hot
         attrs["dtype"] = "f32"
     types = [tensor_type(r).with_dtype("f32") if is_low(r) else r.type for r in op.results]
-    new = b.create(op.name, [cast(v, "f32") if is_low(v) else v for v in op.operands], attrs,
-                   types)
-    return [cast(n, r.type.dtype) if is_low(r) else n for n, r in zip(new.results, op.results)]
+    operands = [_cast(b, v, "f32", op) if is_low(v) else v for v in op.operands]
+    return b.create(op.name, operands, attrs, types)
+
+
+def _cast(b: Builder, v: Value, dtype: str, of: Operation) -> Value:
+    """`v` cast to `dtype` for the op `of`: a recomputed copy where `of` is one."""
+    mark = {RECOMPUTE: of.attributes[RECOMPUTE]} if RECOMPUTE in of.attributes else {}
+    return b.create("ember.cast", [v], {"dtype": dtype, **mark}).result
 
 
 @register_pass

@@ -13,6 +13,7 @@ from .compiled import CompiledFunction
 from .distributed import Communicator
 from .dynamic import DynamicDims, DynamicFunction, DynamicGradFunction, DynamicTrainStep
 from .optim import Optimizer
+from .precision import AutocastFunction, check_precision
 from .steps import GradFunction, TrainStep
 
 # what a `recompute{strategy=...}` pass may offer, in order; only those it has are listed
@@ -40,7 +41,7 @@ def checkpoint_strategies() -> tuple[str, ...]:
 
 def compile(model: Module, *specs, backend: str = "cpu",  # noqa: A001  (em.compile)
             linear: str = "split", dynamic_dims: dict | None = None,
-            buckets: tuple[int, ...] | None = None) -> CompiledFunction:
+            buckets: tuple[int, ...] | None = None, precision: str = "32") -> CompiledFunction:
     """The model's forward for inputs like `specs` (TensorSpecs or example arrays).
 
     Traced for inference: dropout is off and BatchNorm uses its running statistics,
@@ -51,10 +52,19 @@ def compile(model: Module, *specs, backend: str = "cpu",  # noqa: A001  (em.comp
     two from 8, or the sizes `buckets` lists) and masks the padding, so the results equal
     an exact-shape compile's while every length in a bucket shares one graph (compiled on
     first call; runtime/dynamic.py). Inputs that share a name must agree on its size.
+
+    `precision`: "32", or "bf16-mixed" / "16-mixed": matmuls, linear layers, convolutions
+    and attention run in bf16 / f16, the rest in f32 (runtime/precision.py); the outputs
+    are f32 as in "32".
     """
+    check_precision(precision)
     dynamic = DynamicDims.of(specs, dynamic_dims, buckets)
     if dynamic is not None:
-        return DynamicFunction(model, dynamic, backend=backend, linear=linear)
+        return DynamicFunction(model, dynamic, backend=backend, linear=linear,
+                               precision=precision)
+    if precision != "32":
+        return AutocastFunction(model, specs, backend=backend, linear=linear,
+                                precision=precision)
     return CompiledFunction(model, specs, backend=backend, linear=linear)
 
 
@@ -63,14 +73,16 @@ def compile_grad(model: Module, loss_fn: Callable, backend: str = "cpu",
                  linear: str = "split", detect_anomaly: bool = False,
                  dynamic_dims: dict | None = None,
                  buckets: tuple[int, ...] | None = None, n_inputs: int = 1,
-                 checkpoint: str | None = None) -> GradFunction:
+                 checkpoint: str | None = None, precision: str = "32") -> GradFunction:
     """`fn(x, y)` returning em.GradientsParams of `loss_fn(model(x), y)`; compiles on first
     call. `n_inputs`, `recompute` and `memory_budget` as for `compile_train_step` (the
     budget is the planned peak of the gradient graph): `fn(x, mask, y)` with `n_inputs=2`
     differentiates `loss_fn(model(x, mask), y)`; `dynamic_dims` and `buckets` as for
-    `compile` (indices count every argument: x, y, ...)."""
+    `compile` (indices count every argument: x, y, ...). `precision` as for
+    `compile_train_step`, but "16-mixed" scales no loss: the gradients are those of the
+    loss itself, f32 as the params are."""
     options = _training_options(backend, linear, _renamed(recompute, checkpoint),
-                                memory_budget, detect_anomaly, n_inputs)
+                                memory_budget, detect_anomaly, n_inputs, precision)
     dynamic = DynamicDims.of((), dynamic_dims, buckets)
     if dynamic is not None:
         return DynamicGradFunction(model, loss_fn, dynamic, **options)
@@ -86,7 +98,7 @@ def compile_train_step(model: Module, loss_fn: Callable, optimizer: Optimizer,
                        buckets: tuple[int, ...] | None = None,
                        n_inputs: int = 1, accumulate: int = 1,
                        shard_optimizer: bool = False,
-                       checkpoint: str | None = None) -> TrainStep:
+                       checkpoint: str | None = None, precision: str = "32") -> TrainStep:
     """`step(x, y)`: forward, backward and update in one compiled graph; returns the loss.
 
     `n_inputs`: how many leading arguments of each call go to the model; the rest go to
@@ -129,13 +141,22 @@ def compile_train_step(model: Module, loss_fn: Callable, optimizer: Optimizer,
     its rank's own loss, an updating call the ranks' mean, as without accumulation.
     `save_checkpoint` mid-accumulation keeps the buffers, and resuming continues the cycle.
     Batch-statistic layers (BatchNorm) see each micro-batch alone, as in PyTorch.
+    `precision` (Lightning's names; runtime/precision.py): "32"; "bf16-mixed" (matmuls,
+    linear layers, convolutions and attention in bf16, reductions, softmax, norms, losses
+    and the update in f32; params and optimizer state stay f32); "16-mixed" (the same in
+    f16, with dynamic loss scaling as torch.amp.GradScaler: `step.scaler`; a step with
+    inf/NaN gradients is skipped, `step.skipped`, and the scale halved; the scaler's state
+    is saved in checkpoints).
     """
     accumulate = accumulate_count(accumulate)  # a usage error before anything is built
     if shard_optimizer and data_parallel is False:
         raise ValueError("shard_optimizer shards the optimizer state across data-parallel "
                          "ranks: pass data_parallel=True (or a communicator) with it")
+    if precision == "16-mixed" and data_parallel is not False:
+        raise ValueError("precision='16-mixed' with data_parallel is not supported: its loss "
+                         "scaling runs in the single-process step; use 'bf16-mixed'")
     options = _training_options(backend, linear, _renamed(recompute, checkpoint),
-                                memory_budget, detect_anomaly, n_inputs)
+                                memory_budget, detect_anomaly, n_inputs, precision)
     options["accumulate"] = accumulate
     dynamic = DynamicDims.of((), dynamic_dims, buckets)
     if dynamic is not None:
@@ -167,12 +188,13 @@ def _renamed(recompute: str, checkpoint: str | None) -> str:
 
 
 def _training_options(backend: str, linear: str, recompute: str, memory_budget: int | None,
-                      detect_anomaly: bool, n_inputs: int) -> dict:
+                      detect_anomaly: bool, n_inputs: int, precision: str) -> dict:
     """The options a gradient function or training step is built with, the recompute
-    strategy checked (steps.py checks `n_inputs`: a bad one fails here too, not at the
-    first call)."""
+    strategy and the precision checked (steps.py checks `n_inputs`: a bad one fails here
+    too, not at the first call)."""
     return dict(backend=backend, linear=linear, recompute=_strategy(recompute, memory_budget),
-                memory_budget=memory_budget, detect_anomaly=detect_anomaly, n_inputs=n_inputs)
+                memory_budget=memory_budget, detect_anomaly=detect_anomaly, n_inputs=n_inputs,
+                precision=check_precision(precision))
 
 
 def _strategy(recompute: str, memory_budget: int | None) -> str:

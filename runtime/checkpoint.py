@@ -14,6 +14,13 @@ A step saved mid gradient accumulation (`accumulate=k`, `step.pending > 0`) adds
 document's `accumulation` object (`micro_batches`, `accumulate`: k); loading it needs a
 step of the same k, and resumes the cycle. Files saved with nothing pending have neither.
 
+A step under `precision="16-mixed"` adds the document's `loss_scaler` object (`scale`,
+`growth_tracker`: runtime/precision.py's LossScaler state), which a step that scales its
+loss resumes from (bit-exactly: a float in JSON reads back as the same double); a step
+that does not ignores it, and a file without it leaves the step's scaler as it is. A
+format-2 reader that predates it refuses such a file (an unexpected key) rather than
+resume with another scale.
+
 Writing goes to a temporary file in the same directory, fsynced, then `os.replace`d
 over the target, so a crash mid-write leaves the previous checkpoint intact. Loading
 reads, verifies and validates the whole file into a plan (every field's type and range,
@@ -55,6 +62,8 @@ _PARAM = {"id": str, "shape": list, "dtype": str, "kind": str, "requires_grad": 
           "frozen": bool}
 _FLAG = {"value": bool, "frozen": bool}
 _ACCUMULATION = {"micro_batches": int, "accumulate": int, "grads": list}
+_LOSS_SCALER = {"scale": float, "growth_tracker": int}
+_OPTIONAL = ("accumulation", "loss_scaler")  # keys of the document only some steps write
 
 
 class CheckpointError(ValueError):
@@ -123,6 +132,8 @@ def collect(step, extra: dict | None = None) -> tuple[dict[str, np.ndarray], dic
             tensors[f"accum/{by_id[pid]}"] = np.asarray(to_host(g), order="C")
         doc["accumulation"] = {"micro_batches": pending, "accumulate": step.accumulate,
                                "grads": sorted(paths)}
+    if getattr(step, "scaler", None) is not None:
+        doc["loss_scaler"] = step.scaler.state()
     return tensors, doc
 
 
@@ -193,7 +204,7 @@ def _fields(obj: object, schema: dict[str, type], where: str) -> dict:
 
 def _check_doc(doc: dict) -> None:
     """Every field of the document, on its own (the model comes after)."""
-    _fields({k: v for k, v in doc.items() if k != "accumulation"}, _DOC, "the document")
+    _fields({k: v for k, v in doc.items() if k not in _OPTIONAL}, _DOC, "the document")
     if "accumulation" in doc:
         info = _fields(doc["accumulation"], _ACCUMULATION, "accumulation")
         if not 0 < info["micro_batches"] < info["accumulate"]:
@@ -201,6 +212,12 @@ def _check_doc(doc: dict) -> None:
                            f"micro-batches of {shown(str(info['accumulate']))}")
         if not all(isinstance(p, str) for p in info["grads"]):
             raise _Invalid("accumulation.grads is not an array of param paths")
+    if "loss_scaler" in doc:
+        scaler = _fields(doc["loss_scaler"], _LOSS_SCALER, "loss_scaler")
+        if not (math.isfinite(scaler["scale"]) and scaler["scale"] > 0
+                and scaler["growth_tracker"] >= 0):
+            raise _Invalid(f"loss_scaler is {shown(json.dumps(scaler))}: want a finite scale "
+                           "> 0 and a growth_tracker >= 0")
     for key in ("optimizer_step", "rng_step"):
         if not 0 <= doc[key] < _COUNTER_LIMIT:
             raise _Invalid(f"{key} is {shown(str(doc[key]))}, not in [0, 2**63)")
@@ -328,6 +345,7 @@ class _Plan:
     rng_step: int
     extra: dict
     accumulated: tuple[int, dict]  # micro-batches pending, their summed gradients by ParamId
+    loss_scaler: dict | None  # the LossScaler state saved, if any
 
 
 def _plan(step, tensors: dict, doc: dict) -> _Plan:
@@ -353,7 +371,7 @@ def _plan(step, tensors: dict, doc: dict) -> _Plan:
                                for s in names}
              for path, names in doc["optimizer_state"].items()}
     return _Plan(values, restored, state, doc["optimizer_step"], doc["rng_step"], doc["extra"],
-                 _accumulated(step, doc, tensors, params))
+                 _accumulated(step, doc, tensors, params), doc.get("loss_scaler"))
 
 
 def _accumulated(step, doc: dict, tensors: dict, params: dict[str, Param]) -> tuple[int, dict]:
@@ -392,6 +410,8 @@ def _apply(step, plan: _Plan) -> None:
     step.rng_step = plan.rng_step
     if hasattr(step, "restore_accumulated"):
         step.restore_accumulated(*plan.accumulated)
+    if plan.loss_scaler is not None and getattr(step, "scaler", None) is not None:
+        step.scaler.load_state(plan.loss_scaler)
 
 
 def load(step, path: str, parse_extra: Callable[[dict], object] | None = None) -> object:

@@ -47,6 +47,7 @@ from .distributed import Communicator, Pending
 from .flat import Flat, Item, lay_out
 from .params import param_values, state_key
 from .pipeline import SIMPLIFY, Stages, grad_pipeline
+from .precision import with_precision
 from .steps import TrainStep
 from .update import UpdateLayout, hyper_inputs, state_inputs, update_graph, write_back
 from .zero import (
@@ -173,6 +174,7 @@ class DataParallelStep(TrainStep):
                                            self.memory_budget)
         else:
             passes = grad_pipeline(self.linear, self.recompute, self.memory_budget)
+        passes = with_precision(passes, self.precision)
         if self.shard_optimizer or self.on_device:  # reduced after the run
             return passes
         return [*passes, f"bucket-grads{{bytes={self.bucket_bytes}}}"]

@@ -35,6 +35,7 @@ from ..ir import Graph, is_float
 from ..passes.pad_mask import PadMaskError, refuse
 from .compiled import Compiled, CompiledFunction, one_call_at_a_time
 from .params import state_key
+from .precision import Autocasting, check_precision
 from .steps import GradFunction, TrainStep
 
 SMALLEST_BUCKET = 8
@@ -311,12 +312,12 @@ class Dynamic:
         return ["pad-mask{grads=true}" if "autodiff" in rest else "pad-mask", *rest]
 
 
-class DynamicFunction(Dynamic, CompiledFunction):
+class DynamicFunction(Autocasting, Dynamic, CompiledFunction):
     """`em.compile` with symbolic dims: compiled on first call, one graph per bucket."""
 
     def __init__(self, model: Module, dynamic: DynamicDims, backend: str = "cpu",
-                 linear: str = "split"):
-        self.dynamic = dynamic
+                 linear: str = "split", precision: str = "32"):
+        self.dynamic, self.precision = dynamic, check_precision(precision)
         Compiled.__init__(self, model, backend, linear)
 
 

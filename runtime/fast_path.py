@@ -53,6 +53,7 @@ class BoundStep:
         self.dicts: list = [None] * len(self.state_ids)  # the dicts the last step found
         self.slot_dicts: list = [None] * len(self.slots)  # each slot's dict among them
         self.rng = entry.rng_index is not None
+        self.scaled = "ember.loss_scale" in entry.graph.attributes  # fed after the inputs
         self.layout = layout
         # the state is the graph's last arguments (passes/optimizer.py); fed in this order:
         # the rebound Params the graph reads, then the slots
@@ -143,7 +144,7 @@ class BoundStep:
         rebound to their new arrays, the step counted."""
         opt, run, turn = step.optimizer, self.run, self.run.turn
         head = [*(step.arguments(self.entry, inputs) if self.rng else inputs),
-                *hyper_inputs(opt)]
+                *((step.scaler.scale,) if self.scaled else ()), *hyper_inputs(opt)]
         try:
             outs = None
             if turn is not None and self.fed_unchanged(opt, turn.fed):
@@ -159,7 +160,7 @@ class BoundStep:
             step.explain(self.entry, args, step.params(self.table), e)
             raise
         user, end = self.cuts
-        step.keep_loss(outs[:user])
+        step.keep_loss(outs[:user], self.entry)
         for p, value in zip(self.rebound, outs[user:end]):
             p._value = value  # set_value's own case: a C-contiguous array of the Param's type
         Edits.values += 1  # counted as set_value counts: another bound step looks again
@@ -171,7 +172,8 @@ class BoundStep:
         if self.slots:
             for d, name, value in zip(self.slot_dicts, self.names, outs[end:]):
                 d[name] = value
-        opt.step_count += 1
+        if not step.skipped:
+            opt.step_count += 1
         return step.loss if not step.metrics else (step.loss, *step.metrics)
 
     def fed_unchanged(self, opt, fed: tuple) -> bool:

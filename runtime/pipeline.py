@@ -74,12 +74,14 @@ def without_fusion(pipeline: list[str], option: str) -> list[str]:
 def with_low_precision(pipeline: list[str], graph: Graph, legalize: str | None) -> list[str]:
     """`pipeline` with `legalize`, a backend's pass for bf16/f16 values (its
     `LEGALIZE_LOW_PRECISION`: `widen-low-precision` on cpu and cuda, whose kernels are f32),
-    before the simplification that cleans up its casts, where `graph` has such values; an
-    f32 graph's pipeline (and so its stages and cache keys) stays as it was."""
+    before the simplification that cleans up its casts, where `graph` has such values or the
+    pipeline makes some (`autocast`); an f32 graph's pipeline (and so its stages and cache
+    keys) stays as it was."""
     values = [*graph.args, *(r for op in graph.walk() for r in op.results)]
-    if legalize is None or not any(v.type.dtype in LOW_PRECISION for v in values):
-        return pipeline
     names = [p.name for p in parse_pipeline(",".join(pipeline))]
+    if legalize is None or not ("autocast" in names
+                                or any(v.type.dtype in LOW_PRECISION for v in values)):
+        return pipeline
     at = next((i for i, n in enumerate(names) if n in (SIMPLIFY[0], "fuse")), len(names))
     return [*pipeline[:at], legalize, *pipeline[at:]]
 

@@ -23,6 +23,7 @@ from .held import held as held_by
 from .inputs import check_arguments, finite_inputs, model_input_count
 from .params import GradientsParams
 from .pipeline import grad_pipeline, training_pipeline
+from .precision import LossScaler, check_precision, with_precision
 from .update import SettingsWatch, hyper_inputs, mark_param_groups, state_inputs, write_back
 
 
@@ -31,12 +32,14 @@ class _Training(Compiled):
     divide between the model and the loss (`n_inputs`), input checks, metrics."""
 
     training = True
+    scaler: LossScaler | None = None  # a training step's under "16-mixed"
 
     def __init__(self, model: Module, loss_fn: Callable, backend: str, linear: str,
-                 detect_anomaly: bool, n_inputs: int = 1):
+                 detect_anomaly: bool, n_inputs: int = 1, precision: str = "32"):
         super().__init__(model, backend, linear, detect_anomaly)
         self.loss_fn = loss_fn
         self.n_inputs = model_input_count(n_inputs)
+        self.precision = check_precision(precision)
         self.loss: float | None = None
         self.metrics: tuple = ()  # what loss_fn returned after the loss, from the last call
 
@@ -61,21 +64,30 @@ class _Training(Compiled):
     def settings(self) -> list[str]:
         shown = [f"n_inputs={self.n_inputs}"] if self.n_inputs != 1 else []
         strategy = getattr(self, "recompute", "none")  # set by each subclass
+        shown += [f"precision={self.precision!r}"] if self.precision != "32" else []
         return shown + ([f"recompute={strategy!r}"] if strategy != "none" else [])
 
     def finish(self, entry: Entry, table: dict, outs: list) -> list:
         """Check the loss, keep loss and metrics, write buffers; returns the tail."""
         main, buffers, tail = entry.split(outs)
-        self.keep_loss(main)
+        self.keep_loss(main, entry)
         for pid, value in zip(entry.buffer_ids, buffers):
             self.set_param(table, pid, value)
         self.rng_step += 1
         return tail
 
-    def keep_loss(self, main: list) -> None:
-        """Check the loss, before anything is written back, and keep it and the metrics."""
+    def keep_loss(self, main: list, entry: Entry) -> None:
+        """Check the loss, before anything is written back, and keep it and the metrics.
+        With loss scaling, the graph's `ember.grads_finite` result (not the user's) says
+        whether the update ran, which the scaler learns, and a non-finite loss is such a
+        skipped step rather than an error, as GradScaler has it."""
+        at = entry.graph.attributes.get("ember.grads_finite")
+        if at is not None:
+            self.skipped = not bool(main[at])
+            self.scaler.update(not self.skipped)
+            main = [*main[:at], *main[at + 1:]]
         loss = float(main[0])
-        if not math.isfinite(loss):
+        if not math.isfinite(loss) and self.scaler is None:
             raise FloatingPointError(
                 f"the loss is {loss} at step {self.rng_step}; the model's params were not "
                 "updated. Rerun with detect_anomaly=True (ember train --detect-anomaly) to "
@@ -117,12 +129,13 @@ class GradFunction(_Training):
     def __init__(self, model: Module, loss_fn: Callable, backend: str = "cpu",
                  linear: str = "split", recompute: str = "none",
                  memory_budget: int | None = None, detect_anomaly: bool = False,
-                 n_inputs: int = 1):
-        super().__init__(model, loss_fn, backend, linear, detect_anomaly, n_inputs)
+                 n_inputs: int = 1, precision: str = "32"):
+        super().__init__(model, loss_fn, backend, linear, detect_anomaly, n_inputs, precision)
         self.recompute, self.memory_budget = recompute, memory_budget
 
     def pipeline(self):
-        return grad_pipeline(self.linear, self.recompute, self.memory_budget)
+        return with_precision(grad_pipeline(self.linear, self.recompute, self.memory_budget),
+                              self.precision)
 
     @one_call_at_a_time
     def __call__(self, *inputs: np.ndarray) -> GradientsParams:
@@ -158,6 +171,9 @@ class TrainStep(_Training):
     1..k-1 of a cycle add their gradients to buffers, every k-th applies the update. Each
     call returns its own micro-batch's loss (and metrics), unscaled; `pending` is how many
     micro-batches the buffers hold (0 right after a call that updated).
+
+    Under `precision="16-mixed"`, `scaler` (runtime/precision.py) scales the loss; `skipped`
+    says whether the last update was skipped for inf/NaN gradients.
     """
 
     kind = "train_step"
@@ -165,10 +181,12 @@ class TrainStep(_Training):
     def __init__(self, model: Module, loss_fn: Callable, optimizer, backend: str = "cpu",
                  linear: str = "split", recompute: str = "none",
                  memory_budget: int | None = None, detect_anomaly: bool = False,
-                 n_inputs: int = 1, accumulate: int = 1):
+                 n_inputs: int = 1, accumulate: int = 1, precision: str = "32"):
         accumulate = accumulate_count(accumulate)
-        super().__init__(model, loss_fn, backend, linear, detect_anomaly, n_inputs)
+        super().__init__(model, loss_fn, backend, linear, detect_anomaly, n_inputs, precision)
         _check_covers(model, optimizer)
+        self.scaler = LossScaler() if precision == "16-mixed" else None
+        self.skipped = False  # whether the last update was skipped (`keep_loss`)
         self.optimizer = optimizer
         self.recompute, self.memory_budget = recompute, memory_budget
         self._repeating: BoundStep | None = None  # the last call's, tried first (`repeat`)
@@ -190,11 +208,13 @@ class TrainStep(_Training):
     def pipeline(self):
         phase = self._phase()
         if phase is None:
-            return training_pipeline(self.optimizer.pass_spec(), self.linear,
-                                     self.recompute, self.memory_budget)
-        spec = self.optimizer.pass_spec() if phase == "update" else None
-        return accumulation_pipeline(spec, self.accumulate, self.linear, self.recompute,
-                                     self.memory_budget)
+            passes = training_pipeline(self.optimizer.pass_spec(), self.linear,
+                                       self.recompute, self.memory_budget)
+        else:
+            spec = self.optimizer.pass_spec() if phase == "update" else None
+            passes = accumulation_pipeline(spec, self.accumulate, self.linear, self.recompute,
+                                           self.memory_budget)
+        return with_precision(passes, self.precision, scale_loss=self.scaler is not None)
 
     def _trace(self, specs: tuple) -> Graph:
         """The training trace, with the optimizer's param groups for its pass."""
@@ -229,7 +249,8 @@ class TrainStep(_Training):
 
     def extra_inputs(self, entry: Entry, table: dict) -> list:
         a = entry.graph.attributes
-        out = self.accumulator.inputs(entry, table) if "ember.grad_inputs" in a else []
+        out = [self.scaler.scale] if "ember.loss_scale" in a else []
+        out += self.accumulator.inputs(entry, table) if "ember.grad_inputs" in a else []
         if "ember.updates" in a:
             out += (hyper_inputs(self.optimizer)
                     + state_inputs(self.optimizer, entry.update_layout, table))
@@ -254,7 +275,8 @@ class TrainStep(_Training):
             return bound(self, entry, inputs)
         entry, table, outs = self.execute(inputs)
         tail = self.finish(entry, table, outs)
-        write_back(self.optimizer, entry.update_layout, table, tail, self.set_param)
+        write_back(self.optimizer, entry.update_layout, table, tail, self.set_param,
+                   count=not self.skipped)
         return self.loss if not self.metrics else (self.loss, *self.metrics)
 
     def _micro_batch(self, inputs: tuple):
@@ -266,7 +288,8 @@ class TrainStep(_Training):
         entry, table, outs = self.execute(inputs)
         tail = self.finish(entry, table, outs)
         if update:
-            write_back(self.optimizer, entry.update_layout, table, tail, self.set_param)
+            write_back(self.optimizer, entry.update_layout, table, tail, self.set_param,
+                       count=not self.skipped)
             acc.reset()
         else:
             acc.keep(entry, table, tail)

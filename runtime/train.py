@@ -117,7 +117,7 @@ def fit(model: nn.Module, data: Dataset, optimizer, epochs: int = 10, batch_size
         data_parallel=False, logs: MetricLogs | None = None,
         profile: str | None = None,
         on_resume: Callable[[TrainStep, FitState], str | None] | None = None,
-        accumulate: int = 1, shard_optimizer: bool = False) -> History:
+        accumulate: int = 1, shard_optimizer: bool = False, precision: str = "32") -> History:
     """Train `model` on `data` with cross-entropy; print and return per-epoch results.
     `logs`: where each step's and epoch's metrics go (runtime/logging.py); `profile`: a
     path for a Chrome trace of the step's kernels on one batch, written at the end;
@@ -126,7 +126,8 @@ def fit(model: nn.Module, data: Dataset, optimizer, epochs: int = 10, batch_size
     note to print, or None. `accumulate`: micro-batches (of `batch_size`) per optimizer
     update, as `compile_train_step`'s; a cycle may span an epoch's end, and a checkpoint
     saved mid-cycle keeps the gradient buffers. `shard_optimizer`: ZeRO-1 across the
-    data-parallel ranks (`compile_train_step`'s)."""
+    data-parallel ranks, `precision`: mixed precision (both `compile_train_step`'s; the
+    accuracy is measured in f32)."""
     from .api import compile_train_step
 
     if step is None:
@@ -134,7 +135,7 @@ def fit(model: nn.Module, data: Dataset, optimizer, epochs: int = 10, batch_size
                                   backend=backend, recompute=recompute,
                                   memory_budget=memory_budget, detect_anomaly=detect_anomaly,
                                   data_parallel=data_parallel, accumulate=accumulate,
-                                  shard_optimizer=shard_optimizer)
+                                  shard_optimizer=shard_optimizer, precision=precision)
     comm = getattr(step, "comm", None)
     rank, world_size = (comm.rank, comm.world_size) if comm is not None else (0, 1)
     out = out or sys.stdout

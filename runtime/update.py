@@ -85,8 +85,10 @@ def state_inputs(opt, layout: UpdateLayout, table: dict) -> list[np.ndarray]:
     return [opt.slot(table[pid].id, slot, table[pid]) for pid, slot in layout.state]
 
 
-def write_back(opt, layout: UpdateLayout, table: dict, outs: list, set_param=None) -> None:
-    """Store the new params and optimizer state a lowered update returned; count the step.
+def write_back(opt, layout: UpdateLayout, table: dict, outs: list, set_param=None,
+               count: bool = True) -> None:
+    """Store the new params and optimizer state a lowered update returned; count the step
+    (unless not `count`: a step skipped by loss scaling, which returned the old values).
 
     Params are rebound to the returned arrays by `set_param(table, pid, value)` (a compiled
     step's: device arrays stay on the device), else brought to the host; optimizer state
@@ -101,7 +103,8 @@ def write_back(opt, layout: UpdateLayout, table: dict, outs: list, set_param=Non
     state = opt.state
     for (pid, slot), value in zip(layout.state, new[len(layout.updates):]):
         state[table[pid].id][slot] = value
-    opt.step_count += 1
+    if count:
+        opt.step_count += 1
 
 
 def update_graph(opt, table: dict, ids: list[str], scale: float = 1.0,

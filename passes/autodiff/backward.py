@@ -5,7 +5,16 @@ returns (loss, outputs..., grad_1, ..., grad_k), one gradient per trainable para
 absent or "float", `requires_grad` absent or true), in order of first appearance, and the
 graph attribute `ember.grads` lists those ids in the same order. Backward ops are emitted
 only for values on a path from a trainable param to the loss; an op with the attribute
-`stop_gradient = true` cuts that path.
+`stop_gradient = true` cuts that path. An `nn.*` op on bf16/f16 values is differentiated on
+its f32 twin (passes/widen.py), as `decompose` lowers it: its gradients computed in f32,
+each rounded once (a multi-op rule such as attention's would otherwise round every
+intermediate, and its ops would not fuse into `kernel.attention_grad`); CSE then merges
+the twin with the decomposed forward.
+
+`autodiff{loss_scale=true}` (dynamic loss scaling, `16-mixed`): the backward starts from a
+new scalar argument of the loss's type rather than from 1, so every gradient comes out
+multiplied by it, and small ones survive f16; `ember.loss_scale` holds its index among the
+graph's arguments (the `optimizer` pass divides the gradients by it again).
 """
 
 from __future__ import annotations
@@ -18,6 +27,7 @@ from ...ir import Builder, Graph, Operation, TensorType, Value
 from ..decompose import const
 from ..manager import Pass, PipelineError, register_pass
 from ..narrow import tensor_type
+from ..widen import is_low, needs_widening, twin
 from .rules import RULES
 
 
@@ -66,6 +76,7 @@ def _order_hint(op: Operation) -> str:
 @dataclass(frozen=True)
 class Autodiff(Pass):
     name: ClassVar[str] = "autodiff"
+    loss_scale: bool = False
 
     def check(self, graph: Graph) -> None:
         for key in ("ember.grads", "ember.updates"):
@@ -89,7 +100,7 @@ class Autodiff(Pass):
         forward = [op for op in graph.ops if op is not ret]
         active = active_values(forward, params, loss)
         b = Builder(graph.body, before=ret)
-        grads: dict[Value, Value] = {loss: const(b, 1, loss.type.dtype)}
+        grads: dict[Value, Value] = {loss: self._seed(graph, b, tensor_type(loss))}
         for op in reversed(forward):
             out_grads = [grads.get(r) for r in op.results]
             needs = [v in active for v in op.operands]
@@ -99,8 +110,7 @@ class Autodiff(Pass):
                 raise AutodiffError(f"autodiff: no gradient rule for op {_where(op)}"
                                     + _order_hint(op))
             b.loc = op.loc
-            for v, g, need in zip(op.operands, RULES[op.name].backward(b, op, out_grads, needs),
-                                  needs):
+            for v, g, need in zip(op.operands, _backward(b, op, out_grads, needs), needs):
                 if need and g is not None:
                     if g.type != v.type:
                         raise AutodiffError(f"autodiff: the rule for {_where(op)} gave a "
@@ -115,6 +125,30 @@ class Autodiff(Pass):
             ret.add_operand(v)
         graph.attributes["ember.grads"] = list(by_id)
         return graph
+
+    def _seed(self, graph: Graph, b: Builder, loss: TensorType) -> Value:
+        """The loss's own gradient: 1, or the loss scale, a new argument."""
+        if not self.loss_scale:
+            return const(b, 1, loss.dtype)
+        graph.attributes["ember.loss_scale"] = len(graph.args)
+        return graph.body.add_arg(loss, "loss_scale")
+
+
+def _backward(b: Builder, op: Operation, out_grads: list[Value | None],
+              needs: list[bool]) -> list[Value | None]:
+    """The gradients of `op`'s operands by its rule; an nn.* op's on bf16/f16 values
+    computed on its f32 twin, each rounded to its operand's dtype once."""
+    rule = RULES[op.name].backward
+    if op.dialect != "nn" or not needs_widening(op):
+        return rule(b, op, out_grads, needs)
+    up = [b.op("ember.cast", g, dtype="f32") if g is not None and is_low(g) else g
+          for g in out_grads]
+    f32 = twin(b, op)
+    grads = rule(b, f32, up, needs)
+    if not any(r.uses for r in f32.results):
+        f32.erase()  # the rule read only its operands
+    return [b.op("ember.cast", g, dtype=v.type.dtype) if g is not None and is_low(v) else g
+            for g, v in zip(grads, op.operands)]
 
 
 def _total(b: Builder, ops: list[Operation], grads: dict[Value, Value]) -> Value:

@@ -5,7 +5,9 @@ is one (the digits MLP and CNN reach 97%)."""
 from __future__ import annotations
 
 import io
+import sys
 import types
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -32,7 +34,8 @@ def emulated_cuda(monkeypatch):
     from ember.runtime import compiled
 
     real = compiled.get_backend
-    fake = types.SimpleNamespace(compile=lambda graph: emulate.EmulatedExecutable(graph))
+    fake = types.SimpleNamespace(compile=lambda graph: emulate.EmulatedExecutable(graph),
+                                 LEGALIZE_LOW_PRECISION=cuda.LEGALIZE_LOW_PRECISION)
     monkeypatch.setattr(compiled, "get_backend",
                         lambda name: fake if name == "cuda" else real(name))
 
@@ -58,6 +61,28 @@ def test_emulated_cuda_steps_equal_the_interpreter(emulated_cuda, make_model, im
     np.testing.assert_allclose(got_losses, want_losses, rtol=1e-4)
     for k in want:
         np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=1e-5, err_msg=k)
+
+
+@needs_emulator
+def test_emulated_cuda_16_mixed_steps_equal_the_interpreter(emulated_cuda):
+    """f16 matmuls and attention between casts, loss scaling, and a skipped step."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    from gpt import Gpt, batches, lm_loss
+
+    runs = []
+    for backend in ("cuda", "interpreter"):
+        em.seed(0)
+        step = em.compile_train_step(Gpt(vocab=17, n_embd=16, n_head=2, n_layer=1, block=8),
+                                     lm_loss, optim.AdamW(lr=1e-2), backend=backend,
+                                     precision="16-mixed")
+        data = batches(17, 4, 8, 3)
+        losses = [step(x, y) for x, y in data[:2]]
+        step.scaler.scale = 2.0 ** 40  # overflows the f16 backward: skipped
+        losses.append(step(*data[2]))
+        runs.append((losses, step.skipped, step.optimizer.step_count, step.scaler.scale))
+    (got, *got_rest), (want, *want_rest) = runs
+    np.testing.assert_allclose(got, want, rtol=1e-4)
+    assert got_rest == want_rest == [True, 2, 2.0 ** 39]
 
 
 def _fit(model, data, backend):
