@@ -12,7 +12,8 @@ from ..ir import TensorType
 @dataclass(eq=False)
 class Slot:
     """kind: "arg" (key: input index), "param" (key: param id), "const" (value: its data),
-    "temp" (an op result) or "scratch" (an op's working memory). Temps and scratch sit at
+    "temp" (an op result), "scratch" (an op's working memory) or "packed" (a param's copy
+    laid out as a kernel reads it; key: the param's slot). Temps and scratch sit at
     byte `offset` of the arena, except temps the graph returns (`offset` None: fresh per
     call)."""
 

@@ -10,8 +10,11 @@ The runtime reads the graph roles the tracer and the passes leave on the graph:
 `ember.rng` (the argument fed with the step counter, for dropout), `ember.buffer_updates`
 (results that are new values of buffers such as BatchNorm's running stats, written back
 after the step), `ember.grads`, `ember.updates` and `ember.state` (optimizer pass). It
-leaves two of its own before compiling: `ember.finite_args` and `ember.label_args`, the
-input checks a backend may run natively (backends/input_checks.py).
+leaves its own before compiling: `ember.finite_args` and `ember.label_args`, the input
+checks a backend may run natively (backends/input_checks.py), and on an inference graph
+`ember.constant_params`: the params change only between calls, so a backend may keep
+copies of them laid out for its kernels (the cpu backend's packed GEMM weights), which the
+runtime tells it to make again once a Param was rebound (`CompiledFunction.run`).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import numpy as np
 from ..backends.errors import UnsupportedFusionError
 from ..cache_store import vouching
 from ..frontend.module import Module
+from ..frontend.param import Edits
 from ..frontend.trace import ShapeError, TensorSpec, trace_function
 from ..ir import Graph, numpy_dtype
 from ..ir.parser import parse
@@ -58,6 +62,7 @@ class Entry:
     labels: tuple = ()  # (input index, number of classes) of each input of labels
     _replay: Graph | None = None
     bound: BoundStep | None = None  # a training step's call path on it (runtime/fast_path.py)
+    values_seen: int = -1  # `Edits.values` at its last run (CompiledFunction.run)
 
     def replay_graph(self) -> Graph:
         """What the interpreter replays to find a failing op: the graph before fusion."""
@@ -149,6 +154,7 @@ class Compiled(Inspectable):
 
     kind = "forward"
     training = False  # traced as a training trace (dropout active, buffers updated)
+    constant_params = False  # the graph never changes a param (`ember.constant_params`)
     cache_size = 8
 
     def __init__(self, model: Module, backend: str, linear: str = "split",
@@ -240,6 +246,8 @@ class Compiled(Inspectable):
         labels = label_inputs(graph)
         if labels:  # checked natively where the backend can (cpu), else by check_inputs
             graph.attributes["ember.label_args"] = [list(label) for label in labels]
+        if self.constant_params:
+            graph.attributes["ember.constant_params"] = True
         pipeline = with_low_precision(self.pipeline(), graph,
                                       getattr(self.backend, "LEGALIZE_LOW_PRECISION", None))
         stages, run = self._lower(graph, pipeline)
@@ -362,9 +370,22 @@ def _shape_and_dtype(x) -> tuple:
 class CompiledFunction(Compiled):
     """`em.compile(model, *specs)`: the model's forward, numpy in, numpy out."""
 
+    constant_params = True
+
     def __init__(self, model: Module, specs: tuple, backend: str = "cpu", linear: str = "split"):
         super().__init__(model, backend, linear)
         self.entry(specs)
+
+    def run(self, entry: Entry, args: list, params: dict, out: dict | None = None) -> list:
+        """`Compiled.run`, after telling a backend that keeps copies of the params (packed
+        weights) that they may be stale: some Param was rebound since this graph last ran
+        (`Edits.values` counts `set_value` and a training step's updates, made in place)."""
+        if entry.values_seen != Edits.values:
+            changed = getattr(entry.run, "params_changed", None)
+            if changed is not None:
+                changed()
+            entry.values_seen = Edits.values
+        return super().run(entry, args, params, out)
 
     def traced_fn(self):
         return self.model

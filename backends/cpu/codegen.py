@@ -37,7 +37,8 @@ from ..storage import Slot
 from .attention.forward import attention_scratch, emit_attention
 from .call.binding import emit_guard
 from .call.input_checks import emit_checks
-from .gemm.matmul import as_kernel, emit_matmul, scratch_bytes
+from .gemm.emit import pack_function
+from .gemm.matmul import as_kernel, emit_matmul, packed_b, packed_bytes, scratch_bytes
 from .kernels import scalar as S
 from .kernels.dropout import emit_dropout
 from .kernels.fused import emit_fused, fused_scratch
@@ -60,6 +61,17 @@ class KernelCall:
     ins: list[int]
     name: str
     scratch: int | None = None  # slot index of its scratch buffer
+    packed: int | None = None  # slot index of its GEMM's B, packed ahead of the call
+
+
+@dataclass(frozen=True)
+class Pack:
+    """A param that a GEMM reads packed (`CONSTANT_PARAMS`): `PACK` writes its panels from
+    slot `source` into slot `slot`, as the GEMM of step `step` reads them."""
+
+    source: int
+    slot: int
+    step: int
 
 
 @dataclass
@@ -78,6 +90,7 @@ class KernelPlan:
     # a training step's (step, slot) of its loss: after that step the entry returns
     # LOSS_NOT_FINITE, running no later kernel, unless the loss is finite (`loss_check`)
     loss_check: tuple[int, int] | None = None
+    packs: list[Pack] = field(default_factory=list)  # params GEMMs read packed, `PACK` k
 
     @functools.cached_property
     def readers_and_writers(self) -> tuple[dict[int, int], dict[int, int]]:
@@ -87,11 +100,14 @@ class KernelPlan:
         writer = {o: n for n, st in enumerate(self.steps) for o in st.outs}
         return last, writer
 
-    def scratch_bytes(self, op: Operation) -> int:
+    def scratch_bytes(self, op: Operation, packed: bool = False) -> int:
         """The working memory `op`'s kernel holds while it runs (packed GEMM panels, conv
         and attention tiles; 0: none), as this plan gives it: the memory planner's
-        `scratch` (ir/memory_plan.py), so the plan of the graph counts it too."""
+        `scratch` (ir/memory_plan.py), so the plan of the graph counts it too. `packed`:
+        its GEMM's B comes packed (`KernelCall.packed`)."""
         op = _gemm_form(op)
+        if packed:
+            return scratch_bytes(op, self.isa, self.threads, prepack=True)
         lowering = LOWERINGS.get(op.name)
         return lowering.scratch(op, self.isa, self.threads) if lowering and lowering.scratch \
             else 0
@@ -151,6 +167,12 @@ def _fused(b, st, p, outs, ins, scratch) -> None:
     emit_fused(b, st.op, outs, ins, p.threads, st.name, scratch)
 
 
+def _matmul(b, st, p, outs, ins, scratch) -> None:
+    """A GEMM and its epilogue; a packed B's panels come after the operands."""
+    packed = ins.pop() if st.packed is not None else None
+    emit_matmul(b, st.op, outs, ins, scratch, p.isa, p.threads, st.name, packed)
+
+
 def _with_scratch(emit) -> EmitBody:
     """An emitter taking (op, outs, ins, scratch, isa, threads, name): GEMMs, convs,
     attention."""
@@ -175,7 +197,7 @@ LOWERINGS: dict[str, Lowering] = {
     **dict.fromkeys(ONE_OP_LOOPS, Lowering(_one_op, in_place=True)),
     "kernel.fused": Lowering(_fused, lambda op, isa, threads: fused_scratch(op, threads),
                              in_place=True),
-    "kernel.matmul": Lowering(_with_scratch(emit_matmul), scratch_bytes),
+    "kernel.matmul": Lowering(_matmul, scratch_bytes),
     **dict.fromkeys(("ember.conv2d", "ember.conv2d_grad_input", "ember.conv2d_grad_weight"),
                     Lowering(_with_scratch(emit_conv), conv_scratch)),
     **dict.fromkeys(ATTENTION_OPS, Lowering(_with_scratch(emit_attention), attention_scratch)),
@@ -189,8 +211,11 @@ LOWERINGS: dict[str, Lowering] = {
 
 def plan(graph: Graph, threads: int | None = None) -> KernelPlan:
     """Storage and the kernel schedule; UnsupportedOpError names the first op without a
-    kernel."""
+    kernel. In a graph marked `CONSTANT_PARAMS`, a GEMM whose B is a param reads it packed
+    (`_packed_slot`)."""
     out = KernelPlan(threads=threads or num_threads(), isa=host_isa())
+    constant = bool(graph.attributes.get(CONSTANT_PARAMS))
+    packed: dict[tuple, int] = {}  # (param slot, layout) -> its packed slot
     where: dict[Value, int] = {}
     owner: list[Value] = []  # the value each slot was made for
 
@@ -224,7 +249,9 @@ def plan(graph: Graph, threads: int | None = None) -> KernelPlan:
                 where[old] = where[new]
             short = op.name.split(".", 1)[1]
             st = KernelCall(op, outs, [where[v] for v in orig.operands], f"k{k}_{short}")
-            n = out.scratch_bytes(op)
+            if constant and op.name == "kernel.matmul":
+                st.packed = _packed_slot(out, st, packed, owner)
+            n = out.scratch_bytes(op, st.packed is not None)
             if n:
                 st.scratch = len(out.slots)
                 owner.append(mp.Scratch.of(n))
@@ -245,6 +272,32 @@ def plan(graph: Graph, threads: int | None = None) -> KernelPlan:
     out.loss_check = loss_check(graph, out)
     _place_temps(out, owner)
     return out
+
+
+# graph attribute: the params are read-only and keep their values from call to call unless
+# the caller binds other arrays or says so (an inference graph: runtime/compiled.py)
+CONSTANT_PARAMS = "ember.constant_params"
+
+
+def _packed_slot(p: KernelPlan, st: KernelCall, packed: dict, owner: list) -> int | None:
+    """The slot of the GEMM's B packed ahead of the call, where B is a param and the GEMM
+    would pack it (gemm/matmul.py `packed_b`): packed once when bound rather than on every
+    call (a cold [768, 768] weight's packing was ~25% of its GEMM with 128 rows); a param
+    read the same way by several GEMMs is packed once for all."""
+    source = st.ins[1]
+    if p.slots[source].kind != "param":
+        return None
+    prob = packed_b(st.op, p.isa, p.threads)
+    if prob is None:
+        return None
+    key = (source, prob.k, prob.n, prob.sb_k, prob.sb_n)
+    if key not in packed:
+        n = packed_bytes(prob, p.isa, p.threads) // S.size(prob.dtype)
+        packed[key] = len(p.slots)
+        owner.append(None)  # a buffer of its own, outside the arena
+        p.slots.append(Slot("packed", TensorType((n,), prob.dtype), key=source))
+        p.packs.append(Pack(source, packed[key], len(p.steps)))
+    return packed[key]
 
 
 def loss_check(graph: Graph, p: KernelPlan) -> tuple[int, int] | None:
@@ -292,7 +345,8 @@ def _kernel_key(st: KernelCall, index: int) -> tuple:
     has scratch, and for gather/scatter the step index (its out-of-range status code)."""
     names: dict[str, str] = {}
     text = _VALUE.sub(lambda m: names.setdefault(m.group(), f"%{len(names)}"), _op_text(st.op))
-    return text, st.scratch is not None, index if LOWERINGS[st.op.name].reports else None
+    return (text, st.scratch is not None, st.packed is not None,
+            index if LOWERINGS[st.op.name].reports else None)
 
 
 _VALUE = re.compile(r"%[A-Za-z0-9_$.\-]+(?:#\d+)?")
@@ -340,6 +394,8 @@ def emit(p: KernelPlan, name: str = "graph") -> ir.Module:
                                      f"{st.name}:\n  {_op_text(st.op)}\n{type(e).__name__}: "
                                      f"{e}") from e
     guard = emit_guard(mod)
+    if p.packs:
+        _emit_packer(mod, p)
     for name_, profiled in ((ENTRY, False), (PROFILED, True)):
         entry = ir.Function(mod, ir.FunctionType(I64, [PTR] * (1 + profiled)), name_)
         entry.args[0].name = "buffers"
@@ -363,6 +419,31 @@ def emit(p: KernelPlan, name: str = "graph") -> ir.Module:
 
 
 LOSS_NOT_FINITE = 2  # what the entry returns when `loss_check` stopped it (1: the guard's)
+PACK = "ember_pack"  # (buffers, i64 k): pack `plan.packs[k]`'s param from its slot
+
+
+def _emit_packer(mod: ir.Module, p: KernelPlan) -> None:
+    """`PACK(buffers, k)`: the panels of `p.packs[k]` written from its param's buffer; one
+    packing function per layout, shared by the params of that shape."""
+    fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [PTR, I64]), PACK)
+    buffers, k = fn.args
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    done = fn.append_basic_block("done")
+    switch = b.switch(k, done)
+    made: dict[tuple, ir.Function] = {}
+    for j, pk in enumerate(p.packs):
+        prob = packed_b(p.steps[pk.step].op, p.isa, p.threads)
+        key = (prob.k, prob.n, prob.sb_k, prob.sb_n, prob.dtype)
+        if key not in made:
+            made[key] = pack_function(mod, prob, p.isa, p.threads, f"{PACK}.{len(made)}")
+        case = fn.append_basic_block(f"pack{j}")
+        switch.add_case(i64(j), case)
+        b.position_at_end(case)
+        ptrs = _pointers(b, buffers, (pk.source, pk.slot))
+        b.call(made[key], [ptrs[pk.source], ptrs[pk.slot]])
+        b.branch(done)
+    b.position_at_end(done)
+    b.ret_void()
 
 
 def _segments(p: KernelPlan) -> list[tuple[int, int]]:
@@ -413,11 +494,12 @@ def _segment(mod: ir.Module, p: KernelPlan, fns: list, first: int, last: int, na
     fn.args[0].add_attribute("noalias")
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     steps = list(enumerate(zip(p.steps[first:last], fns[first:last]), first))
-    used = {s for _, (st, _) in steps for s in (*st.outs, *st.ins, st.scratch) if s is not None}
+    used = {s for _, (st, _) in steps for s in (*st.outs, *st.ins, st.scratch, st.packed)
+            if s is not None}
     ptrs = _pointers(b, fn.args[0], sorted(used))
     for k, (st, kernel) in steps:
         scratch = ptrs[st.scratch] if st.scratch is not None else ir.Constant(PTR, None)
-        b.call(kernel, [ptrs[s] for s in st.outs + st.ins] + [scratch])
+        b.call(kernel, [ptrs[s] for s in st.outs + st.ins + _packed(st)] + [scratch])
         if profiled:
             _stamp(b, fn.args[1], k + 1)
     b.ret_void()
@@ -445,9 +527,14 @@ def _stamp(b: ir.IRBuilder, ticks: ir.Value, k: int) -> None:
     b.store(b.call(clock, []), b.gep(ticks, [i64(k)], inbounds=True, source_etype=S.I64))
 
 
+def _packed(st: KernelCall) -> list[int]:
+    """The packed B a kernel reads after its operands (none or one slot)."""
+    return [] if st.packed is None else [st.packed]
+
+
 def _kernel_function(mod: ir.Module, st: KernelCall, p: KernelPlan) -> ir.Function:
     op = st.op
-    nargs = len(st.outs) + len(st.ins)
+    nargs = len(st.outs) + len(st.ins) + len(_packed(st))
     fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [PTR] * (nargs + 1)), st.name)
     fn.linkage = "internal"
     fn.attributes.add("noinline")  # one copy per distinct kernel, not one per call site
@@ -468,6 +555,6 @@ def lower(graph: Graph, threads: int | None = None) -> Lowered:
     return Lowered(emit(p, graph.name), p)
 
 
-__all__ = ["ENTRY", "LOSS_NOT_FINITE", "LOWERINGS", "PROFILED", "KernelCall", "KernelPlan",
-           "Lowered", "Lowering", "S", "Slot", "emit", "kernel_count", "loss_check", "lower",
-           "plan"]
+__all__ = ["CONSTANT_PARAMS", "ENTRY", "LOSS_NOT_FINITE", "LOWERINGS", "PACK", "PROFILED",
+           "KernelCall", "KernelPlan", "Lowered", "Lowering", "Pack", "S", "Slot", "emit",
+           "kernel_count", "loss_check", "lower", "plan"]

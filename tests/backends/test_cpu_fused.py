@@ -465,6 +465,20 @@ def test_a_batched_matmuls_epilogue_stays_a_pass_of_its_own():
     close(exe(inputs), interpreter.run(g, inputs))
 
 
+@pytest.mark.parametrize("heads", [12, 3])
+def test_a_batch_of_small_gemms_splits_across_threads(heads, monkeypatch):
+    """Heads of attention too small to split one by one: threads take whole heads (a
+    batch that threads cannot share evenly, 3, too), then the epilogue runs."""
+    monkeypatch.setenv("EMBER_GEMM", "own")
+    g = graph([(heads, 128, 64), (heads, 64, 128), (128,)],
+              lambda b, q, k, m: [b.op("ember.add", b.op("ember.matmul", q, k), m)])
+    f = fuse(g)
+    exe = cpu.Executable(f, 2, use_cache=False)
+    assert ".batch.chunk" in exe.llvm_ir
+    inputs = rand((heads, 128, 64), (heads, 64, 128), (128,))
+    close(exe(inputs), interpreter.run(g, inputs))
+
+
 def test_blas_gemm_with_transposes(monkeypatch):
     from ember.backends.cpu.gemm import blas
 

@@ -135,7 +135,8 @@ class Feedback:
         self.exe = exe
         args = {row.key: row for row in exe._inputs}
         params = {row.key: (j, row) for j, row in enumerate(exe._params)}
-        self.carries = bool(feeds) and exe._handed is not None \
+        # (not where params are packed: a bound call does not look for a new one to pack)
+        self.carries = bool(feeds) and exe._handed is not None and not exe.plan.packs \
             and all(k in args or k in params for k in feeds.values()) \
             and len(set(feeds.values())) == len(feeds) and not set(scratch) & set(feeds) \
             and all(exe.slots[exe._results[r].slot].type == (args[k] if k in args

@@ -18,7 +18,7 @@ from ....ir import Graph, numpy_dtype, verify
 from ....ir.printer import print_graph
 from ....settings import DUMP_LLVM, PASS_TIMING
 from ...input_checks import InputCheckError, describe
-from ..codegen import ENTRY, emit, plan
+from ..codegen import ENTRY, PACK, emit, plan
 from ..gemm import blas
 from ..machine import cache
 from ..machine.jit import JitModule, fingerprint
@@ -50,6 +50,13 @@ class Executable:
     graph the stage cache vouches for (cache_store.vouching) is neither verified (the passes
     did) nor printed for its key (its digest names it) again.
     `profile(inputs, params)` times each kernel inside one native call (timing.py).
+
+    A graph marked `ember.constant_params` (an inference graph) has each GEMM read its
+    weight (a param it would pack on every call) from panels packed ahead of the call: a
+    buffer of their own per param (`memory()["packed"]`), written when a call binds an array
+    for that param other than the one last packed, or after `params_changed()`, which a
+    caller that changes a bound array in place must call (the runtime does when a Param
+    was rebound or a training step updated it in place); `packings` counts them.
     """
 
     # every input check the graph asks for (input_checks) runs in the entry, none where
@@ -135,6 +142,11 @@ class Executable:
         if self.plan.checked:
             addr = self._jit.engine.get_global_value_address("ember_status")
             self._status = ctypes.c_int64.from_address(addr)
+        # the array each packed param's panels were last written from, and its address
+        self._packed_from: list[tuple | None] = [None] * len(self.plan.packs)
+        self._pack = (self._jit.function(PACK, None, ctypes.c_void_p, ctypes.c_int64)
+                      if self.plan.packs else None)
+        self.packings = 0
         self._lock = threading.Lock()
         _live.add(self)
         self.native_calls = 0
@@ -172,6 +184,8 @@ class Executable:
     def _fixed(self, i, s, fresh):
         if s.kind == "const":
             return aligned_copy(s.value, s.type)
+        if s.kind == "packed":
+            return aligned_empty(s.type)[0]
         if s.kind not in ("temp", "scratch") or i in fresh:
             return None
         n = s.type.nbytes
@@ -184,15 +198,17 @@ class Executable:
 
     def memory(self) -> dict[str, int]:
         """Bytes this executable holds, by role: `arena` (temporaries and kernel scratch:
-        one buffer each inside `guarded()`), `constants`, `scalars` (copies of scalar
-        inputs), `results` (the buffer each returned op result is written into per call),
-        and their `total`. Inputs and params are the caller's and not counted."""
+        one buffer each inside `guarded()`), `constants`, `packed` (params packed for the
+        GEMMs that read them), `scalars` (copies of scalar inputs), `results` (the buffer
+        each returned op result is written into per call), and their `total`. Inputs and
+        params are the caller's and not counted."""
         fresh = set(self._fresh)
         own = sum(self._arrays[i].nbytes for i, s in enumerate(self.slots)
                   if s.kind in ("temp", "scratch") and i not in fresh)
         out = {"arena": own if self._arena is None else self._arena.nbytes,
                "constants": sum(a.nbytes for a, s in zip(self._arrays, self.slots)
                                 if s.kind == "const"),
+               "packed": sum(self.slots[pk.slot].type.nbytes for pk in self.plan.packs),
                "scalars": sum(row.type.nbytes for row in self._scalars),
                "results": sum(self.slots[i].type.nbytes for i in fresh)}
         out["total"] = sum(out.values())
@@ -334,6 +350,8 @@ class Executable:
                 if x is None:
                     raise KeyError(f"no value for {row.what}")
                 arrays[row.slot], table[row.slot] = self._bind(x, row)
+            if self._pack is not None:
+                self._pack_changed(arrays)
             for i, pool in self._pools:
                 if into and i in into:
                     arrays[i] = into[i]
@@ -343,6 +361,21 @@ class Executable:
                 arrays[i], table[i] = entry[0], entry[2]
             self._call(self._table)
         return arrays
+
+    def params_changed(self) -> None:
+        """The params' arrays may have changed in place: the next call packs them again."""
+        self._packed_from = [None] * len(self._packed_from)
+
+    def _pack_changed(self, arrays: list) -> None:
+        """Pack each param some GEMM reads packed whose bound array is not the one its
+        panels hold (held here, so that its id cannot be another array's); the lock held."""
+        for k, pk in enumerate(self.plan.packs):
+            bound = (arrays[pk.source], self._ptrs[pk.source])
+            last = self._packed_from[k]
+            if last is None or last[0] is not bound[0] or last[1] != bound[1]:
+                self._pack(self._table, k)
+                self._packed_from[k] = bound
+                self.packings += 1
 
     def _bind_scalars(self, inputs, rows: list[ScalarInput] | None = None) -> None:
         """Copy the scalar inputs (of `rows`, or all) into their buffers."""

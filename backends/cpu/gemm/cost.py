@@ -34,7 +34,7 @@ from pathlib import Path
 
 from ....files import cache_dir, write_atomically
 from ....settings import GEMM, GEMM_TUNE
-from ..machine.host import Isa, host_cpu
+from ..machine.host import Isa, host_cpu, num_threads
 from . import blas as B
 from .emit import GemmProblem
 from .timing import Point, measure_point
@@ -156,12 +156,18 @@ def rule(p: GemmProblem) -> str:
 
 
 def choose(p: GemmProblem, isa: Isa, threads: int) -> str:
-    """"blas" or "own" for GemmProblem `p`."""
+    """"blas" or "own" for GemmProblem `p` on `threads` threads. Fewer than the pool's (a
+    convolution's GEMM per image) take the own GEMM: OpenBLAS cannot be held to them, so it
+    would start its threads on the cores the pool uses, and they spin 0.1 s after the call,
+    taking a core from every parallel kernel that follows (ViT's patch embedding, one
+    OpenBLAS call per forward, left every kernel after it on one core)."""
     engine = GEMM.get()
     if B.find() is None or engine == "own":
         return "own"
     if engine == "blas":
         return "blas"
+    if threads < num_threads():
+        return "own"
     cpu = host_cpu()
     table = load_table(cpu, threads)
     point = nearest((max(p.m, 1), max(p.n, 1), max(p.k, 1)), dict.fromkeys([*GRID, *table]))

@@ -15,6 +15,9 @@ are read through strides, so transposed A costs nothing and transposed B is pack
   A transposed, `mr` adjacent elements per k), so A is never packed: a packing copy
   cost 10-25% of the multiply when N is narrow (N = 128: 256 flops per copied element)
   and 5% at 512^3 on a znver4, more than its contiguous panels saved.
+A B that stays the same from call to call (an inference graph's weight) may come packed
+already (`GemmProblem.prepacked`, `pack_function`): the GEMM then reads its panels and
+packs nothing.
 Threads split the rows of C (B packed by all first) or, when C is wider than tall, its
 column panels (each thread packs its own B panels), so a GEMM is one or two parallel
 regions. Edges take the same micro-kernel with a run-time row count and column mask: no
@@ -109,7 +112,8 @@ def plan_own(p: GemmProblem, isa: Isa, threads: int) -> OwnPlan:
     size = S.size(p.dtype)
     blocked = p.k * p.n * size > PACK_B_BYTES or p.m * p.k * size > BLOCK_A_BYTES
     # B's rows a large power-of-two stride apart alias in L1: pack B when it is reused
-    pack_b_ = blocked or p.sb_n != 1 or (p.m >= 8 * blk.mr and p.k * p.n * size > caches.l1d)
+    pack_b_ = p.prepacked or blocked or p.sb_n != 1 or (
+        p.m >= 8 * blk.mr and p.k * p.n * size > caches.l1d)
     npanels = cdiv(p.n, nr)
     split, t = "m", 1
     if threads > 1 and p.flops >= THREAD_FLOPS:
@@ -129,8 +133,8 @@ def plan_own(p: GemmProblem, isa: Isa, threads: int) -> OwnPlan:
     # packed a kc-deep block at a time, just before its one use, and stays in L2; packed
     # whole (K x N, 2 MB for 1024 x 512) it was written past L2: 128 x 512 x 1024 ran at
     # 122 GFLOP/s on one core, 151 packed by blocks (150 at K = 128)
-    per_k = pack_b_ and blocked and t == 1 and p.m <= mc
-    scratch = npanels * nr * (kc if per_k else p.k) * size if pack_b_ else 0
+    per_k = pack_b_ and blocked and t == 1 and p.m <= mc and not p.prepacked
+    scratch = npanels * nr * (kc if per_k else p.k) * size if pack_b_ and not p.prepacked else 0
     return OwnPlan(blk=blk, nr=nr, blocked=blocked, pack_b=pack_b_, threads=t, split=split,
                    mc=mc, kc=kc, scratch=scratch, npanels=npanels, pack_per_k=per_k)
 
@@ -152,11 +156,41 @@ def finishes_rows(p: GemmProblem, isa: Isa, threads: int) -> bool:
     return p.m > 0 and p.n > 0 and p.k > 0 and (plan.split == "m" or plan.threads == 1)
 
 
+def packs_b(p: GemmProblem, isa: Isa, threads: int) -> bool:
+    """Whether the own GEMM of `p` packs B: then a B that stays the same from call to call
+    (a weight) may come packed already (`GemmProblem.prepacked`, `pack_function`)."""
+    return p.m > 0 and p.n > 0 and p.k > 0 and plan_own(p, isa, threads).pack_b
+
+
+def pack_function(mod: ir.Module, p: GemmProblem, isa: Isa, threads: int,
+                  name: str) -> ir.Function:
+    """`name(ptr b, ptr packed)`: all of B into the panels the GEMM of `p` reads when B
+    comes `prepacked` (K x nr each, zero padded past N), on up to `threads` threads."""
+    plan = plan_own(replace(p, prepacked=True), isa, threads)
+    packb = pack_b(mod, p, plan.nr, isa.lanes(p.dtype), name)
+    fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [PTR, PTR]), name)
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    _pack_panels(b, packb, *fn.args, p, plan.npanels, threads, name)
+    b.ret_void()
+    return fn
+
+
+def _pack_panels(b: ir.IRBuilder, packb: ir.Function, b_ptr, packed_b, p: GemmProblem,
+                 npanels: int, threads: int, name: str) -> None:
+    """All of B's panels packed, on up to `threads` threads from 64K elements of B (below,
+    a parallel region costs more)."""
+    ctx = stack_array(b, PTR, 2, "packctx")
+    b.store(b_ptr, elem(b, ctx, PTR, 0))
+    b.store(packed_b, elem(b, ctx, PTR, 1))
+    threads = min(threads, npanels) if p.k * p.n >= (1 << 16) else 1
+    parallel_for(b, packb, ctx, npanels, threads, f"{name}.pb")
+
+
 def emit_own(b: ir.IRBuilder, p: GemmProblem, a, b_ptr, c, scratch, isa: Isa, threads: int,
              name: str, accumulate: bool = False, rows_done: RowsDone | None = None) -> None:
     """C = A B (C += A B with `accumulate`) with the own GEMM; a, b_ptr, c are element
-    pointers (already offset). `rows_done` (where `finishes_rows`) follows every finished
-    block of rows."""
+    pointers (already offset); `scratch` holds the packed B where `p.prepacked`. `rows_done`
+    (where `finishes_rows`) follows every finished block of rows."""
     if p.m == 0 or p.n == 0:
         return
     if p.k == 0:
@@ -202,20 +236,21 @@ class _OwnGemm:
         self.el = S.REG[p.dtype]
         self.n_full, self.n_tail = divmod(p.n, plan.nr)
         # threads split the columns: each packs the B panels it multiplies
-        self.packs_own_panels = plan.split == "n" and plan.threads > 1
+        self.packs_own_panels = plan.split == "n" and plan.threads > 1 and not p.prepacked
         # straight on A the row blocks are evened out (16 rows: 8 + 8, not 14 + a 2-row block
         # that computes 14); blocked, they are mr rows
         self.mr = plan.blk.mr if plan.blocked else cdiv(p.m, cdiv(p.m, plan.blk.mr))
         self.b_rs = i64(plan.nr) if plan.pack_b else i64(p.sb_k)  # B's row stride as read
 
     def emit(self, b: ir.IRBuilder, a, b_ptr, c, packed_b) -> None:
-        """The whole GEMM into the caller's builder `b`: pack B (unless the threads or the
-        k slices do), then run the body on the threads."""
+        """The whole GEMM into the caller's builder `b`: pack B (unless it comes packed, or
+        the threads or the k slices pack it), then run the body on the threads."""
         plan = self.plan
         packb = (pack_b(self.mod, self.p, plan.nr, self.lanes, self.name)
-                 if plan.pack_b and not plan.pack_per_k else None)
-        if packb is not None and not self.packs_own_panels:
-            self._pack_b_first(b, packb, b_ptr, packed_b)
+                 if plan.pack_b and not plan.pack_per_k and not self.p.prepacked else None)
+        if packb is not None and not self.packs_own_panels:  # before any thread multiplies
+            _pack_panels(b, packb, b_ptr, packed_b, self.p, plan.npanels, plan.threads,
+                         self.name)
         self._micro_kernels()
         body, items = self._body(packb)
         extra = self.rows_done.pointers if self.rows_done else []
@@ -223,16 +258,6 @@ class _OwnGemm:
         for i, v in enumerate((a, b_ptr, packed_b, c, *extra)):
             b.store(v, elem(b, ctx, PTR, i))
         parallel_for(b, body, ctx, items, min(plan.threads, items), self.name)
-
-    def _pack_b_first(self, b: ir.IRBuilder, packb: ir.Function, b_ptr, packed_b) -> None:
-        """All of B's panels packed before any thread multiplies, so that every thread reads
-        all of them (threaded from 64K elements of B: below, a parallel region costs more)."""
-        ctx = stack_array(b, PTR, 2, "packctx")
-        b.store(b_ptr, elem(b, ctx, PTR, 0))
-        b.store(packed_b, elem(b, ctx, PTR, 1))
-        npanels = self.plan.npanels
-        threads = min(self.plan.threads, npanels) if self.p.k * self.p.n >= (1 << 16) else 1
-        parallel_for(b, packb, ctx, npanels, threads, f"{self.name}.pb")
 
     def _micro_kernels(self) -> None:
         """One micro-kernel for full panels and, where N leaves a remainder, one as narrow

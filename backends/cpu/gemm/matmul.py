@@ -26,10 +26,10 @@ from ..kernels.fused import FusedEmitter
 from ..kernels.loops import for_range, loop
 from ..kernels.scalar import i64
 from ..machine.host import Isa
-from ..parallel.outline import parallel_region
+from ..parallel.outline import parallel_chunks, parallel_region
 from . import blas as B
 from .cost import choose
-from .emit import THREAD_FLOPS, GemmProblem, RowsDone, emit_own, finishes_rows, plan_own
+from .emit import THREAD_FLOPS, GemmProblem, RowsDone, emit_own, finishes_rows, packs_b, plan_own
 
 
 @dataclass
@@ -84,7 +84,11 @@ def _updates_an_input(op) -> bool:
     return any(op.operands[i].op is None or op.operands[i].op.name == "ember.param" for i in k)
 
 
-def plan_matmul(op, isa: Isa, threads: int) -> MatmulPlan:
+def plan_matmul(op, isa: Isa, threads: int, prepack: bool = False) -> MatmulPlan:
+    """How `op` runs. `prepack`: its B (operand 1) stays the same from call to call, so the
+    own GEMM may read it packed ahead of the call (`problem.prepacked`; call/executable.py
+    packs it when bound) where it would pack it anyway: one GEMM (no batch loop), not
+    swapped, and never OpenBLAS, which packs on every call."""
     a = op.attributes
     space, maps = a["space"], a["maps"]
     nb = len(space) - 3
@@ -116,8 +120,10 @@ def plan_matmul(op, isa: Isa, threads: int) -> MatmulPlan:
         in_place = False
         p = GemmProblem(n, m, k, mb[nb + 1], mb[nb + 2], ma[nb + 2], ma[nb], m, dt)
         c_map = [1 if m > 1 else 0, m if n > 1 else 0]
-    engine = engine_for(p, isa, threads)
-    slices = 1 if swapped or _prod(loop) != 1 else k_slices(p, engine, threads)
+    if prepack and not swapped and _prod(loop) == 1 and packs_b(p, isa, threads):
+        p = replace(p, prepacked=True)
+    engine = "own" if p.prepacked else engine_for(p, isa, threads)
+    slices = 1 if swapped or p.prepacked or _prod(loop) != 1 else k_slices(p, engine, threads)
     if slices > 1 and in_place:  # the slices' products go to scratch, the epilogue adds them
         in_place = False
         ldc, c_map, loop, a_batch, b_batch, c_batch, rows = layout(False)
@@ -200,8 +206,21 @@ def gemm_call(b: ir.IRBuilder, p: GemmProblem, engine: str, pa, pb, pc, scratch,
         emit_own(b, p, pa, pb, pc, scratch, isa, threads, name, accumulate, rows_done)
 
 
-def scratch_bytes(op, isa: Isa, threads: int) -> int:
-    return plan_matmul(op, isa, threads).scratch
+def scratch_bytes(op, isa: Isa, threads: int, prepack: bool = False) -> int:
+    return plan_matmul(op, isa, threads, prepack).scratch
+
+
+def packed_b(op, isa: Isa, threads: int) -> GemmProblem | None:
+    """The GEMM problem of `op` with its B read prepacked, where it can be (`plan_matmul`'s
+    `prepack`); its packed panels take `packed_bytes` of it."""
+    p = plan_matmul(op, isa, threads, prepack=True).problem
+    return p if p.prepacked else None
+
+
+def packed_bytes(p: GemmProblem, isa: Isa, threads: int) -> int:
+    """Bytes of B's panels over all of K, as `pack_function` writes them."""
+    nr = plan_own(p, isa, threads).nr
+    return -(-p.n // nr) * nr * p.k * S.size(p.dtype)
 
 
 def byte_offset(b: ir.IRBuilder, ptr, nbytes) -> ir.Value:
@@ -222,8 +241,10 @@ def _prod(xs) -> int:
 
 
 def emit_matmul(b: ir.IRBuilder, op, outs: list, ins: list, scratch, isa: Isa, threads: int,
-                name: str) -> None:
-    pl = plan_matmul(op, isa, threads)
+                name: str, packed=None) -> None:
+    """`op`'s GEMM and epilogue; `packed`: its B's panels, packed ahead of the call (where
+    `packed_b` allows), else None."""
+    pl = plan_matmul(op, isa, threads, prepack=packed is not None)
     p, dt = pl.problem, pl.problem.dtype
     el = S.REG[dt]
     c = outs[0] if pl.in_place else scratch
@@ -234,27 +255,47 @@ def emit_matmul(b: ir.IRBuilder, op, outs: list, ins: list, scratch, isa: Isa, t
     epilogue = None if pl.trivial else _epilogue(op, pl, name)
     rows_done = _rows_done(b, epilogue, pl, [c] + list(ins[2:]), outs, isa, threads)
 
-    def one(bi):
+    def one(bb: ir.IRBuilder, ptrs: list, bi) -> None:
+        """The GEMM of batch element bi on `ptrs`: A, B, C and its scratch (or packed B)."""
         offs = [i64(0), i64(0), i64(0)]
         if pl.batch:
             for d, (n_d, st) in enumerate(zip(pl.batch, bstr)):
-                coord = b.urem(b.udiv(bi, i64(st)), i64(n_d)) if n_d > 1 else None
+                coord = bb.urem(bb.udiv(bi, i64(st)), i64(n_d)) if n_d > 1 else None
                 if coord is None:
                     continue
                 for j, strides in enumerate((pl.a_batch, pl.b_batch, pl.c_batch)):
                     if strides[d]:
-                        offs[j] = b.add(offs[j], b.mul(coord, i64(strides[d])))
-        first, second = (ins[1], ins[0]) if pl.swapped else (ins[0], ins[1])
-        pa, pb, pc = (b.gep(ptr, [o], inbounds=True, source_etype=el)
-                      for ptr, o in zip((first, second, c), offs))
-        gemm_call(b, p, pl.engine, pa, pb, pc, gscr, isa, threads, name, rows_done=rows_done)
+                        offs[j] = bb.add(offs[j], bb.mul(coord, i64(strides[d])))
+        pa, pb, pc = (bb.gep(ptr, [o], inbounds=True, source_etype=el)
+                      for ptr, o in zip(ptrs, offs))
+        gemm_call(bb, p, pl.engine, pa, pb, pc, ptrs[3], isa, threads, name, rows_done=rows_done)
 
+    first, second = (ins[1], ins[0]) if pl.swapped else (ins[0], ins[1])
+    ptrs = [first, second, c, gscr if packed is None else packed]
+    batch_threads = _batch_threads(pl, isa, threads)
     if pl.k_slices > 1:
         _emit_k_slices(b, pl, ins[0], ins[1], c, gscr, isa, name)
+    elif batch_threads > 1:
+        parallel_region(b, f"{name}.batch", ptrs, [False, False, True, True], nbatch,
+                        batch_threads, lambda cb, q, lo, hi: for_range(
+                            cb, lo, hi, lambda bi: one(cb, q, bi), "batch"))
     else:
-        loop(b, nbatch, one, name="batch")
+        loop(b, nbatch, lambda bi: one(b, ptrs, bi), name="batch")
     if epilogue is not None and rows_done is None:
         epilogue.emit(b, [c] + list(ins[2:]), outs, threads)
+
+
+def _batch_threads(pl: MatmulPlan, isa: Isa, threads: int) -> int:
+    """Threads that each take whole GEMMs of the batch loop: where every GEMM is too small to
+    split (one thread each) and packs nothing (its panels would be scratch they share). A
+    BERT layer's attention, 12 heads of 128 x 128 x 64, ran on one core otherwise."""
+    if pl.engine != "own" or pl.k_slices > 1:
+        return 1
+    own = plan_own(pl.problem, isa, threads)
+    if own.threads > 1 or own.scratch:
+        return 1
+    n = _prod(pl.batch)
+    return parallel_chunks(n * pl.problem.flops / 2, n, threads)
 
 
 def _epilogue(op, pl: MatmulPlan, name: str) -> FusedEmitter:

@@ -39,6 +39,9 @@ class GemmProblem:
     # an epilogue follows each block of rows a thread finishes (`RowsDone`): threads then
     # split the rows rather than the columns wherever both would do
     finish_rows: bool = False
+    # B comes packed already, all of K in `pack_b`'s panels (a constant weight packed once
+    # when bound, call/executable.py): the GEMM reads the panels and packs nothing
+    prepacked: bool = False
 
     @property
     def flops(self) -> int:
