@@ -1,8 +1,22 @@
 """Small models that several test folders train and plan: one copy each."""
 
+import ember as em
 from ember import nn
+from ember.ir import numpy_dtype
 
 F = nn.functional
+
+
+class ToDtype(em.ModuleMapper):
+    """A model's float params and buffers as `dtype` ("bf16", "f16", ...), ids kept."""
+
+    def __init__(self, dtype: str):
+        self.dtype = numpy_dtype(dtype)
+
+    def map_float(self, param):
+        return param.map(lambda a: a.astype(self.dtype))
+
+    map_buffer = map_float
 
 
 class Fn(nn.Module):

@@ -11,6 +11,7 @@ import subprocess
 import ml_dtypes
 import numpy as np
 import pytest
+from small_models import ToDtype
 
 import ember as em
 from ember import nn, optim
@@ -99,14 +100,6 @@ def test_bf16_buffers_take_two_bytes():
     p = plan(g)
     assert p.arena == 1024 * 4 + 1024 * 2  # the bf16 temporary and the f32 one
     assert [s.type.nbytes for s in p.slots if s.type.dtype == "bf16"] == [2048, 2048]
-
-
-class ToDtype(em.ModuleMapper):
-    def __init__(self, dtype: str):
-        self.dtype = numpy_dtype(dtype)
-
-    def map_float(self, param):
-        return param.map(lambda a: a.astype(self.dtype))
 
 
 class Mlp(nn.Module):

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from file_damage import join, split
 from safetensors import safe_open
+from small_models import ToDtype
 
 import ember as em
 from ember import nn
@@ -60,16 +61,6 @@ def test_a_0d_param_round_trips_as_0d(tmp_path):
         assert f.get_tensor("temperature").shape == ()
     load(b, tmp_path / "net.safetensors")
     assert b.temperature.val().shape == () and b.temperature.val() == 0.75
-
-
-class ToDtype(em.ModuleMapper):
-    def __init__(self, dtype):
-        self.dtype = numpy_dtype(dtype)
-
-    def map_float(self, param):
-        return param.map(lambda a: a.astype(self.dtype))
-
-    map_buffer = map_float
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "f16"])

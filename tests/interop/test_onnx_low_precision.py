@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from small_models import ToDtype
 
 import ember as em
 from ember import nn
@@ -14,14 +15,6 @@ from ember.ir import numpy_dtype
 
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
-
-
-class ToDtype(em.ModuleMapper):
-    def __init__(self, dtype: str):
-        self.dtype = numpy_dtype(dtype)
-
-    def map_float(self, param):
-        return param.map(lambda a: a.astype(self.dtype))
 
 
 class Mlp(nn.Module):
