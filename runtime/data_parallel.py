@@ -324,9 +324,10 @@ class DataParallelStep(TrainStep):
         for g in grads.values():
             self.comm.allreduce_(g)
         self._saving = (pending, grads)
-        shards = self.shards(self.param_table())
+        table = self.param_table()
+        shards = self.shards(table)
         state = self.optimizer.state if shards is None else gathered_state(
-            self.comm, self.optimizer, self.param_table(), shards)
+            self.comm, self.optimizer, table, shards)
         try:
             if self.comm.rank == 0:
                 with full_state(self.optimizer, state):

@@ -37,11 +37,12 @@ def held(step) -> dict[str, int]:
     grads += [f.buffer for flat in getattr(step, "_flat", {}).values() for f in flat.flats]
     runs = [entry.run for entry in step._cache.values()]
     runs += [found[1] for found in getattr(step, "_updates", {}).values()]
+    own = [m["total"] - m["results"] for m in (run.memory() for run in runs
+                                               if hasattr(run, "memory"))]
     out = {"held_params": distinct_bytes(params),
            "held_optimizer_state": distinct_bytes(state),
            "held_gradients": distinct_bytes(grads),
-           "held_executables": sum(run.memory()["total"] - run.memory()["results"]
-                                   for run in runs if hasattr(run, "memory"))}
+           "held_executables": sum(own)}
     out["held_bytes"] = sum(out.values())
     return out
 
