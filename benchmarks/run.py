@@ -1,8 +1,9 @@
 """ember's cpu backend side by side with numpy, PyTorch and JAX: one process, one table.
 
 Run: `python benchmarks/run.py` (`--quick` for fewer repetitions, `--only sgemm,eltwise,
-steps,gpt,compile`, `--gpt A64,B128,A256`). Every number is a median of timed repetitions;
-ratios are ember's speed over the other's (above 1: ember is faster). Rows:
+steps,gpt,compile`, `--gpt A64,B128,A256`, `--precision 32,bf16-mixed`). Every number is a
+median of timed repetitions; ratios are ember's speed over the other's (above 1: ember is
+faster). Rows:
 - sgemm 256^3/512^3/1024^3: GFLOP/s of ember's own GEMM and of its default choice (the
   cost table: own or OpenBLAS), against numpy's BLAS and the machine's peak (vector
   lanes x FMA units x 2 x cores x clock);
@@ -21,9 +22,14 @@ ratios are ember's speed over the other's (above 1: ember is faster). Rows:
   kernel: not the call, nor the input checks before the first kernel), the three timed in
   interleaved blocks, each call on its own (the medians of calls, as the kernels' are of
   runs);
+- bf16 GEMM 1024^3 (AMX tiles, f32 sums) against PyTorch's bf16 matmul, where the CPU has
+  the tiles;
 - char-level GPT training steps (AdamW; benchmarks/gpt.py): config A (n_embd 64, 4 heads,
-  2 layers) at T 64 and 256, config B (n_embd 128, 4 layers) at T 128, batch 16, against
-  PyTorch eager and torch.compile on the same initial weights, interleaved;
+  2 layers) at T 64 and 256, config B (n_embd 128, 4 layers) at T 128, batch 16, and G,
+  the GPT-2-small body (n_embd 768, 12 heads, 12 layers, batch 4: `--gpt G256`), against
+  PyTorch eager and torch.compile on the same initial weights, interleaved; with
+  `--precision bf16-mixed` ember's mixed step against its f32 step and PyTorch's under
+  `torch.autocast("cpu", dtype=torch.bfloat16)`;
 - compile times: first (empty cache) and cached (a second process).
 """
 
@@ -66,6 +72,39 @@ def compiled(graph_fn, shapes, env: dict | None = None):
     finally:
         for k, v in old.items():
             os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+
+
+def bench_bf16_gemm(rows: list) -> None:
+    """C (f32) = A B of bf16 1024^3 on AMX tiles (`ember.matmul {dtype = "f32"}`)."""
+    import ml_dtypes
+
+    from ember.backends.cpu.machine.host import host_isa
+    from ember.ir import Builder, Graph, TensorType
+    from ember.passes import PassManager, parse_pipeline
+
+    if not host_isa().bf16_tiles:
+        rows.append(("bf16 GEMM 1024^3", "skipped", "no AMX-BF16", "", ""))
+        return
+    from ember.backends import cpu
+
+    n = 1024
+    g = Graph("bench", [TensorType((n, n), "bf16")] * 2)
+    b = Builder(g.body)
+    b.create("func.return", [b.op("ember.matmul", *g.args, dtype="f32")])
+    exe = cpu.Executable(PassManager(parse_pipeline("fuse")).run(g), use_cache=False)
+    rng = np.random.default_rng(0)
+    a, w = (rng.standard_normal((n, n)).astype(ml_dtypes.bfloat16) for _ in range(2))
+    flops = 2 * n ** 3
+    number = calls_for(flops / 1e12)
+    gf = flops / entry_time(exe, [a, w], number) / 1e9
+    other = ""
+    if importlib.util.find_spec("torch") is not None:
+        import torch
+
+        ta, tw = (torch.from_numpy(x.astype(np.float32)).bfloat16() for x in (a, w))
+        t_torch = median_time(lambda: ta @ tw, number)
+        other = f"torch {flops / t_torch / 1e9:6.0f}"
+    rows.append(("bf16 GEMM 1024^3 ember (AMX)", f"{gf:7.0f} GFLOP/s", other, "", ""))
 
 
 def entry_time(exe, inputs, number, params=None) -> float:
@@ -469,29 +508,45 @@ def _bound_arguments(step, *inputs) -> tuple[list, dict]:
 GPT_BATCH, GPT_LR = 16, 1e-3
 
 
-def bench_gpt(rows: list, shapes: list[str]) -> None:
-    """`shapes`: config and sequence length, `A64` (config A, T 64), `B128`, `A256`."""
+# the GPT-2-small body (issue 36's; 85.4M params with this vocab), batch 4
+GPT2_BODY, GPT2_BATCH = {"n_embd": 768, "n_layer": 12, "n_head": 12}, 4
+
+
+def bench_gpt(rows: list, shapes: list[str], precisions: list[str]) -> None:
+    """`shapes`: config and sequence length, `A64` (config A, T 64), `B128`, `A256`, `G256`
+    (the GPT-2-small body); each in every precision."""
     for shape in shapes:
-        _one_gpt(rows, shape[0], int(shape[1:]))
+        for precision in precisions:
+            _one_gpt(rows, shape[0], int(shape[1:]), precision)
 
 
-def _one_gpt(rows: list, config: str, t: int) -> None:
+def _one_gpt(rows: list, config: str, t: int, precision: str) -> None:
     """One GPT training step, ember against PyTorch eager and torch.compile on copies of
-    the same initial weights, timed in interleaved blocks."""
+    the same initial weights (in bf16-mixed also against ember's f32 step, PyTorch under
+    autocast), timed in interleaved blocks."""
     from gpt import CONFIGS, Gpt, batches, lm_loss
 
     import ember as em
     from ember import optim
 
     em.seed(0)
-    model = Gpt(vocab=65, n_head=4, block=t, **CONFIGS[config])
-    ((x, y),) = batches(65, GPT_BATCH, t, 1)
-    others = torch_gpt_steps(model, x, y)  # before ember's first update changes the weights
-    start = time.perf_counter()
-    step = em.compile_train_step(model, lm_loss, optim.AdamW(lr=GPT_LR), backend="cpu")
-    step(x, y)
-    first = time.perf_counter() - start
+    shape = GPT2_BODY if config == "G" else {"n_head": 4, **CONFIGS[config]}
+    model = Gpt(vocab=65, block=t, **shape)
+    ((x, y),) = batches(65, GPT2_BATCH if config == "G" else GPT_BATCH, t, 1)
+    # before ember's first update changes the weights
+    others = torch_gpt_steps(model, x, y, precision != "32")
+    steps, first = {}, 0.0
+    for p in dict.fromkeys((precision, "32")):  # the f32 step too, where it is the baseline
+        start = time.perf_counter()
+        steps[p] = em.compile_train_step(model, lm_loss, optim.AdamW(lr=GPT_LR), backend="cpu",
+                                         precision=p)
+        steps[p](x, y)
+        if p == precision:
+            first = time.perf_counter() - start
+    step = steps[precision]
     fns, failed = {"ember": lambda: step(x, y)}, []
+    if precision != "32":
+        fns["ember f32"] = lambda: steps["32"](x, y)
     for label, fn in others.items():
         try:
             median_time(fn, 1, 3)  # warm up (and compile)
@@ -502,26 +557,32 @@ def _one_gpt(rows: list, config: str, t: int) -> None:
     failed.append(("  vs jax jit", "skipped", why, "", ""))
     times = interleaved(fns, calls_for(median_time(fns["ember"], 1, 3), 0.1))
     t_em = times.pop("ember")
-    rows.append((f"step GPT {config} T{t} b{GPT_BATCH} ember", f"{t_em * 1e3:9.2f} ms",
+    batch = GPT2_BATCH if config == "G" else GPT_BATCH
+    rows.append((f"step GPT {config} T{t} b{batch} {precision}", f"{t_em * 1e3:9.2f} ms",
                  f"AdamW, {model.num_params():,} params", "", f"compile {first:.1f} s"))
     rows += [(f"  vs {label}", f"{t2 * 1e3:9.2f} ms", f"x{t2 / t_em:5.2f}", "", "")
              for label, t2 in times.items()] + failed
 
 
-def torch_gpt_steps(model, x: np.ndarray, y: np.ndarray) -> dict:
+def torch_gpt_steps(model, x: np.ndarray, y: np.ndarray, autocast: bool = False) -> dict:
     """{label: step} of the GPT's PyTorch twin, eager and under torch.compile, each with a
-    copy of `model`'s current weights and AdamW; empty without PyTorch."""
+    copy of `model`'s current weights and AdamW (the forward under bf16 autocast where
+    `autocast`); empty without PyTorch."""
     if importlib.util.find_spec("torch") is None:
         return {}
     import torch
     from gpt import torch_loss, torch_twin
 
+    def loss(twin, a, b):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            return torch_loss(twin, a, b)
+
     steps = {}
     for label, compile_ in (("torch eager", False), ("torch.compile", True)):
         twin = torch_twin(model)
         opt = torch.optim.AdamW(twin.parameters(), lr=GPT_LR)
-        steps[label] = torch_train(lambda a, b, twin=twin: torch_loss(twin, a, b), opt,
-                                   compile_, x, y)
+        steps[label + (" autocast" if autocast else "")] = torch_train(
+            lambda a, b, twin=twin: loss(twin, a, b), opt, compile_, x, y)
     return steps
 
 
@@ -551,6 +612,8 @@ def main() -> None:
     ap.add_argument("--only", default="sgemm,eltwise,steps,gpt,compile")
     ap.add_argument("--steps", default="mlp-small,mlp-large,cnn")
     ap.add_argument("--gpt", default="A64,B128,A256", help="GPT config and T of each row")
+    ap.add_argument("--precision", default="32", help="each GPT row's precisions: 32, "
+                    "bf16-mixed")
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
     if args.quick:
@@ -565,12 +628,13 @@ def main() -> None:
     only = args.only.split(",")
     if "sgemm" in only:
         bench_sgemm(rows, m["peak_gflops"])
+        bench_bf16_gemm(rows)
     if "eltwise" in only:
         bench_eltwise(rows)
     if "steps" in only:
         bench_steps(rows, args.steps.split(","))
     if "gpt" in only:
-        bench_gpt(rows, args.gpt.split(","))
+        bench_gpt(rows, args.gpt.split(","), args.precision.split(","))
     if "compile" in only:
         bench_compile(rows)
     for r in rows:

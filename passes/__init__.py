@@ -9,6 +9,7 @@ from . import (  # noqa: F401
     dce,
     decompose,
     fuse,
+    low_precision_gemm,
     memory,
     optimizer,
     pad_mask,

@@ -72,8 +72,9 @@ def without_fusion(pipeline: list[str], option: str) -> list[str]:
 
 
 def with_low_precision(pipeline: list[str], graph: Graph, legalize: str | None) -> list[str]:
-    """`pipeline` with `legalize`, a backend's pass for bf16/f16 values (its
-    `LEGALIZE_LOW_PRECISION`: `widen-low-precision` on cpu and cuda, whose kernels are f32),
+    """`pipeline` with `legalize`, a backend's passes for bf16/f16 values (its
+    `LEGALIZE_LOW_PRECISION`: `widen-low-precision` on cpu and cuda, whose kernels are f32,
+    then `low-precision-gemm` on a cpu with a bf16 GEMM),
     before the simplification that cleans up its casts, where `graph` has such values or the
     pipeline makes some (`autocast`); an f32 graph's pipeline (and so its stages and cache
     keys) stays as it was."""
@@ -83,7 +84,7 @@ def with_low_precision(pipeline: list[str], graph: Graph, legalize: str | None) 
                                 or any(v.type.dtype in LOW_PRECISION for v in values)):
         return pipeline
     at = next((i for i, n in enumerate(names) if n in (SIMPLIFY[0], "fuse")), len(names))
-    return [*pipeline[:at], legalize, *pipeline[at:]]
+    return [*pipeline[:at], *map(str, parse_pipeline(legalize)), *pipeline[at:]]
 
 
 def stage_names(pipeline: list[str]) -> list[str]:

@@ -7,7 +7,8 @@ nn.* ops must be decomposed first (UnsupportedOpError at compile time otherwise)
 GEMMs and attention kernels. One LLVM module per graph (codegen.py), one native call per
 run. The folders, one concern each:
 
-- gemm/: matrix multiply (own GEMM or OpenBLAS, chosen by measured cost) and kernel.matmul
+- gemm/: matrix multiply (own GEMM or OpenBLAS, chosen by measured cost; bf16 on AMX
+  tiles) and kernel.matmul
 - attention/: flash attention forward and backward
 - kernels/: every other op's loops (elementwise, fused, convolutions, pooling, gathers)
 - call/: the Executable, its buffers, and the bound call a training loop makes each step
@@ -16,25 +17,51 @@ run. The folders, one concern each:
 
 Environment: the EMBER_* switches declared in settings.py (`ember --help-env` lists
 them): EMBER_NUM_THREADS, EMBER_CACHE/EMBER_CACHE_DIR, EMBER_GEMM, EMBER_GEMM_TUNE,
-EMBER_BLAS, EMBER_DUMP_LLVM, EMBER_LLVM_REMARKS, EMBER_PASS_TIMING, EMBER_LLVM_UNROLL.
+EMBER_AMX, EMBER_BLAS, EMBER_DUMP_LLVM, EMBER_LLVM_REMARKS, EMBER_PASS_TIMING,
+EMBER_LLVM_UNROLL.
 """
 
 from __future__ import annotations
 
+import functools
+import warnings
+
 from ...ir import Graph
+from ...ir.types import LOW_PRECISION
 from ..errors import KernelCompileError, UnsupportedOpError
 from .call.executable import Executable
 from .codegen import lower
+from .machine.host import host_isa
 
-# bf16 and f16 values are only stored, moved and cast here: ops on them run in f32
-# (passes/widen.py), as the runtime's pipeline arranges
-LEGALIZE_LOW_PRECISION = "widen-low-precision"
+
+def __getattr__(name: str) -> str:
+    """`LEGALIZE_LOW_PRECISION`, the passes the runtime's pipeline runs on bf16/f16
+    graphs: ops on such values run in f32 (passes/widen.py), except, where the host has
+    AMX's bf16 tiles, matmuls on bf16 values (passes/low_precision_gemm.py)."""
+    if name == "LEGALIZE_LOW_PRECISION":
+        return ("widen-low-precision,low-precision-gemm" if host_isa().bf16_tiles
+                else "widen-low-precision")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def compile(graph: Graph, threads: int | None = None) -> Executable:  # noqa: A001
     """Native code for `graph` (loaded from the compile cache when it was compiled
     before); `threads` overrides EMBER_NUM_THREADS."""
+    if not host_isa().bf16_tiles and _casts_down(graph):
+        _f32_notice()
     return Executable(graph, threads)
+
+
+def _casts_down(graph: Graph) -> bool:
+    return any(op.name == "ember.cast" and op.attributes["dtype"] in LOW_PRECISION
+               for op in graph.walk())
+
+
+@functools.cache
+def _f32_notice() -> None:
+    warnings.warn("this CPU has no bf16/f16 GEMM that ember uses (AMX-BF16, or EMBER_AMX=0): "
+                  "low-precision matmuls run in f32 here, with the same results",
+                  stacklevel=3)
 
 
 def emit_llvm(graph: Graph) -> str:

@@ -24,7 +24,7 @@ from ..opdef import (
     same_dtype,
 )
 from ..precision import rounded
-from ..types import TensorType, Type, dtype_of
+from ..types import LOW_PRECISION, TensorType, Type, dtype_of
 
 ELEMENTWISE = frozenset({"pure", "elementwise", "memory_bound"})
 MOVEMENT = frozenset({"pure", "memory_bound", "movement"})
@@ -403,16 +403,24 @@ class Concat(OpDef):
 
 @register
 class Matmul(OpDef):
-    """numpy matmul on operands of rank >= 2; batch dimensions broadcast."""
+    """numpy matmul on operands of rank >= 2; batch dimensions broadcast. `dtype = "f32"`
+    on bf16/f16 operands: the products' f32 sums are the result, not rounded (a backend's
+    low-precision GEMM, passes/low_precision_gemm.py)."""
 
     name = "ember.matmul"
     traits = frozenset({"pure", "compute_bound"})
     arity = (2, 2)
+    optional_attrs = {"dtype": DTYPE}
 
     @classmethod
     def infer(cls, operand_types: list[TensorType], attrs: dict[str, Any]) -> list[Type]:
         a, b = operand_types
         dtype = same_dtype(cls.name, operand_types)
+        if attrs.get("dtype", dtype) != dtype:
+            if dtype not in LOW_PRECISION or attrs["dtype"] != "f32":
+                raise InferenceError(f"ember.matmul: dtype {attrs['dtype']} on {dtype} operands "
+                                     "(only bf16 or f16 operands may give f32)")
+            dtype = "f32"
         if a.rank < 2 or b.rank < 2 or a.shape[-1] != b.shape[-2]:
             raise InferenceError(f"ember.matmul: shapes {fmt_shape(a.shape)} and "
                                  f"{fmt_shape(b.shape)} do not multiply")

@@ -28,7 +28,8 @@ whose out map has stride 0 along a dimension must be uniform along it.
 `kernel.matmul` (operands: a, b, epilogue inputs...; same attributes): the space is
 `[batch..., M, N, K]`, maps[0] reads a (stride 0 on N), maps[1] reads b (stride 0 on M),
 the other operands and every result have stride 0 on K. Its body is the epilogue: block
-arguments are the accumulated `sum_k a*b` (first) and one scalar per epilogue operand.
+arguments are the accumulated `sum_k a*b` (first: of a's dtype, or f32 on bf16/f16
+operands) and one scalar per epilogue operand.
 Transposed operands are transposed strides, so backward matmuls need no copies.
 """
 
@@ -49,7 +50,7 @@ from ..opdef import (
     register,
     same_dtype,
 )
-from ..types import ScalarType, TensorType, Type
+from ..types import LOW_PRECISION, ScalarType, TensorType, Type
 from . import ember  # noqa: F401  (registers the ops whose twins this dialect derives)
 
 if TYPE_CHECKING:
@@ -281,6 +282,17 @@ class Matmul(KernelOp):
 
 # -- helpers shared by the pass and the backends ----------------------------------------
 
+def accumulator_dtype(op: Operation) -> str:
+    """The dtype of a kernel.matmul's product (its body's first argument): its operands',
+    or f32 on bf16/f16 operands where the body says so (an `ember.matmul {dtype = "f32"}`
+    fused)."""
+    dtype = op.operands[0].type.dtype
+    args = op.regions[0].blocks[0].args if op.regions and op.regions[0].blocks else []
+    if dtype in LOW_PRECISION and args and args[0].type == ScalarType("f32"):
+        return "f32"
+    return dtype
+
+
 def body(op: Operation) -> list[Operation]:
     """The scalar ops of a kernel's body, terminator included."""
     return op.regions[0].blocks[0].ops
@@ -323,7 +335,7 @@ def check_kernel(op: Operation) -> None:
     block = op.regions[0].blocks[0]
     space = attrs["space"]
     if name == "kernel.matmul":
-        want = [ScalarType(op.operands[0].type.dtype)] + [
+        want = [ScalarType(accumulator_dtype(op))] + [
             ScalarType(v.type.dtype) for v in op.operands[2:]]
     else:
         want = [ScalarType(v.type.dtype) for v in op.operands]

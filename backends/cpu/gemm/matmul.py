@@ -18,7 +18,10 @@ from dataclasses import dataclass, replace
 from llvmlite import ir
 
 from ....ir import Block, Operation, Region, ScalarType
+from ....ir.dialects.kernel import accumulator_dtype
 from ....ir.memory_plan import overwritable_operands
+from ....ir.types import LOW_PRECISION
+from ...errors import UnsupportedOpError
 from ...strides import contiguous_strides
 from ..call.buffers import regions
 from ..kernels import scalar as S
@@ -28,6 +31,7 @@ from ..kernels.scalar import i64
 from ..machine.host import Isa
 from ..parallel.outline import parallel_chunks, parallel_region
 from . import blas as B
+from .amx import emit_amx, plan_amx
 from .cost import choose
 from .emit import THREAD_FLOPS, GemmProblem, RowsDone, emit_own, finishes_rows, packs_b, plan_own
 
@@ -41,7 +45,7 @@ class MatmulPlan:
     c_batch: list[int]
     c_map: list[int]  # the product's strides over the space less K, read by the epilogue
     in_place: bool  # accumulate into result 0
-    engine: str  # "blas" | "own"
+    engine: str  # "blas" | "own" | "amx" (bf16 operands, f32 sums)
     trivial: bool  # the epilogue only stores the product
     swapped: bool  # the GEMM computes the product's transpose (see plan_matmul)
     # scratch: the product (unless in place), then the GEMM's packed panels (own engine)
@@ -95,9 +99,10 @@ def plan_matmul(op, isa: Isa, threads: int, prepack: bool = False) -> MatmulPlan
     batch, (m, n, k) = space[:nb], space[nb:]
     ma, mb = maps[0], maps[1]
     dt = op.operands[0].type.dtype
+    sums = accumulator_dtype(op)
     o = a["out_maps"][0][:-1]
     t0 = a["out_types"][0]
-    in_place = (t0.dtype == dt and (o[nb + 1] == 1 or n == 1)
+    in_place = (t0.dtype == sums and (o[nb + 1] == 1 or n == 1)
                 and (m == 1 or o[nb] >= n) and all(s or d == 1 for s, d in zip(o, space))
                 and not _updates_an_input(op))
 
@@ -110,7 +115,11 @@ def plan_matmul(op, isa: Isa, threads: int, prepack: bool = False) -> MatmulPlan
         return (ldc, c_map, *_fold_rows(batch, ma[:nb], mb[:nb], c_batch, m, ma[nb], ldc))
 
     ldc, c_map, loop, a_batch, b_batch, c_batch, rows = layout(in_place)
-    p = GemmProblem(rows, n, k, ma[nb], ma[nb + 2], mb[nb + 2], mb[nb + 1], ldc, dt)
+    p = GemmProblem(rows, n, k, ma[nb], ma[nb + 2], mb[nb + 2], mb[nb + 1], ldc, dt,
+                    sums=sums if sums != dt else None)
+    if dt in LOW_PRECISION:  # only bf16 (low-precision-gemm), on the tiles
+        return _low_precision_plan(op, p, loop, a_batch, b_batch, c_batch, c_map, in_place,
+                                   isa, threads)
     # C narrower than a vector but tall, with A read down its columns (a weight gradient
     # X^T dY of a classifier head): computing C^T = B^T A^T instead puts M in the vector
     # lanes and reads A^T's rows contiguously; the epilogue reads the product transposed
@@ -128,10 +137,7 @@ def plan_matmul(op, isa: Isa, threads: int, prepack: bool = False) -> MatmulPlan
         in_place = False
         ldc, c_map, loop, a_batch, b_batch, c_batch, rows = layout(False)
         p = replace(p, m=rows, ldc=ldc)
-    block = op.regions[0].blocks[0]
-    body = block.ops
-    trivial = (in_place and len(body) == 1 and len(body[0].operands) == 1
-               and body[0].operands[0] is block.args[0])
+    trivial = _trivial(op, in_place)
     if not trivial and engine == "own" and not swapped and slices == 1 and _prod(loop) == 1:
         p = replace(p, finish_rows=True)  # the epilogue may follow its rows (`_rows_done`)
     c_bytes = slices * _prod(batch) * m * n * S.size(dt) if not in_place else 0
@@ -140,6 +146,28 @@ def plan_matmul(op, isa: Isa, threads: int, prepack: bool = False) -> MatmulPlan
     (_, gemm_offset), total = regions(c_bytes, gemm_bytes)
     return MatmulPlan(loop, p, a_batch, b_batch, c_batch, c_map, in_place, engine, trivial,
                       swapped, gemm_offset, total, slices)
+
+
+def _low_precision_plan(op, p: GemmProblem, loop, a_batch, b_batch, c_batch, c_map,
+                        in_place: bool, isa: Isa, threads: int) -> MatmulPlan:
+    """The plan of a GEMM on bf16 operands (AMX's tiles, f32 sums): not swapped, not split
+    along K, its epilogue a pass of its own over the product."""
+    if p.dtype != "bf16" or p.c_dtype != "f32" or not isa.bf16_tiles:
+        raise UnsupportedOpError(f"the cpu backend multiplies {p.dtype} into {p.c_dtype} only "
+                                 "as bf16 into f32 on AMX tiles: run widen-low-precision, "
+                                 "without low-precision-gemm")
+    c_bytes = 0 if in_place else _prod(loop) * p.m * p.n * 4
+    (_, gemm_offset), total = regions(c_bytes, plan_amx(p, threads).scratch)
+    return MatmulPlan(loop, p, a_batch, b_batch, c_batch, c_map, in_place, "amx",
+                      _trivial(op, in_place), False, gemm_offset, total)
+
+
+def _trivial(op, in_place: bool) -> bool:
+    """Whether the epilogue only stores the product, where the GEMM put it."""
+    block = op.regions[0].blocks[0]
+    body = block.ops
+    return (in_place and len(body) == 1 and len(body[0].operands) == 1
+            and body[0].operands[0] is block.args[0])
 
 
 # K at least this long, and this many times C's longer side, splits across threads
@@ -197,7 +225,10 @@ def gemm_call(b: ir.IRBuilder, p: GemmProblem, engine: str, pa, pb, pc, scratch,
               threads: int, name: str, accumulate: bool = False,
               rows_done: RowsDone | None = None) -> None:
     """C (+)= A B for element pointers pa, pb, pc with `engine` (`rows_done`: own only)."""
-    if engine == "blas":
+    if engine == "amx":
+        assert not accumulate and rows_done is None
+        emit_amx(b, p, pa, pb, pc, scratch, threads, name)
+    elif engine == "blas":
         ta, lda = B.layout(p.m, p.k, p.sa_m, p.sa_k)
         tb, ldb = B.layout(p.k, p.n, p.sb_k, p.sb_n)
         B.call_gemm(b, p.dtype, ta, tb, p.m, p.n, p.k, pa, lda, pb, ldb, pc, p.ldc,
@@ -245,8 +276,8 @@ def emit_matmul(b: ir.IRBuilder, op, outs: list, ins: list, scratch, isa: Isa, t
     """`op`'s GEMM and epilogue; `packed`: its B's panels, packed ahead of the call (where
     `packed_b` allows), else None."""
     pl = plan_matmul(op, isa, threads, prepack=packed is not None)
-    p, dt = pl.problem, pl.problem.dtype
-    el = S.REG[dt]
+    p = pl.problem
+    els = [S.REG[p.dtype], S.REG[p.dtype], S.REG[p.c_dtype]]
     c = outs[0] if pl.in_place else scratch
     gscr = byte_offset(b, scratch, pl.gemm_offset)
     nbatch = _prod(pl.batch)
@@ -267,7 +298,7 @@ def emit_matmul(b: ir.IRBuilder, op, outs: list, ins: list, scratch, isa: Isa, t
                     if strides[d]:
                         offs[j] = bb.add(offs[j], bb.mul(coord, i64(strides[d])))
         pa, pb, pc = (bb.gep(ptr, [o], inbounds=True, source_etype=el)
-                      for ptr, o in zip(ptrs, offs))
+                      for ptr, o, el in zip(ptrs, offs, els))
         gemm_call(bb, p, pl.engine, pa, pb, pc, ptrs[3], isa, threads, name, rows_done=rows_done)
 
     first, second = (ins[1], ins[0]) if pl.swapped else (ins[0], ins[1])
@@ -303,7 +334,7 @@ def _epilogue(op, pl: MatmulPlan, name: str) -> FusedEmitter:
     return FusedEmitter(op.regions[0].blocks[0], a["space"][:-1],
                         [pl.c_map] + [m[:-1] for m in a["maps"][2:]],
                         [m[:-1] for m in a["out_maps"]],
-                        [pl.problem.dtype] + [v.type.dtype for v in op.operands[2:]],
+                        [pl.problem.c_dtype] + [v.type.dtype for v in op.operands[2:]],
                         [t.dtype for t in a["out_types"]], f"{name}.epilogue")
 
 

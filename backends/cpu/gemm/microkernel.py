@@ -42,6 +42,12 @@ class GemmProblem:
     # B comes packed already, all of K in `pack_b`'s panels (a constant weight packed once
     # when bound, call/executable.py): the GEMM reads the panels and packs nothing
     prepacked: bool = False
+    # C's dtype where it is not A's and B's: f32 sums of bf16 products (gemm/amx.py)
+    sums: str | None = None
+
+    @property
+    def c_dtype(self) -> str:
+        return self.sums or self.dtype
 
     @property
     def flops(self) -> int:
@@ -178,7 +184,7 @@ def _masked_rt(b: ir.IRBuilder, kind: str, dtype: str, lanes: int, mask, ptr, va
     return b.call(fn, [value, ptr, ir.Constant(I32, S.size(dtype)), mask])
 
 
-def _transpose(b: ir.IRBuilder, rows: list) -> list:
+def transpose_lanes(b: ir.IRBuilder, rows: list) -> list:
     """The L x L block rows[j][k] (L vectors of L lanes, L a power of two) as cols[k][j]:
     per bit s, elements (j, k + s) and (j + s, k) with that bit clear in j and k trade
     places, one two-input shuffle per vector."""
@@ -237,7 +243,7 @@ def pack_b(mod: ir.Module, p: GemmProblem, nr: int, lanes: int, name: str) -> ir
         rows = [b.load(b.gep(src, [b.add(b.mul(b.add(j0, i64(j)), i64(p.sb_n)), k0)],
                              inbounds=True, source_etype=el), typ=vt, align=S.size(p.dtype))
                 for j in range(lanes)]
-        for k, v in enumerate(_transpose(b, rows)):
+        for k, v in enumerate(transpose_lanes(b, rows)):
             row = b.add(b.mul(q, i64(p.k)), b.add(k0, i64(k)))
             d = b.gep(dst, [b.add(b.mul(row, i64(nr)), b.mul(jb, i64(lanes)))],
                       inbounds=True, source_etype=el)

@@ -8,14 +8,16 @@ JIT's target machine, the compile cache's key) asks one place and imports nothin
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import llvmlite.binding as llvm
 
-from ....settings import NUM_THREADS
+from ....settings import AMX, NUM_THREADS
 
 
 @functools.cache
@@ -38,10 +40,12 @@ def host_features() -> str:
 
 @dataclass(frozen=True)
 class Isa:
-    """The host's vector unit: register width in bits and register count."""
+    """The host's vector unit: register width in bits and register count; `bf16_tiles`:
+    AMX's bf16 tile multiply is there and this process may use it (`host_amx`)."""
 
     bits: int
     regs: int
+    bf16_tiles: bool = False
 
     def lanes(self, dtype: str) -> int:
         return self.bits // (32 if dtype == "f32" else 64)
@@ -53,10 +57,28 @@ def host_isa() -> Isa:
     feats = llvm.get_host_cpu_features()
     triple = llvm.get_process_triple()
     if feats.get("avx512f"):
-        return Isa(512, 32)
+        return Isa(512, 32, host_amx())
     if feats.get("avx2") or feats.get("avx"):
         return Isa(256, 16)
     return Isa(128, 32 if triple.startswith(("aarch64", "arm64")) else 16)
+
+
+# Linux's arch_prctl request for the AMX tile data state (asm/prctl.h, fpu/xstate.h)
+SYS_ARCH_PRCTL, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA = 158, 0x1023, 18
+
+
+@functools.cache
+def host_amx() -> bool:
+    """Whether the GEMM may use AMX's bf16 tiles: the CPU has them (LLVM's host features),
+    EMBER_AMX allows them, and Linux grants this process the tile state, which it asks
+    for once (an x86-64 process must, or its first tile instruction is a SIGILL)."""
+    llvm.initialize_native_target()
+    feats = llvm.get_host_cpu_features()
+    if not (AMX.get() and feats.get("amx-tile") and feats.get("amx-bf16")
+            and sys.platform == "linux" and llvm.get_process_triple().startswith("x86_64")):
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    return libc.syscall(SYS_ARCH_PRCTL, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0
 
 
 @dataclass(frozen=True)

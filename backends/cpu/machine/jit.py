@@ -37,7 +37,7 @@ from ...errors import KernelCompileError
 from ..gemm import blas
 from ..kernels import collective
 from ..parallel import pool
-from .host import host_cpu, host_features, num_threads
+from .host import host_amx, host_cpu, host_features, num_threads
 
 
 @functools.cache
@@ -57,9 +57,11 @@ def _init() -> None:
 
 
 def fingerprint() -> str:
-    """What object code depends on besides the IR: CPU, features, llvmlite, BLAS."""
+    """What object code depends on besides the IR: CPU, features, AMX, llvmlite, BLAS.
+    Asking `host_amx` here also makes sure this process has the tiles' permission before
+    code loaded from the cache runs a tile instruction."""
     b = blas.find()
-    return (f"{llvm.get_process_triple()}|{host_cpu()}|{host_features()}|"
+    return (f"{llvm.get_process_triple()}|{host_cpu()}|{host_features()}|amx {host_amx()}|"
             f"llvmlite {llvmlite.__version__}|blas {b.path if b else None}")
 
 

@@ -1,0 +1,126 @@
+"""The bf16 GEMM on AMX tiles (backends/cpu/gemm/amx.py): `ember.matmul {dtype = "f32"}` of
+bf16 operands equals float64's product of the same values within f32's rounding, for
+every edge (M, N, K not multiples of the tiles), every operand layout the packers read
+(rows, columns, strided), 1 to 4 threads, with and without an epilogue; a CPU without the
+tiles keeps the matmuls in f32 and says so once."""
+
+from __future__ import annotations
+
+import warnings
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import ember.backends.cpu as cpu
+from ember.backends.cpu.gemm.amx import plan_amx
+from ember.backends.cpu.gemm.matmul import plan_matmul
+from ember.backends.cpu.machine.host import Isa, host_isa
+from ember.ir.parser import parse
+from ember.passes import PassManager, parse_pipeline
+
+needs_amx = pytest.mark.skipif(not host_isa().bf16_tiles, reason="no AMX-BF16 here")
+
+
+def matmul_graph(m: int, n: int, k: int, ta: bool, tb: bool, bias: bool = False):
+    """C = A B (+ bias, relu) with A given as [k, m] when `ta`, B as [n, k] when `tb`,
+    fused as the pipeline fuses it."""
+    at, bt = (f"tensor<{k}x{m}xbf16>" if ta else f"tensor<{m}x{k}xbf16>",
+              f"tensor<{n}x{k}xbf16>" if tb else f"tensor<{k}x{n}xbf16>")
+    out = f"tensor<{m}x{n}xf32>"
+    args = f"%a: {at}, %b: {bt}" + (f", %bias: tensor<{n}xf32>" if bias else "")
+    body = []
+    a, b = "%a", "%b"
+    if ta:
+        body.append(f'%at = "ember.transpose"(%a) {{perm = [1, 0]}} : ({at}) -> '
+                    f'tensor<{m}x{k}xbf16>')
+        a = "%at"
+    if tb:
+        body.append(f'%bt = "ember.transpose"(%b) {{perm = [1, 0]}} : ({bt}) -> '
+                    f'tensor<{k}x{n}xbf16>')
+        b = "%bt"
+    body.append(f'%c = "ember.matmul"({a}, {b}) {{dtype = "f32"}} : (tensor<{m}x{k}xbf16>, '
+                f'tensor<{k}x{n}xbf16>) -> {out}')
+    result = "%c"
+    if bias:
+        body.append(f'%d = "ember.add"(%c, %bias) : ({out}, tensor<{n}xf32>) -> {out}')
+        body.append(f'%e = "ember.relu"(%d) : ({out}) -> {out}')
+        result = "%e"
+    body.append(f'func.return {result} : {out}')
+    text = f"func.func @main({args}) -> {out} {{\n" + "\n".join(body) + "\n}"
+    return PassManager(parse_pipeline("fuse")).run(parse(text))
+
+
+def operands(m: int, n: int, k: int, ta: bool, tb: bool):
+    rng = np.random.default_rng(m * 10007 + n * 101 + k)
+    a = rng.standard_normal((k, m) if ta else (m, k)).astype(ml_dtypes.bfloat16)
+    b = rng.standard_normal((n, k) if tb else (k, n)).astype(ml_dtypes.bfloat16)
+    return a, b
+
+
+def reference(a, b, ta: bool, tb: bool) -> np.ndarray:
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    return (a64.T if ta else a64) @ (b64.T if tb else b64)
+
+
+SHAPES = [(1, 1, 1), (16, 16, 32), (33, 17, 45), (100, 70, 3), (64, 48, 96), (128, 256, 64),
+          (200, 96, 300), (40, 130, 33)]
+
+
+@needs_amx
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("layout", ["nn", "nt", "tn", "tt"])
+def test_product_equals_float64(shape, layout):
+    ta, tb = layout[0] == "t", layout[1] == "t"
+    a, b = operands(*shape, ta, tb)
+    got = cpu.compile(matmul_graph(*shape, ta, tb), threads=2)([a, b], {})[0]
+    want = reference(a, b, ta, tb)
+    k = shape[2]
+    # f32 sums of exact products: within K f32 roundings of the largest partial sum
+    np.testing.assert_allclose(got, want, rtol=0, atol=k * 2.0 ** -23 * np.abs(want).max())
+
+
+@needs_amx
+@pytest.mark.parametrize("threads", [1, 2, 4])
+@pytest.mark.parametrize("shape", [(256, 96, 64), (32, 512, 128), (300, 40, 70)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_threads_and_epilogue(shape, threads):
+    m, n, k = shape
+    a, b = operands(m, n, k, False, True)
+    bias = np.random.default_rng(1).standard_normal(n).astype(np.float32)
+    exe = cpu.compile(matmul_graph(m, n, k, False, True, bias=True), threads=threads)
+    got = exe([a, b, bias], {})[0]
+    want = np.maximum(reference(a, b, False, True) + bias, 0)
+    np.testing.assert_allclose(got, want, rtol=0, atol=k * 2.0 ** -23 * np.abs(want).max())
+
+
+@needs_amx
+def test_plan_reads_aligned_rows_in_place():
+    """A whose rows are unit-stride with 32 | K and 32 | M is read by the tiles where it
+    is; any other A is packed, and the scratch holds it."""
+    def plan(m, k):
+        graph = matmul_graph(m, 64, k, False, False)
+        (op,) = [o for o in graph.walk() if o.name == "kernel.matmul"]
+        return plan_matmul(op, host_isa(), 2)
+
+    aligned, ragged = plan(64, 96), plan(60, 96)
+    assert aligned.engine == ragged.engine == "amx"
+    assert plan_amx(aligned.problem, 2).a_direct and not plan_amx(ragged.problem, 2).a_direct
+    assert ragged.scratch > aligned.scratch
+
+
+def test_without_tiles_low_precision_runs_in_f32_and_says_so_once(monkeypatch):
+    monkeypatch.setattr(cpu, "host_isa", lambda: Isa(512, 32, bf16_tiles=False))
+    cpu._f32_notice.cache_clear()
+    assert cpu.LEGALIZE_LOW_PRECISION == "widen-low-precision"
+    graph = parse("""func.func @main(%x: tensor<4xf32>) -> tensor<4xbf16> {
+      %y = "ember.cast"(%x) {dtype = "bf16"} : (tensor<4xf32>) -> tensor<4xbf16>
+      func.return %y : tensor<4xbf16>
+    }""")
+    with pytest.warns(UserWarning, match="low-precision matmuls run in f32"):
+        exe = cpu.compile(graph)
+    x = np.array([1.0, 2.5, -3.0, 1e-3], np.float32)
+    assert exe([x], {})[0].tolist() == x.astype(ml_dtypes.bfloat16).tolist()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        cpu.compile(graph)  # once per process
