@@ -118,8 +118,8 @@ GEMM: Switch[str] = _declare(Switch(
 BLAS: Switch[bool] = _declare(Switch(
     "EMBER_BLAS", "bool", True, "0: never call OpenBLAS", changes_code=True))
 AMX: Switch[bool] = _declare(Switch(
-    "EMBER_AMX", "bool", True, "0: never use AMX tiles (bf16 GEMMs then run in f32)",
-    changes_code=True))
+    "EMBER_AMX", "bool", True, "0: never use AMX tiles (bf16 GEMMs then use AVX512-BF16 "
+    "where the CPU has it, else f32)", changes_code=True))
 LLVM_UNROLL: Switch[bool] = _declare(Switch(
     "EMBER_LLVM_UNROLL", "bool", False, "1: let LLVM unroll loops (no measured gain, "
     "compiles 1.5-5x slower)", changes_code=True))

@@ -3,7 +3,7 @@ bf16 values multiplies the bf16 values themselves, its result the f32 sums.
 
 Widening runs every op on bf16 values in f32 (passes/widen.py), so a mixed-precision
 Linear reaches the backend as `matmul(reshape(cast_f32(x)), transpose(cast_f32(w)))`.
-A backend with a bf16 GEMM (AMX tiles) appends this pass: where both operands are such
+A backend with a bf16 GEMM (AMX tiles, AVX512-BF16) appends this pass: where both operands are such
 casts, through single-operand data movement, the movement is applied to the bf16 values
 and the matmul reads them (`ember.matmul {dtype = "f32"}`): the same products (a bf16
 times a bf16 is exact in f32), summed in f32 as before, at the tiles' speed and half the

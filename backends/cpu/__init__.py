@@ -8,7 +8,7 @@ GEMMs and attention kernels. One LLVM module per graph (codegen.py), one native 
 run. The folders, one concern each:
 
 - gemm/: matrix multiply (own GEMM or OpenBLAS, chosen by measured cost; bf16 on AMX
-  tiles) and kernel.matmul
+  tiles or AVX512-BF16) and kernel.matmul
 - attention/: flash attention forward and backward
 - kernels/: every other op's loops (elementwise, fused, convolutions, pooling, gathers)
 - call/: the Executable, its buffers, and the bound call a training loop makes each step
@@ -37,9 +37,9 @@ from .machine.host import host_isa
 def __getattr__(name: str) -> str:
     """`LEGALIZE_LOW_PRECISION`, the passes the runtime's pipeline runs on bf16/f16
     graphs: ops on such values run in f32 (passes/widen.py), except, where the host has
-    AMX's bf16 tiles, matmuls on bf16 values (passes/low_precision_gemm.py)."""
+    AMX-BF16 or AVX512-BF16, matmuls on bf16 values (passes/low_precision_gemm.py)."""
     if name == "LEGALIZE_LOW_PRECISION":
-        return ("widen-low-precision,low-precision-gemm" if host_isa().bf16_tiles
+        return ("widen-low-precision,low-precision-gemm" if host_isa().bf16_gemm
                 else "widen-low-precision")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
@@ -47,7 +47,7 @@ def __getattr__(name: str) -> str:
 def compile(graph: Graph, threads: int | None = None) -> Executable:  # noqa: A001
     """Native code for `graph` (loaded from the compile cache when it was compiled
     before); `threads` overrides EMBER_NUM_THREADS."""
-    if not host_isa().bf16_tiles and _casts_down(graph):
+    if not host_isa().bf16_gemm and _casts_down(graph):
         _f32_notice()
     return Executable(graph, threads)
 
@@ -59,7 +59,7 @@ def _casts_down(graph: Graph) -> bool:
 
 @functools.cache
 def _f32_notice() -> None:
-    warnings.warn("this CPU has no bf16/f16 GEMM that ember uses (AMX-BF16, or EMBER_AMX=0): "
+    warnings.warn("this CPU has no bf16/f16 GEMM that ember uses (AMX-BF16 or AVX512-BF16): "
                   "low-precision matmuls run in f32 here, with the same results",
                   stacklevel=3)
 

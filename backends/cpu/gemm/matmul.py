@@ -31,7 +31,7 @@ from ..kernels.scalar import i64
 from ..machine.host import Isa
 from ..parallel.outline import parallel_chunks, parallel_region
 from . import blas as B
-from .amx import emit_amx, plan_amx
+from .bf16 import emit_bf16, plan_bf16
 from .cost import choose
 from .emit import THREAD_FLOPS, GemmProblem, RowsDone, emit_own, finishes_rows, packs_b, plan_own
 
@@ -45,7 +45,7 @@ class MatmulPlan:
     c_batch: list[int]
     c_map: list[int]  # the product's strides over the space less K, read by the epilogue
     in_place: bool  # accumulate into result 0
-    engine: str  # "blas" | "own" | "amx" (bf16 operands, f32 sums)
+    engine: str  # "blas" | "own" | "bf16" (bf16 operands, f32 sums: gemm/bf16.py)
     trivial: bool  # the epilogue only stores the product
     swapped: bool  # the GEMM computes the product's transpose (see plan_matmul)
     # scratch: the product (unless in place), then the GEMM's packed panels (own engine)
@@ -150,15 +150,15 @@ def plan_matmul(op, isa: Isa, threads: int, prepack: bool = False) -> MatmulPlan
 
 def _low_precision_plan(op, p: GemmProblem, loop, a_batch, b_batch, c_batch, c_map,
                         in_place: bool, isa: Isa, threads: int) -> MatmulPlan:
-    """The plan of a GEMM on bf16 operands (AMX's tiles, f32 sums): not swapped, not split
+    """The plan of a GEMM on bf16 operands (f32 sums, gemm/bf16.py): not swapped, not split
     along K, its epilogue a pass of its own over the product."""
-    if p.dtype != "bf16" or p.c_dtype != "f32" or not isa.bf16_tiles:
+    if p.dtype != "bf16" or p.c_dtype != "f32" or not isa.bf16_gemm:
         raise UnsupportedOpError(f"the cpu backend multiplies {p.dtype} into {p.c_dtype} only "
-                                 "as bf16 into f32 on AMX tiles: run widen-low-precision, "
-                                 "without low-precision-gemm")
+                                 "as bf16 into f32, with AMX or AVX512-BF16: run "
+                                 "widen-low-precision, without low-precision-gemm")
     c_bytes = 0 if in_place else _prod(loop) * p.m * p.n * 4
-    (_, gemm_offset), total = regions(c_bytes, plan_amx(p, threads).scratch)
-    return MatmulPlan(loop, p, a_batch, b_batch, c_batch, c_map, in_place, "amx",
+    (_, gemm_offset), total = regions(c_bytes, plan_bf16(p, isa, threads).scratch)
+    return MatmulPlan(loop, p, a_batch, b_batch, c_batch, c_map, in_place, "bf16",
                       _trivial(op, in_place), False, gemm_offset, total)
 
 
@@ -225,9 +225,9 @@ def gemm_call(b: ir.IRBuilder, p: GemmProblem, engine: str, pa, pb, pc, scratch,
               threads: int, name: str, accumulate: bool = False,
               rows_done: RowsDone | None = None) -> None:
     """C (+)= A B for element pointers pa, pb, pc with `engine` (`rows_done`: own only)."""
-    if engine == "amx":
+    if engine == "bf16":
         assert not accumulate and rows_done is None
-        emit_amx(b, p, pa, pb, pc, scratch, threads, name)
+        emit_bf16(b, p, pa, pb, pc, scratch, isa, threads, name)
     elif engine == "blas":
         ta, lda = B.layout(p.m, p.k, p.sa_m, p.sa_k)
         tb, ldb = B.layout(p.k, p.n, p.sb_k, p.sb_n)

@@ -41,11 +41,18 @@ def host_features() -> str:
 @dataclass(frozen=True)
 class Isa:
     """The host's vector unit: register width in bits and register count; `bf16_tiles`:
-    AMX's bf16 tile multiply is there and this process may use it (`host_amx`)."""
+    AMX's bf16 tile multiply is there and this process may use it (`host_amx`);
+    `bf16_dot`: AVX512-BF16's dot products are."""
 
     bits: int
     regs: int
     bf16_tiles: bool = False
+    bf16_dot: bool = False
+
+    @property
+    def bf16_gemm(self) -> bool:
+        """Whether the GEMM multiplies bf16 operands itself (gemm/bf16.py)."""
+        return self.bf16_tiles or self.bf16_dot
 
     def lanes(self, dtype: str) -> int:
         return self.bits // (32 if dtype == "f32" else 64)
@@ -57,7 +64,7 @@ def host_isa() -> Isa:
     feats = llvm.get_host_cpu_features()
     triple = llvm.get_process_triple()
     if feats.get("avx512f"):
-        return Isa(512, 32, host_amx())
+        return Isa(512, 32, host_amx(), bool(feats.get("avx512bf16")))
     if feats.get("avx2") or feats.get("avx"):
         return Isa(256, 16)
     return Isa(128, 32 if triple.startswith(("aarch64", "arm64")) else 16)

@@ -1,8 +1,8 @@
-"""The bf16 GEMM on AMX tiles (backends/cpu/gemm/amx.py): `ember.matmul {dtype = "f32"}` of
-bf16 operands equals float64's product of the same values within f32's rounding, for
-every edge (M, N, K not multiples of the tiles), every operand layout the packers read
-(rows, columns, strided), 1 to 4 threads, with and without an epilogue; a CPU without the
-tiles keeps the matmuls in f32 and says so once."""
+"""The bf16 GEMM (backends/cpu/gemm/bf16.py), on AMX tiles and on AVX512-BF16 dot products:
+`ember.matmul {dtype = "f32"}` of bf16 operands equals float64's product of the same
+values within f32's rounding, for every edge (M, N, K not multiples of the tiles), every
+operand layout the packers read (rows, columns, strided), 1 to 4 threads, with and without
+an epilogue; a CPU with neither keeps the matmuls in f32 and says so once."""
 
 from __future__ import annotations
 
@@ -13,13 +13,29 @@ import numpy as np
 import pytest
 
 import ember.backends.cpu as cpu
-from ember.backends.cpu.gemm.amx import plan_amx
+from ember.backends.cpu import codegen
+from ember.backends.cpu.gemm.bf16 import plan_bf16
 from ember.backends.cpu.gemm.matmul import plan_matmul
 from ember.backends.cpu.machine.host import Isa, host_isa
 from ember.ir.parser import parse
 from ember.passes import PassManager, parse_pipeline
 
-needs_amx = pytest.mark.skipif(not host_isa().bf16_tiles, reason="no AMX-BF16 here")
+HOST = host_isa()
+KERNELS = [pytest.param("tiles", marks=pytest.mark.skipif(not HOST.bf16_tiles,
+                                                          reason="no AMX-BF16 here")),
+           pytest.param("dots", marks=pytest.mark.skipif(not HOST.bf16_dot,
+                                                         reason="no AVX512-BF16 here"))]
+
+
+@pytest.fixture(params=KERNELS)
+def kernel(request, monkeypatch) -> str:
+    """The bf16 kernel the cpu backend generates in this test: a host with AMX also runs
+    the dot products (an Isa without the tiles), compiled afresh (the compile cache's key
+    tells hosts apart, not kernels)."""
+    if request.param == "dots":
+        monkeypatch.setattr(codegen, "host_isa", lambda: Isa(HOST.bits, HOST.regs, False, True))
+    monkeypatch.setenv("EMBER_CACHE", "0")
+    return request.param
 
 
 def matmul_graph(m: int, n: int, k: int, ta: bool, tb: bool, bias: bool = False):
@@ -67,10 +83,9 @@ SHAPES = [(1, 1, 1), (16, 16, 32), (33, 17, 45), (100, 70, 3), (64, 48, 96), (12
           (200, 96, 300), (40, 130, 33)]
 
 
-@needs_amx
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("layout", ["nn", "nt", "tn", "tt"])
-def test_product_equals_float64(shape, layout):
+def test_product_equals_float64(kernel, shape, layout):
     ta, tb = layout[0] == "t", layout[1] == "t"
     a, b = operands(*shape, ta, tb)
     got = cpu.compile(matmul_graph(*shape, ta, tb), threads=2)([a, b], {})[0]
@@ -80,11 +95,10 @@ def test_product_equals_float64(shape, layout):
     np.testing.assert_allclose(got, want, rtol=0, atol=k * 2.0 ** -23 * np.abs(want).max())
 
 
-@needs_amx
 @pytest.mark.parametrize("threads", [1, 2, 4])
 @pytest.mark.parametrize("shape", [(256, 96, 64), (32, 512, 128), (300, 40, 70)],
                          ids=lambda s: "x".join(map(str, s)))
-def test_threads_and_epilogue(shape, threads):
+def test_threads_and_epilogue(kernel, shape, threads):
     m, n, k = shape
     a, b = operands(m, n, k, False, True)
     bias = np.random.default_rng(1).standard_normal(n).astype(np.float32)
@@ -94,23 +108,26 @@ def test_threads_and_epilogue(shape, threads):
     np.testing.assert_allclose(got, want, rtol=0, atol=k * 2.0 ** -23 * np.abs(want).max())
 
 
-@needs_amx
-def test_plan_reads_aligned_rows_in_place():
-    """A whose rows are unit-stride with 32 | K and 32 | M is read by the tiles where it
-    is; any other A is packed, and the scratch holds it."""
+@pytest.mark.parametrize("isa", [Isa(512, 32, True, True), Isa(512, 32, False, True)],
+                         ids=["tiles", "dots"])
+def test_plan_reads_aligned_rows_in_place(isa):
+    """A whose rows are unit-stride with 32 | K and 32 | M is read where it is; any other
+    A is packed, and the scratch holds it. (Plans only: no bf16 instruction runs.)"""
     def plan(m, k):
         graph = matmul_graph(m, 64, k, False, False)
         (op,) = [o for o in graph.walk() if o.name == "kernel.matmul"]
-        return plan_matmul(op, host_isa(), 2)
+        return plan_matmul(op, isa, 2)
 
     aligned, ragged = plan(64, 96), plan(60, 96)
-    assert aligned.engine == ragged.engine == "amx"
-    assert plan_amx(aligned.problem, 2).a_direct and not plan_amx(ragged.problem, 2).a_direct
+    assert aligned.engine == ragged.engine == "bf16"
+    assert plan_bf16(aligned.problem, isa, 2).kernel == ("tiles" if isa.bf16_tiles else "dots")
+    assert plan_bf16(aligned.problem, isa, 2).a_direct
+    assert not plan_bf16(ragged.problem, isa, 2).a_direct
     assert ragged.scratch > aligned.scratch
 
 
-def test_without_tiles_low_precision_runs_in_f32_and_says_so_once(monkeypatch):
-    monkeypatch.setattr(cpu, "host_isa", lambda: Isa(512, 32, bf16_tiles=False))
+def test_without_a_bf16_gemm_low_precision_runs_in_f32_and_says_so_once(monkeypatch):
+    monkeypatch.setattr(cpu, "host_isa", lambda: Isa(512, 32))
     cpu._f32_notice.cache_clear()
     assert cpu.LEGALIZE_LOW_PRECISION == "widen-low-precision"
     graph = parse("""func.func @main(%x: tensor<4xf32>) -> tensor<4xbf16> {

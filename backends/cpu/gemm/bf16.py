@@ -1,4 +1,5 @@
-"""The bf16 GEMM on AMX tiles: C (f32) = A B for bf16 A and B, the products summed in f32.
+"""The bf16 GEMM: C (f32) = A B for bf16 A and B, the products summed in f32, on AMX tiles
+or, on a CPU with AVX512-BF16 but no AMX (AMD's Zen 4 and 5), by vector dot products.
 
 `tdpbf16ps` multiplies a 16 x 32 tile of A by a 32 x 16 tile of B into a 16 x 16 tile of
 f32 sums, B's tile in the "VNNI" layout: row k2 holds, for each of its 16 columns, the
@@ -18,6 +19,10 @@ of the panels. A block
 inside C is stored from its tiles straight into C; one on C's edge through a 32 x 32
 buffer and a masked copy. The tiles need Linux's permission, which `host.host_amx` asks
 for once.
+
+`vdpbf16ps` reads the same layout: a 64-byte row of a packed B tile is one vector (16
+columns' pairs), an A row's pair one broadcast 32-bit word. Its micro-kernel keeps 8 rows
+x 32 columns of C in 16 vector registers over all of K, four times per 32 x 32 block.
 """
 
 from __future__ import annotations
@@ -28,9 +33,9 @@ from llvmlite import ir
 
 from ...strides import cdiv
 from ..kernels import scalar as S
-from ..kernels.loops import for_range, loop
+from ..kernels.loops import carried, for_range, loop
 from ..kernels.scalar import I64, PTR, i64
-from ..machine.host import host_caches
+from ..machine.host import Isa, host_caches
 from ..parallel.outline import parallel_region, stack_array
 from .microkernel import GemmProblem, transpose_lanes
 
@@ -51,14 +56,16 @@ THREAD_FLOPS = 8 << 20
 
 
 @dataclass(frozen=True)
-class AmxPlan:
+class Bf16Plan:
+    kernel: str    # "tiles" (AMX) or "dots" (AVX512-BF16)
     mp: int        # rows of packed A: M padded to BLOCK
     mb: int        # rows per block
     kp: int        # K padded to PAIR_K
     np_: int       # columns of packed B: N padded to BLOCK
     blocks: int    # MB-row blocks of C
     a_direct: bool  # tiles load A where it is (its rows unit-stride, 32 | K and 32 | M)
-    a_ld: int       # elements between A's rows as the tiles read them
+    a_ld: int       # elements between A's rows as the kernel reads them (packed: Kp, or
+                    # more where Kp would alias in L1)
     groups: int    # column-panel groups per block that threads take separately
     threads: int
 
@@ -68,22 +75,30 @@ class AmxPlan:
 
     @property
     def a_bytes(self) -> int:
-        return 0 if self.a_direct else self.mp * self.kp * 2
+        return 0 if self.a_direct else self.mp * self.a_ld * 2
 
     @property
     def scratch(self) -> int:
         return self.a_bytes + self.np_ * self.kp * 2
 
 
-def plan_amx(p: GemmProblem, threads: int) -> AmxPlan:
+def plan_bf16(p: GemmProblem, isa: Isa, threads: int) -> Bf16Plan:
     mp, kp, np_ = (cdiv(x, q) * q for x, q in ((p.m, BLOCK), (p.k, PAIR_K), (p.n, BLOCK)))
     mb = mp if mp * kp * 2 <= host_caches().l2 // 2 else MB
     blocks = cdiv(mp, mb)
     t = threads if p.flops >= THREAD_FLOPS else 1
     groups = 1 if blocks >= t else min(np_ // BLOCK, cdiv(t, blocks))
-    a_direct = p.sa_k == 1 and p.k == kp and p.m == mp
-    return AmxPlan(mp, mb, kp, np_, blocks, a_direct, p.sa_m if a_direct else kp, groups,
-                   min(t, blocks * groups))
+    a_direct = p.sa_k == 1 and p.k == kp and p.m == mp and not _aliases(p.sa_m)
+    a_ld = p.sa_m if a_direct else kp + (PAIR_K if _aliases(kp) else 0)
+    return Bf16Plan("tiles" if isa.bf16_tiles else "dots", mp, mb, kp, np_, blocks, a_direct,
+                    a_ld, groups, min(t, blocks * groups))
+
+
+def _aliases(row: int) -> bool:
+    """Whether rows of `row` bf16 elements apart share few L1 sets: a multiple of 1 KiB
+    (4 KiB: one set for all 16 rows of a tile, or 8 of the dot kernel's broadcasts, which
+    ran at 0.7x the speed at K = 2048)."""
+    return row * 2 % 1024 == 0
 
 
 def _declare(mod: ir.Module, name: str, args: list[ir.Type]) -> ir.Function:
@@ -109,26 +124,26 @@ def _tile_config(mod: ir.Module) -> ir.GlobalVariable:
     return g
 
 
-def emit_amx(b: ir.IRBuilder, p: GemmProblem, a, b_ptr, c, scratch, threads: int,
-             name: str) -> None:
-    """C = A B (C f32, row-major, leading dimension p.ldc) on AMX tiles; a, b_ptr, c are
-    element pointers, `scratch` `plan_amx(p, threads).scratch` bytes."""
+def emit_bf16(b: ir.IRBuilder, p: GemmProblem, a, b_ptr, c, scratch, isa: Isa, threads: int,
+              name: str) -> None:
+    """C = A B (C f32, row-major, leading dimension p.ldc) on AMX tiles or AVX512-BF16 dot
+    products; a, b_ptr, c are element pointers, `scratch` `plan_bf16(...).scratch` bytes."""
     if p.m == 0 or p.n == 0:
         return
-    plan = plan_amx(p, threads)
+    plan = plan_bf16(p, isa, threads)
     bp = b.gep(scratch, [i64(plan.a_bytes)], inbounds=True, source_etype=I8)
     units = (0 if plan.a_direct else plan.mp // TILE) + plan.np_ // TILE
-    parallel_region(b, f"{name}.amx.pack", [a, b_ptr, scratch, bp], [False, False, True, True],
+    parallel_region(b, f"{name}.bf16.pack", [a, b_ptr, scratch, bp], [False, False, True, True],
                     units, min(plan.threads, units),
                     lambda cb, ptrs, lo, hi: for_range(
                         cb, lo, hi, lambda u: _pack(cb, p, plan, ptrs, u), "u"))
-    parallel_region(b, f"{name}.amx", [a if plan.a_direct else scratch, bp, c],
+    parallel_region(b, f"{name}.bf16", [a if plan.a_direct else scratch, bp, c],
                     [False, True, True],
                     plan.blocks * plan.groups, plan.threads,
                     lambda cb, ptrs, lo, hi: _compute(cb, p, plan, ptrs, lo, hi))
 
 
-def _pack(b: ir.IRBuilder, p: GemmProblem, plan: AmxPlan, ptrs: list, u) -> None:
+def _pack(b: ir.IRBuilder, p: GemmProblem, plan: Bf16Plan, ptrs: list, u) -> None:
     """Pack unit `u`: A's 16-row group u, or (past A's) B's 16-column tile."""
     a, bsrc, ap, bp = ptrs
     groups_a = plan.mp // TILE if not plan.a_direct else 0
@@ -153,19 +168,19 @@ def _vstore(b: ir.IRBuilder, base, offset, v) -> None:
     b.store(v, b.gep(base, [offset], inbounds=True, source_etype=BF16), align=2)
 
 
-def _pack_a_group(b: ir.IRBuilder, p: GemmProblem, plan: AmxPlan, a, ap, i0) -> None:
+def _pack_a_group(b: ir.IRBuilder, p: GemmProblem, plan: Bf16Plan, a, ap, i0) -> None:
     """Ap's rows i0..i0+15: A's rows (zeros past K), zeros past M. A read down its columns
     (transposed) goes 16 x 16 blocks at a time through registers."""
     def row(i):
-        at = b.mul(i, i64(plan.kp))
+        at = b.mul(i, i64(plan.a_ld))
         with b.if_else(b.icmp_signed("<", i, i64(p.m))) as (inside, past):
             with inside:
                 src = b.mul(i, i64(p.sa_m))
                 loop(b, p.k, lambda k: S.store(b, ap, "bf16", b.add(at, k), S.load(
                     b, a, "bf16", b.add(src, b.mul(k, i64(p.sa_k))))), "k")
-                _zeros(b, ap, b.add(at, i64(p.k)), plan.kp - p.k)
+                _zeros(b, ap, b.add(at, i64(p.k)), plan.a_ld - p.k)
             with past:
-                _zeros(b, ap, at, plan.kp)
+                _zeros(b, ap, at, plan.a_ld)
 
     if p.sa_m != 1 or p.k < TILE:
         loop(b, TILE, lambda r: row(b.add(i0, r)), "r")
@@ -177,14 +192,14 @@ def _pack_a_group(b: ir.IRBuilder, p: GemmProblem, plan: AmxPlan, a, ap, i0) -> 
         cols = [_vload(b, a, b.add(b.mul(b.add(k0, i64(j)), i64(p.sa_k)), i0), BF16, TILE)
                 for j in range(TILE)]
         for r, v in enumerate(transpose_lanes(b, cols)):
-            _vstore(b, ap, b.add(b.mul(b.add(i0, i64(r)), i64(plan.kp)), k0), v)
+            _vstore(b, ap, b.add(b.mul(b.add(i0, i64(r)), i64(plan.a_ld)), k0), v)
 
     def rest(i):  # past the blocks: K's tail, then the zeros
-        at = b.mul(i, i64(plan.kp))
+        at = b.mul(i, i64(plan.a_ld))
         for_range(b, i64(kb * TILE), i64(p.k), lambda k: S.store(
             b, ap, "bf16", b.add(at, k), S.load(b, a, "bf16", b.add(b.mul(k, i64(p.sa_k)), i))),
             "k")
-        _zeros(b, ap, b.add(at, i64(p.k)), plan.kp - p.k)
+        _zeros(b, ap, b.add(at, i64(p.k)), plan.a_ld - p.k)
 
     with b.if_else(b.icmp_signed("<=", b.add(i0, i64(TILE)), i64(p.m))) as (whole, edge):
         with whole:
@@ -200,7 +215,7 @@ def _zeros(b: ir.IRBuilder, dst, start, count: int) -> None:
               "z")
 
 
-def _pack_b_tile(b: ir.IRBuilder, p: GemmProblem, plan: AmxPlan, src, bp, jt) -> None:
+def _pack_b_tile(b: ir.IRBuilder, p: GemmProblem, plan: Bf16Plan, src, bp, jt) -> None:
     """Bp's 16-column tile jt: for each pair of K, each column's two elements side by side
     (zeros past N and K). Whole tiles go through vectors: B's rows two at a time,
     interleaved; a transposed B's pairs (adjacent in memory) 16 x 16 at a time,
@@ -260,12 +275,15 @@ def _pack_b_tile(b: ir.IRBuilder, p: GemmProblem, plan: AmxPlan, src, bp, jt) ->
     loop(b, plan.kp // 2, scalar_row, "k2")
 
 
-def _compute(b: ir.IRBuilder, p: GemmProblem, plan: AmxPlan, ptrs: list, lo, hi) -> None:
+def _compute(b: ir.IRBuilder, p: GemmProblem, plan: Bf16Plan, ptrs: list, lo, hi) -> None:
     """Work units lo..hi: unit = block * groups + group, a block's MB rows times its group's
     column panels, 32 x 32 blocks of C each over all of K."""
     mod = b.module
     ap, bp, c = ptrs
-    b.call(_declare(mod, "ldtilecfg", [PTR]), [_tile_config(mod)])
+    tiles = plan.kernel == "tiles"
+    if tiles:
+        b.call(_declare(mod, "ldtilecfg", [PTR]), [_tile_config(mod)])
+    block = _tile_block if tiles else _dot_block
     buf = stack_array(b, ir.FloatType(), BLOCK * BLOCK, "cblock")
     per_group = cdiv(plan.panels, plan.groups)
 
@@ -281,63 +299,33 @@ def _compute(b: ir.IRBuilder, p: GemmProblem, plan: AmxPlan, ptrs: list, lo, hi)
 
         def panel(jp):
             def sub(s):
-                _block(b, p, plan, ap, bp, c, buf, b.add(r0, b.mul(s, i64(BLOCK))), jp)
+                r = b.add(r0, b.mul(s, i64(BLOCK)))
+                _store_block(b, p, c, buf, r, jp, lambda dst, ld, row, col: block(
+                    b, plan, ap, bp, dst, ld, row, col, r, jp))
             for_range(b, i64(0), nsub, sub, "s")
         for_range(b, p0, p1, panel, "jp")
 
     for_range(b, lo, hi, unit, "unit")
-    b.call(_declare(mod, "tilerelease", []), [])
+    if tiles:
+        b.call(_declare(mod, "tilerelease", []), [])
 
 
 def _tile(i: int) -> ir.Constant:
     return ir.Constant(I8, i)
 
 
-def _block(b: ir.IRBuilder, p: GemmProblem, plan: AmxPlan, ap, bp, c, buf, r, jp) -> None:
-    """C's 32 x 32 block at rows r, column panel jp: four tiles of sums over all of K."""
-    mod = b.module
-    load = _declare(mod, "tileloadd64", [I8, PTR, I64])
-    dot = _declare(mod, "tdpbf16ps", [I8, I8, I8])
-    store = _declare(mod, "tilestored64", [I8, PTR, I64])
-    zero = _declare(mod, "tilezero", [I8])
-    for t in C_TILES:
-        b.call(zero, [_tile(t)])
-    a_stride = i64(plan.a_ld * 2)
-    jt = b.mul(jp, i64(2))
-
-    def step(ks):
-        k0 = b.mul(ks, i64(PAIR_K))
-        for h, t in enumerate(A_TILES):
-            at = b.add(b.mul(b.add(r, i64(h * TILE)), i64(plan.a_ld)), k0)
-            b.call(load, [_tile(t), b.gep(ap, [at], inbounds=True, source_etype=S.REG["bf16"]),
-                          a_stride])
-        for h, t in enumerate(B_TILES):  # tile jt + h, pair rows 16 ks ..
-            at = b.mul(b.add(b.mul(b.add(jt, i64(h)), i64(plan.kp // 2)),
-                             b.mul(ks, i64(TILE))), i64(2 * TILE))
-            b.call(load, [_tile(t), b.gep(bp, [at], inbounds=True, source_etype=S.REG["bf16"]),
-                          i64(4 * TILE)])
-        for i, ta in enumerate(A_TILES):
-            for j, tb in enumerate(B_TILES):
-                b.call(dot, [_tile(C_TILES[2 * i + j]), _tile(ta), _tile(tb)])
-
-    loop(b, plan.kp // PAIR_K, step, "ks")
+def _store_block(b: ir.IRBuilder, p: GemmProblem, c, buf, r, jp, compute) -> None:
+    """C's 32 x 32 block at rows r, column panel jp: `compute(dst, ld, row, col)` writes it
+    at (row, col) of `dst` (leading dimension ld), straight into C where it lies inside,
+    else into `buf` and on into C under the edges."""
     col = b.mul(jp, i64(BLOCK))
-    f32 = ir.FloatType()
     inside = b.and_(b.icmp_signed("<=", b.add(r, i64(BLOCK)), i64(p.m)),
                     b.icmp_signed("<=", b.add(col, i64(BLOCK)), i64(p.n)))
-
-    def put(base, ld, row, column):
-        for n, t in enumerate(C_TILES):
-            i, j = divmod(n, 2)
-            at = b.add(b.mul(b.add(row, i64(i * TILE)), ld), b.add(column, i64(j * TILE)))
-            b.call(store, [_tile(t), b.gep(base, [at], inbounds=True, source_etype=f32),
-                           b.mul(ld, i64(4))])
-
     with b.if_else(inside) as (whole, edge):
         with whole:
-            put(c, i64(p.ldc), r, col)
+            compute(c, i64(p.ldc), r, col)
         with edge:
-            put(buf, i64(BLOCK), i64(0), i64(0))
+            compute(buf, i64(BLOCK), i64(0), i64(0))
             rows = b.sub(i64(p.m), r)
             cols = b.sub(i64(p.n), col)
             rows = b.select(b.icmp_signed("<", rows, i64(BLOCK)), rows, i64(BLOCK))
@@ -345,3 +333,97 @@ def _block(b: ir.IRBuilder, p: GemmProblem, plan: AmxPlan, ap, bp, c, buf, r, jp
             for_range(b, i64(0), rows, lambda i: for_range(b, i64(0), cols, lambda j: S.store(
                 b, c, "f32", b.add(b.mul(b.add(r, i), i64(p.ldc)), b.add(col, j)),
                 S.load(b, buf, "f32", b.add(b.mul(i, i64(BLOCK)), j))), "j"), "i")
+
+
+def _b_row(b: ir.IRBuilder, plan: Bf16Plan, jt, k2) -> ir.Value:
+    """The bf16 element offset of packed B's tile jt, pair row k2."""
+    return b.mul(b.add(b.mul(jt, i64(plan.kp // 2)), k2), i64(2 * TILE))
+
+
+def _tile_block(b: ir.IRBuilder, plan: Bf16Plan, ap, bp, dst, ld, row, col, r, jp) -> None:
+    """A 32 x 32 block of C (rows r, panel jp) in four tiles of sums over all of K, stored
+    at (row, col) of dst."""
+    mod = b.module
+    load = _declare(mod, "tileloadd64", [I8, PTR, I64])
+    dot = _declare(mod, "tdpbf16ps", [I8, I8, I8])
+    store = _declare(mod, "tilestored64", [I8, PTR, I64])
+    zero = _declare(mod, "tilezero", [I8])
+    for t in C_TILES:
+        b.call(zero, [_tile(t)])
+    jt = b.mul(jp, i64(2))
+
+    def step(ks):
+        k0 = b.mul(ks, i64(PAIR_K))
+        for h, t in enumerate(A_TILES):
+            at = b.add(b.mul(b.add(r, i64(h * TILE)), i64(plan.a_ld)), k0)
+            b.call(load, [_tile(t), b.gep(ap, [at], inbounds=True, source_etype=BF16),
+                          i64(plan.a_ld * 2)])
+        for h, t in enumerate(B_TILES):  # tile jt + h, pair rows 16 ks ..
+            at = _b_row(b, plan, b.add(jt, i64(h)), b.mul(ks, i64(TILE)))
+            b.call(load, [_tile(t), b.gep(bp, [at], inbounds=True, source_etype=BF16),
+                          i64(4 * TILE)])
+        for i, ta in enumerate(A_TILES):
+            for j, tb in enumerate(B_TILES):
+                b.call(dot, [_tile(C_TILES[2 * i + j]), _tile(ta), _tile(tb)])
+
+    loop(b, plan.kp // PAIR_K, step, "ks")
+    f32 = ir.FloatType()
+    for n, t in enumerate(C_TILES):
+        i, j = divmod(n, 2)
+        at = b.add(b.mul(b.add(row, i64(i * TILE)), ld), b.add(col, i64(j * TILE)))
+        b.call(store, [_tile(t), b.gep(dst, [at], inbounds=True, source_etype=f32),
+                       b.mul(ld, i64(4))])
+
+
+class _BFloat(ir.types.Type):
+    """LLVM's `bfloat`, which llvmlite lacks: the operand type of the dot product."""
+
+    def _to_string(self) -> str:
+        return "bfloat"
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, _BFloat)
+
+    def __hash__(self) -> int:
+        return hash("bfloat")
+
+
+DOT_ROWS = 8  # rows of C per dot micro-kernel: 8 x 2 accumulators, 2 B vectors, 1 broadcast
+
+
+def _dot_block(b: ir.IRBuilder, plan: Bf16Plan, ap, bp, dst, ld, row, col, r, jp) -> None:
+    """A 32 x 32 block of C (rows r, panel jp) by `vdpbf16ps`, 8 rows at a time, stored at
+    (row, col) of dst."""
+    f32, i32 = ir.FloatType(), ir.IntType(32)
+    vf, vi, vb = _vec(f32, TILE), _vec(i32, TILE), _vec(_BFloat(), 2 * TILE)
+    dot = S.declare(b.module, "llvm.x86.avx512bf16.dpbf16ps.512", vf, [vf, vb, vb])
+    jt = b.mul(jp, i64(2))
+    splat = ir.Constant(_vec(i32, TILE), [0] * TILE)
+    undef = ir.Constant(vi, ir.Undefined)
+
+    def rows8(g):
+        r8 = b.add(r, b.mul(g, i64(DOT_ROWS)))
+
+        def step(k2, accs):
+            bv = [b.bitcast(_vload(b, bp, _b_row(b, plan, b.add(jt, i64(h)), k2), i32, TILE), vb)
+                  for h in (0, 1)]
+            out = []
+            for i in range(DOT_ROWS):
+                at = b.add(b.mul(b.add(r8, i64(i)), i64(plan.a_ld)), b.mul(k2, i64(2)))
+                pair = b.load(b.gep(ap, [at], inbounds=True, source_etype=BF16), typ=i32,
+                              align=2)
+                av = b.bitcast(b.shuffle_vector(b.insert_element(undef, pair, i64(0)), undef,
+                                                splat), vb)
+                out += [b.call(dot, [accs[2 * i + h], av, bv[h]]) for h in (0, 1)]
+            return out
+
+        _, accs = carried(b, i64(0), i64(plan.kp // 2), [ir.Constant(vf, None)] * (2 * DOT_ROWS),
+                          step, 1, "k2")
+        base = b.add(row, b.mul(g, i64(DOT_ROWS)))
+        for i in range(DOT_ROWS):
+            for h in (0, 1):
+                at = b.add(b.mul(b.add(base, i64(i)), ld), b.add(col, i64(h * TILE)))
+                ptr = b.gep(dst, [at], inbounds=True, source_etype=f32)
+                b.store(accs[2 * i + h], b.bitcast(ptr, ir.PointerType(vf)), align=4)
+
+    loop(b, BLOCK // DOT_ROWS, rows8, "g")
