@@ -1,4 +1,4 @@
-"""Normalization layers: LayerNorm, GroupNorm, RMSNorm, BatchNorm1d/2d.
+"""Normalization layers: LayerNorm, GroupNorm, RMSNorm, BatchNorm1d/2d/3d.
 
 BatchNorm keeps its running statistics as buffers (`visit_buffer`, never trained) and its
 mode as the flag `training`: batch statistics are used, and the running ones updated,
@@ -87,39 +87,47 @@ class GroupNorm(Module):
 
 
 class BatchNorm(Module):
-    """The shared body of BatchNorm1d and BatchNorm2d (which input ranks they take).
+    """The shared body of BatchNorm1d/2d/3d (which input ranks they take), torch's
+    arguments: `affine=False` has no gamma and beta, `track_running_stats=False` no running
+    statistics (the batch's are used in training and inference alike).
     `sync=True`: normalize with the statistics of the global batch of a data-parallel run
     (torch's SyncBatchNorm; see F.batch_norm)."""
 
     ranks: tuple[int, ...] = ()
 
     def __init__(self, num_features: int, eps: float = 1e-5, momentum: float = 0.1,
-                 sync: bool = False):
+                 affine: bool = True, track_running_stats: bool = True, *, sync: bool = False):
         super().__init__()
         name = type(self).__name__
         self.num_features = positive(f"{name} num_features", num_features)
+        if momentum is None:
+            raise ValueError(f"{name} momentum=None (torch's cumulative average) is not "
+                             "supported: give a number in [0, 1]")
         self.eps, self.momentum = _eps(name, eps), number(f"{name} momentum", momentum, 0, 1)
         self.sync = bool(sync)
         c = (num_features,)
-        self.gamma = Param(c, Ones())
-        self.beta = Param(c, Zeros())
-        self.running_mean = Param(c, Zeros(), kind="buffer")
-        self.running_var = Param(c, Ones(), kind="buffer")
+        self.gamma = Param(c, Ones()) if affine else None
+        self.beta = Param(c, Zeros()) if affine else None
+        self.running_mean = Param(c, Zeros(), kind="buffer") if track_running_stats else None
+        self.running_var = Param(c, Ones(), kind="buffer") if track_running_stats else None
         self.training = Param.flag(True)
 
     def forward(self, x):
         t = context.current()
         x = t.lift(x)
         if x.ndim not in self.ranks:
-            want = " or ".join(("(N, C)", "(N, C, L)", "(N, C, H, W)")[r - 2] for r in self.ranks)
+            want = " or ".join(("(N, C)", "(N, C, L)", "(N, C, H, W)", "(N, C, D, H, W)")[r - 2]
+                               for r in self.ranks)
             raise t.error(f"{type(self).__name__} input must be {want}, got {list(x.shape)}")
         return F.batch_norm(x, self.running_mean, self.running_var, self.gamma, self.beta,
-                            bool(self.training), self.momentum, self.eps, self.sync)
+                            bool(self.training) or self.running_mean is None, self.momentum,
+                            self.eps, self.sync)
 
     def extra_repr(self) -> str:
-        sync = ", sync=True" if self.sync else ""
         return (f"num_features={self.num_features}, eps={self.eps}, momentum={self.momentum}"
-                f"{sync}")
+                + (", affine=False" if self.gamma is None else "")
+                + (", track_running_stats=False" if self.running_mean is None else "")
+                + (", sync=True" if self.sync else ""))
 
 
 class BatchNorm1d(BatchNorm):
@@ -132,3 +140,9 @@ class BatchNorm2d(BatchNorm):
     """Batch normalization of (N, C, H, W) over all but the channel axis."""
 
     ranks = (4,)
+
+
+class BatchNorm3d(BatchNorm):
+    """Batch normalization of (N, C, D, H, W) over all but the channel axis."""
+
+    ranks = (5,)

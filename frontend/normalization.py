@@ -68,37 +68,46 @@ def group_norm(x, num_groups: int, gamma=None, beta=None, eps: float = 1e-5) -> 
 
 def batch_norm(x, running_mean, running_var, gamma=None, beta=None, training: bool = False,
                momentum: float = 0.1, eps: float = 1e-5, sync: bool = False) -> Tensor:
-    """`nn.batch_norm` over channel axis 1 of (N, C), (N, C, L) or (N, C, H, W).
+    """`nn.batch_norm` over channel axis 1 of (N, C), (N, C, L), (N, C, H, W) or
+    (N, C, D, H, W) (a 5-d input as (N, C, D, H*W)).
 
-    Batch statistics are used only when `training` and the trace is a training trace;
-    then running stats that are buffer Params get their new values (`update_buffer`).
+    Batch statistics are used only when `training` and the trace is a training trace, or
+    always when there are no running statistics (None, torch's track_running_stats=False,
+    which torch refuses outside training); then running stats that are buffer Params get
+    their new values (`update_buffer`).
     `sync`: the statistics of the global batch of a data-parallel run (torch's
     SyncBatchNorm), from sums allreduced across the ranks (`ember.allreduce`); in one
     process the same as without.
     """
     t = context.current()
     x = t.lift(x)
-    if x.ndim not in (2, 3, 4):
-        raise t.error(f"batch_norm: input must be (N, C), (N, C, L) or (N, C, H, W), got "
-                      f"{list(x.shape)}")
+    if x.ndim not in (2, 3, 4, 5):
+        raise t.error(f"batch_norm: input must be (N, C), (N, C, L), (N, C, H, W) or "
+                      f"(N, C, D, H, W), got {list(x.shape)}")
+    if (running_mean is None) != (running_var is None):
+        raise ValueError("batch_norm takes both running_mean and running_var, or neither")
+    tracked = running_mean is not None
+    if not (tracked or training):
+        raise ValueError("batch_norm: running_mean and running_var must be given when not "
+                         "training (as torch)")
     ones = np.ones(x.shape[1], ir.numpy_dtype(x.dtype))
     g = t.lift(gamma) if gamma is not None else t.lift(ones, x.dtype)
     b = t.lift(beta) if beta is not None else t.lift(np.zeros_like(ones), x.dtype)
-    active = bool(training) and t.training
-    x4 = x.reshape(*x.shape, 1) if x.ndim == 3 else x
+    mean, var = ((t.lift(running_mean), t.lift(running_var)) if tracked else
+                 (t.lift(np.zeros_like(ones), x.dtype), t.lift(ones, x.dtype)))
+    active = (bool(training) and t.training) or not tracked
+    x4 = x if x.ndim in (2, 4) else x.reshape(*x.shape[:3], math.prod(x.shape[3:]))
     if active and sync:
-        y, new_mean, new_var = _synced_batch_norm(x4, g, b, t.lift(running_mean),
-                                                  t.lift(running_var), float(momentum),
+        y, new_mean, new_var = _synced_batch_norm(x4, g, b, mean, var, float(momentum),
                                                   float(eps))
     else:
-        y, new_mean, new_var = t.ops("nn.batch_norm", x4, g, b, t.lift(running_mean),
-                                     t.lift(running_var), eps=float(eps),
+        y, new_mean, new_var = t.ops("nn.batch_norm", x4, g, b, mean, var, eps=float(eps),
                                      momentum=float(momentum), training=active)
-    if active:
+    if active and tracked:
         for p, v in ((running_mean, new_mean), (running_var, new_var)):
             if isinstance(p, Param) and p.kind == "buffer":
                 t.update_buffer(p, v)
-    return y.reshape(x.shape) if x.ndim == 3 else y
+    return y.reshape(x.shape) if x4 is not x else y
 
 
 def _synced_batch_norm(x: Tensor, gamma: Tensor, beta: Tensor, running_mean: Tensor,

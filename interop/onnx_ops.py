@@ -206,8 +206,8 @@ def _spatial_check(node: Node, dilations: bool = True) -> list[str]:
     if attr(node, "auto_pad", "NOTSET") not in AUTO_PADS:
         out.append(f"auto_pad={attr(node, 'auto_pad')!r} is not supported")
     k = attr(node, "kernel_shape")
-    if k is not None and len(k) not in (1, 2):
-        out.append(f"a {len(k)}-d kernel (ember has 1-d and 2-d convolutions and pools)")
+    if k is not None and len(k) not in (1, 2, 3):
+        out.append(f"a {len(k)}-d kernel (ember has 1-d, 2-d and 3-d convolutions and pools)")
     if not dilations and any(d != 1 for d in attr(node, "dilations", [])):
         out.append("dilations other than 1 are not supported")
     return out
@@ -238,16 +238,25 @@ def _window(node: Node, sizes, kernel, strides, dilations) -> tuple[list, list]:
 
 
 def _as_2d(node: Node, x: Tensor) -> Tensor:
+    """x [N, C, L] as [N, C, 1, L]; [N, C, H, W] and [N, C, D, H, W] as they are."""
     if x.ndim == 3:
         return x.reshape(x.shape[0], x.shape[1], 1, x.shape[2])
-    if x.ndim != 4:
-        raise _fail(node, f"input {list(x.shape)} is not [N, C, L] or [N, C, H, W] (ember has "
-                          "1-d and 2-d convolutions and pools)")
+    if x.ndim not in (4, 5):
+        raise _fail(node, f"input {list(x.shape)} is not [N, C, L], [N, C, H, W] or "
+                          "[N, C, D, H, W] (ember has 1-d, 2-d and 3-d convolutions and pools)")
     return x
 
 
+# the functional op of each rank of input (after _as_2d)
+CONV = {4: F.conv2d, 5: F.conv3d}
+CONV_TRANSPOSE = {4: F.conv_transpose2d, 5: F.conv_transpose3d}
+MAX_POOL = {4: F.max_pool2d, 5: F.max_pool3d}
+AVG_POOL = {4: F.avg_pool2d, 5: F.avg_pool3d}
+
+
 def _geometry(node: Node, x: Tensor, kernel) -> tuple:
-    """(x as NCHW, kernel, strides, dilations, pads, ceil extra), all 2-d; a 1-d op has H=1."""
+    """(x as NCHW or NCDHW, kernel, strides, dilations, pads, ceil extra), 2-d or 3-d; a 1-d
+    op has H=1."""
     sp = x.ndim - 2
     strides = list(attr(node, "strides", [1] * sp))
     dilations = list(attr(node, "dilations", [1] * sp))
@@ -269,8 +278,8 @@ def _conv(node, x, w, b=None):
     x, kernel, strides, dilations, pads, _ = _geometry(node, x0, list(w.shape[2:]))
     w = w.reshape(w.shape[0], w.shape[1], 1, w.shape[2]) if w.ndim == 3 else w
     if any(bf != af for bf, af in pads):
-        x, pads = pad(x, [(0, 0), (0, 0), *pads]), [(0, 0)] * 2
-    y = F.conv2d(x, w, b, strides, [p for p, _ in pads], dilations, attr(node, "group", 1))
+        x, pads = pad(x, [(0, 0), (0, 0), *pads]), [(0, 0)] * len(pads)
+    y = CONV[x.ndim](x, w, b, strides, [p for p, _ in pads], dilations, attr(node, "group", 1))
     return _unbatch(y, x0)
 
 
@@ -302,8 +311,8 @@ def _conv_transpose(node, x, w, b=None):
     else:
         p = [0] * 2 * sp if auto == "VALID" else list(attr(node, "pads", [0] * 2 * sp))
         pads = list(zip(p[:sp], p[sp:]))
-    y = F.conv_transpose2d(x, w, None, [1] * (2 - sp) + strides, 0, 0, attr(node, "group", 1),
-                           [1] * (2 - sp) + dilations)
+    y = CONV_TRANSPOSE[x.ndim](x, w, None, [1] * (2 - sp) + strides, 0, 0,
+                               attr(node, "group", 1), [1] * (2 - sp) + dilations)
     y = _unbatch(y, x0)
     # output_padding widens the end; pads crop (a negative amount of pad() crops)
     y = pad(y, [(0, 0), (0, 0)] + [(-b, o - a) for (b, a), o in zip(pads, out_pad)])
@@ -317,15 +326,15 @@ def _conv_transpose(node, x, w, b=None):
           ["the Indices output is not supported"] if len(n.outputs) > 1 and n.outputs[1]
           else []))
 def _max_pool(node, x):
-    """F.max_pool2d, dilations included; uneven pads (or more than its padding allows) as
-    -inf padding first (padding never wins a max)."""
+    """F.max_pool2d or 3d, dilations included; uneven pads (or more than its padding allows)
+    as -inf padding first (padding never wins a max)."""
     x0 = tensor(x)
     x, kernel, strides, dilations, pads, extra = _geometry(node, x0,
                                                            list(attr(node, "kernel_shape")))
     pads = [(b, a + e) for (b, a), e in zip(pads, extra)]
     if any(b != a or 2 * b > d * (k - 1) + 1 for (b, a), k, d in zip(pads, kernel, dilations)):
-        x, pads = pad(x, [(0, 0), (0, 0), *pads], value=-np.inf), [(0, 0)] * 2
-    return _unbatch(F.max_pool2d(x, kernel, strides, [b for b, _ in pads], dilations), x0)
+        x, pads = pad(x, [(0, 0), (0, 0), *pads], value=-np.inf), [(0, 0)] * len(pads)
+    return _unbatch(MAX_POOL[x.ndim](x, kernel, strides, [b for b, _ in pads], dilations), x0)
 
 
 @rule("AveragePool", attrs="auto_pad ceil_mode count_include_pad dilations kernel_shape pads "
@@ -336,8 +345,9 @@ def _avg_pool(node, x):
     adds: where those differ, the zero-padded mean is rescaled by a constant."""
     x0 = tensor(x)
     x, kernel, strides, _, pads, extra = _geometry(node, x0, list(attr(node, "kernel_shape")))
+    pool = AVG_POOL[x.ndim]
     if not any(b or a or e for (b, a), e in zip(pads, extra)):
-        return _unbatch(F.avg_pool2d(x, kernel, strides), x0)
+        return _unbatch(pool(x, kernel, strides), x0)
     counted = np.ones(x.shape[2:])
     if attr(node, "count_include_pad", 0):
         counted = np.pad(counted, pads, constant_values=1)
@@ -345,16 +355,23 @@ def _avg_pool(node, x):
     else:
         counted = np.pad(counted, [(b, a + e) for (b, a), e in zip(pads, extra)])
     x = pad(x, [(0, 0), (0, 0)] + [(b, a + e) for (b, a), e in zip(pads, extra)])
-    windows = np.lib.stride_tricks.sliding_window_view(counted, kernel)[::strides[0],
-                                                                        ::strides[1]]
-    scale = (math.prod(kernel) / windows.sum((-2, -1))).astype(numpy_dtype(x.dtype))
-    return _unbatch(F.avg_pool2d(x, kernel, strides) * tensor(scale), x0)
+    windows = np.lib.stride_tricks.sliding_window_view(counted, kernel)[
+        tuple(slice(None, None, s) for s in strides)]
+    axes = tuple(range(-len(kernel), 0))
+    scale = (math.prod(kernel) / windows.sum(axes)).astype(numpy_dtype(x.dtype))
+    return _unbatch(pool(x, kernel, strides) * tensor(scale), x0)
 
 
 @rule("GlobalAveragePool")
 def _global_avg_pool(node, x):
     x = tensor(x)
     return x.mean(tuple(range(2, x.ndim)), keepdims=True)
+
+
+@rule("GlobalMaxPool")
+def _global_max_pool(node, x):
+    x = tensor(x)
+    return x.amax(tuple(range(2, x.ndim)), keepdim=True)
 
 
 # -- normalization ------------------------------------------------------------------------

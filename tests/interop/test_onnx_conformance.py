@@ -73,14 +73,10 @@ EXPECTED_SKIPS = {
         "test_pow_types_float32_uint64", "test_mod_mixed_sign_int8", "test_mod_mixed_sign_int16",
         "test_mod_uint8", "test_mod_uint16", "test_mod_uint32", "test_mod_uint64",
         "test_top_k_uint64"] + _CAST_TYPES,
-    "3-d convolutions and pools": ["test_averagepool_3d_default", "test_maxpool_3d_default",
-                                   "test_convtranspose_3d"],
-    "pools with dilations": [
+    "AveragePool with dilations": [
         "test_averagepool_2d_dilations", "test_averagepool_3d_dilations_small",
         *(f"test_averagepool_3d_dilations_large_count_include_pad_is_{i}_ceil_mode_is_{c}"
-          for i in (0, 1) for c in ("True", "False")),
-        "test_maxpool_3d_dilations",
-        "test_maxpool_3d_dilations_use_ref_impl", "test_maxpool_3d_dilations_use_ref_impl_large"],
+          for i in (0, 1) for c in ("True", "False"))],
     "MaxPool's Indices output": ["test_maxpool_with_argmax_2d_precomputed_pads",
                                  "test_maxpool_with_argmax_2d_precomputed_strides"],
     "training mode (BatchNormalization, Dropout)": [
