@@ -40,6 +40,10 @@ CONVS = {
     "depthwise-s2": ((2, 8, 33, 31), (8, 1, 5, 5), 2, 2, 1, 8),
     "pointwise": ((2, 32, 28, 28), (64, 32, 1, 1), 1, 0, 1, 1),
     "deep-112": ((1, 64, 112, 112), (32, 64, 3, 3), 2, 1, 1, 1),
+    # weights past 32 KiB: images side by side in one GEMM (all 8; 6 in 2 chunks of 3)
+    "folded-4x4": ((8, 64, 4, 4), (128, 64, 3, 3), 1, 1, 1, 1),
+    "folded-chunks": ((6, 32, 12, 12), (64, 32, 3, 3), 1, 1, 1, 1),
+    "folded-grouped-s2": ((6, 64, 9, 7), (96, 32, 3, 3), 2, 1, 1, 2),
 }
 SLOW_CONVS = {"stem3x3-224", "stem7x7-s2-224", "deep-112", "s2-56"}
 SPLITS = [("own", 1), ("own", 2), ("own", 4), ("blas", 1), ("blas", 2)]

@@ -1,13 +1,17 @@
 """Convolutions, pooling and gather/scatter on the cpu.
 
 Convolutions are im2col into scratch memory, then the GEMM (ember's own or OpenBLAS,
-chosen as for matmuls), per image and group:
-- conv2d:              Y[n, g]  = W[g] (Og x K)          @ cols(x[n, g]) (K x P)
-- conv2d_grad_weight:  dW[g]   += G[n, g] (Og x P)       @ cols(x[n, g])^T (P x K)
-- conv2d_grad_input:   dcols    = W[g]^T (K x Og)        @ G[n, g] (Og x P), then col2im
-with K = c_in/groups * kh * kw and P = oh * ow. Images are split across threads when the
-work is large (each thread has its own columns buffer). Pools walk their windows
-directly; out-of-range taps are padding (never a max, zero in an average).
+chosen as for matmuls, on every thread), per group and chunk of `nb` images side by side
+(Q = nb * P columns):
+- conv2d:              Y[n.., g]  = W[g] (Og x K)     @ cols(x[n.., g]) (K x Q)
+- conv2d_grad_weight:  dW[g]     += G[n.., g] (Og x Q) @ cols(x[n.., g])^T (Q x K)
+- conv2d_grad_input:   dcols      = W[g]^T (K x Og)   @ G[n.., g] (Og x Q), then col2im
+with K = c_in/groups * kh * kw and P = oh * ow. A chunk is as many images as give the GEMM
+FOLD_COLUMNS columns (one where P is that large already): per image, the late layers of a
+ResNet at 32x32 were GEMMs of 16 columns that each read the whole weight. With more than
+one image a chunk's product and gradient are gathered side by side in scratch (NCHW keeps
+each image's channels apart). Pools walk their windows directly; out-of-range taps are
+padding (never a max, zero in an average).
 
 Gather and scatter_add check every index: an index outside the table writes nothing
 and records the kernel in the module's `ember_status` word, which the executable turns
@@ -57,33 +61,72 @@ class Conv:
         self.k = self.cg * self.kh * self.kw
         self.p = self.oh * self.ow
 
+    @property
+    def nb(self) -> int:
+        """Images per GEMM: the largest divisor of the batch up to FOLD_COLUMNS / P, where
+        a group's weight is too large to read again for each image from L1."""
+        if self.og * self.k * S.size(self.dtype) <= FOLD_WEIGHT_BYTES:
+            return 1
+        want = max(1, min(self.n, -(-FOLD_COLUMNS // max(self.p, 1))))
+        return max(d for d in range(1, want + 1) if self.n % d == 0)
+
+    @property
+    def q(self) -> int:
+        return self.nb * self.p
+
     def problem(self) -> GemmProblem:
-        """The per-(image, group) GEMM."""
-        k, p, og = self.k, self.p, self.og
+        """The GEMM of one (group, chunk of nb images)."""
+        k, q, og = self.k, self.q, self.og
         if self.name == "ember.conv2d":
-            return GemmProblem(og, p, k, k, 1, p, 1, p, self.dtype)
-        if self.name == "ember.conv2d_grad_weight":  # B = transposed columns, P x K
-            return GemmProblem(og, k, p, p, 1, k, 1, k, self.dtype)
-        return GemmProblem(k, p, og, 1, k, p, 1, p, self.dtype)
+            return GemmProblem(og, q, k, k, 1, q, 1, q, self.dtype)
+        if self.name == "ember.conv2d_grad_weight":  # B: the columns, Q x K
+            ks, ps = self.cols_strides
+            return GemmProblem(og, k, q, q, 1, ps, ks, k, self.dtype)
+        return GemmProblem(k, q, og, 1, k, q, 1, q, self.dtype)
 
-    def threads(self, threads: int) -> int:
+    @property
+    def cols_strides(self) -> tuple[int, int]:
+        """(stride of a row (c, i, j) of the columns, of a position (image, p)): K x Q,
+        but Q x K for a weight gradient's small enough to write down its columns (then its
+        GEMM reads them unpacked; large ones, written a row K apart per store, took
+        ResNet-18's weight gradients at 32x32 2.1x as long: 462 vs 216 ms a step)."""
+        if (self.name == "ember.conv2d_grad_weight"
+                and self.k * self.q * S.size(self.dtype) <= TRANSPOSED_COLUMNS):
+            return 1, self.k
+        return self.q, 1
+
+    def chunk_threads(self, threads: int) -> int:
+        """Threads that each take whole chunks (a GEMM on one thread each), where there
+        are chunks enough; else 1, and the GEMMs use every thread. Weight gradients
+        accumulate every chunk into one dW: their GEMMs split instead."""
         if self.name == "ember.conv2d_grad_weight":
-            return 1  # images accumulate into one dW
-        work = 2 * self.n * self.o * self.p * self.k
-        return parallel_chunks(work / 8, self.n, threads)
+            return 1
+        return parallel_chunks(2 * self.n * self.o * self.p * self.k / 8, self.n // self.nb,
+                               threads)
 
-    def scratch(self, isa: Isa) -> tuple[int, int]:
-        """(bytes of one thread's scratch, where its GEMM's part starts after its columns
-        buffer); threads' parts follow each other."""
-        p = self.problem()
-        cols = self.k * self.p * S.size(self.dtype)
-        (_, gemm), per = regions(cols, gemm_scratch(p, engine_for(p, isa, 1), isa, 1))
-        return per, gemm
+    def gemm_threads(self, threads: int) -> int:
+        return 1 if self.chunk_threads(threads) > 1 else threads
+
+    def scratch(self, isa: Isa, threads: int) -> tuple[int, list[int]]:
+        """(bytes of one chunk thread's scratch, offsets in it of: the columns, the chunk's
+        product or gradient side by side (with more than one image), the GEMM's own)."""
+        p, size, t = self.problem(), S.size(self.dtype), self.gemm_threads(threads)
+        side = self.og * self.q * size if self.nb > 1 else 0
+        offsets, total = regions(self.k * self.q * size, side,
+                                 gemm_scratch(p, engine_for(p, isa, t), isa, t))
+        return total, offsets
+
+
+# columns a conv's GEMM gets at least, where the batch has the images, when its weight is
+# larger than this (a smaller one stays in L1 from image to image)
+FOLD_COLUMNS = 512
+TRANSPOSED_COLUMNS = 128 << 10
+FOLD_WEIGHT_BYTES = 32 << 10
 
 
 def conv_scratch(op, isa: Isa, threads: int) -> int:
     cv = Conv(op)
-    return cv.threads(threads) * cv.scratch(isa)[0]
+    return cv.chunk_threads(threads) * cv.scratch(isa, threads)[0]
 
 
 def _taps(b, cv: Conv, oh, ow, i, j):
@@ -108,11 +151,6 @@ def _ranges(n: int, valid: range) -> list[tuple[int, int, bool]]:
     return [r for r in out if r[1] > r[0]]
 
 
-def _cols_layout(cv: Conv, transposed: bool) -> tuple[int, int]:
-    """(stride of a column-matrix row (c, i, j), stride of a position p)."""
-    return (1, cv.k) if transposed else (cv.p, 1)
-
-
 def _span(b, n: int, body, name: str, start: int = 0) -> None:
     loop(b, n, lambda i: body(b.add(i, i64(start)) if start else i), name)
 
@@ -133,16 +171,16 @@ def _each_tap(b, cv: Conv, n, g, body) -> None:
     loop(b, cv.cg, chan_body, "c")
 
 
-def _im2col(b, cv: Conv, x, n, g, cols, transposed: bool = False):
-    """cols[(c, i, j), (oh, ow)] = x[n, g*cg + c, tap] (0 outside), as K x P (or P x K when
-    `transposed`). Taps are unrolled, so each piece of each row is a constant-bound loop:
-    zeros before and after, a (vectorized) strided copy in between."""
+def _im2col(b, cv: Conv, x, n, g, cols, pos0):
+    """cols[(c, i, j), pos0 + (oh, ow)] = x[n, g*cg + c, tap] (0 outside) (`cols_strides`):
+    image n's P positions from `pos0` on. Taps are unrolled, so each piece of each row is a
+    constant-bound loop: zeros before and after, a (vectorized) strided copy in between."""
     dt = cv.dtype
     zero = S.const(dt, 0)
-    ks, ps = _cols_layout(cv, transposed)
+    ks, ps = cv.cols_strides
 
     def tap(chan, i, j, vh, vw, row):
-        base = b.mul(row, i64(ks))
+        base = b.add(b.mul(row, i64(ks)), b.mul(pos0, i64(ps)))
         for h0, h1, hin in _ranges(cv.oh, vh):
             def orow(oh, hin=hin):
                 prow = b.add(base, b.mul(b.mul(oh, i64(cv.ow)), i64(ps)))
@@ -163,8 +201,9 @@ def _im2col(b, cv: Conv, x, n, g, cols, transposed: bool = False):
     _each_tap(b, cv, n, g, tap)
 
 
-def _col2im(b, cv: Conv, cols, dx, n, g):
-    """dx[n, g*cg + c, tap] += cols[(c, i, j), (oh, ow)] for taps inside (K x P cols)."""
+def _col2im(b, cv: Conv, cols, dx, n, g, pos0):
+    """dx[n, g*cg + c, tap] += cols[(c, i, j), pos0 + (oh, ow)] for taps inside (K x Q
+    cols)."""
     dt = cv.dtype
 
     def tap(chan, i, j, vh, vw, row):
@@ -174,7 +213,7 @@ def _col2im(b, cv: Conv, cols, dx, n, g):
         def orow(oh):
             h = b.add(b.mul(oh, i64(cv.sh)), i64(i * cv.dh - cv.ph))
             xrow = b.mul(b.add(b.mul(chan, i64(cv.h)), h), i64(cv.w))
-            prow = b.add(b.mul(row, i64(cv.p)), b.mul(oh, i64(cv.ow)))
+            prow = b.add(b.add(b.mul(row, i64(cv.q)), pos0), b.mul(oh, i64(cv.ow)))
 
             def add(ow):
                 w = b.add(b.mul(ow, i64(cv.sw)), i64(j * cv.dw - cv.pw))
@@ -193,61 +232,86 @@ def emit_conv(b: ir.IRBuilder, op, outs, ins, scratch, isa: Isa, threads: int,
     if 0 in (cv.n, cv.o, cv.p, cv.c):
         return
     dt = cv.dtype
-    el = S.REG[dt]
-    p = cv.problem()
-    engine = engine_for(p, isa, 1)
-    out = outs[0]
-    a_in, b_in = ins
-    per, gemm_offset = cv.scratch(isa)
     if op.name != "ember.conv2d":  # both gradients accumulate: start from zero
         total = math.prod(op.result.type.shape)
-        loop(b, total, lambda i: S.store(b, out, dt, i, S.const(dt, 0)), "z")
-
-    def image(bb, ptrs, n, chunk):
-        x_or_g, w_or_g, y, scr = ptrs
-        cols = byte_offset(bb, scr, bb.mul(chunk, i64(per)))
-        gscr = byte_offset(bb, cols, gemm_offset)
-
-        def group(g):
-            if op.name == "ember.conv2d":
-                _im2col(bb, cv, x_or_g, n, g, cols)
-                pa = bb.gep(w_or_g, [bb.mul(g, i64(cv.og * cv.k))], inbounds=True,
-                            source_etype=el)
-                pc = bb.gep(y, [bb.mul(b_off(bb, n, g), i64(cv.p))], inbounds=True,
-                            source_etype=el)
-                gemm_call(bb, p, engine, pa, cols, pc, gscr, isa, 1, f"{name}.g")
-            elif op.name == "ember.conv2d_grad_weight":
-                _im2col(bb, cv, x_or_g, n, g, cols, transposed=True)
-                pa = bb.gep(w_or_g, [bb.mul(b_off(bb, n, g), i64(cv.p))], inbounds=True,
-                            source_etype=el)
-                pc = bb.gep(y, [bb.mul(g, i64(cv.og * cv.k))], inbounds=True, source_etype=el)
-                gemm_call(bb, p, engine, pa, cols, pc, gscr, isa, 1, f"{name}.g",
-                          accumulate=True)
-            else:  # grad input: x_or_g is G, w_or_g is W
-                pa = bb.gep(w_or_g, [bb.mul(g, i64(cv.og * cv.k))], inbounds=True,
-                            source_etype=el)
-                pb = bb.gep(x_or_g, [bb.mul(b_off(bb, n, g), i64(cv.p))], inbounds=True,
-                            source_etype=el)
-                gemm_call(bb, p, engine, pa, pb, cols, gscr, isa, 1, f"{name}.g")
-                _col2im(bb, cv, cols, y, n, g)
-
-        loop(bb, cv.g, group, "grp")
-
-    def b_off(bb, n, g):
-        """Row (n, g*og) of a [n, o, ...] tensor, in units of rows."""
-        return bb.add(bb.mul(n, i64(cv.o)), bb.mul(g, i64(cv.og)))
-
-    t = cv.threads(threads)
-    args = [a_in, b_in, out, scratch]
+        loop(b, total, lambda i: S.store(b, outs[0], dt, i, S.const(dt, 0)), "z")
+    t = cv.chunk_threads(threads)
+    per, offsets = cv.scratch(isa, threads)
+    args = [*ins, outs[0], scratch]
+    chunks = cv.n // cv.nb
     if t == 1:
-        loop(b, cv.n, lambda n: image(b, args, n, i64(0)), "img")
+        loop(b, chunks, lambda ci: _conv_chunk(b, cv, args, offsets, ci, isa, threads, name),
+             "chunk")
         return
 
-    def images(bb, ptrs, lo, hi):
-        chunk = chunk_index(bb, lo, cv.n, t)  # its scratch
-        for_range(bb, lo, hi, lambda n: image(bb, ptrs, n, chunk), "img")
+    def share(bb, ptrs, lo, hi):
+        own = byte_offset(bb, ptrs[3], bb.mul(chunk_index(bb, lo, chunks, t), i64(per)))
+        for_range(bb, lo, hi, lambda ci: _conv_chunk(bb, cv, [*ptrs[:3], own], offsets, ci,
+                                                       isa, 1, name), "chunk")
 
-    parallel_region(b, f"{name}.images", args, [False, False, True, True], cv.n, t, images)
+    parallel_region(b, f"{name}.chunks", args, [False, False, True, True], chunks, t, share)
+
+
+def _conv_chunk(b: ir.IRBuilder, cv: Conv, ptrs: list, offsets: list[int], ci, isa: Isa,
+                threads: int, name: str) -> None:
+    """The GEMMs of chunk ci (images ci*nb ..), each group's, on `threads`; `ptrs`: the
+    op's two operands, its result and this chunk thread's scratch."""
+    a_in, b_in, out, scratch = ptrs
+    cols, side, gscr = (byte_offset(b, scratch, o) for o in offsets)
+    el, nb, p = S.REG[cv.dtype], cv.nb, cv.problem()
+    engine = engine_for(p, isa, threads)
+    n0 = b.mul(ci, i64(nb))
+
+    def at(ptr, offset):
+        return b.gep(ptr, [offset], inbounds=True, source_etype=el)
+
+    def rows(g):
+        """Row (n0, g*og) of a [n, o, p] tensor (its product or gradient), in elements."""
+        return b.mul(b.add(b.mul(n0, i64(cv.o)), b.mul(g, i64(cv.og))), i64(cv.p))
+
+    def images(body):
+        loop(b, nb, lambda nl: body(b.add(n0, nl), b.mul(nl, i64(cv.p))), "img")
+
+    def group(g):
+        weight = at(b_in if cv.name != "ember.conv2d_grad_weight" else out,
+                    b.mul(g, i64(cv.og * cv.k)))
+        if cv.name == "ember.conv2d":
+            images(lambda n, pos0: _im2col(b, cv, a_in, n, g, cols, pos0))
+            product = side if nb > 1 else at(out, rows(g))
+            gemm_call(b, p, engine, weight, cols, product, gscr, isa, threads, f"{name}.g")
+            if nb > 1:
+                _side_by_side(b, cv, out, side, n0, g, gather=False)
+            return
+        grads = a_in if cv.name == "ember.conv2d_grad_input" else b_in
+        if nb > 1:
+            _side_by_side(b, cv, grads, side, n0, g, gather=True)
+        g_rows = side if nb > 1 else at(grads, rows(g))
+        if cv.name == "ember.conv2d_grad_weight":
+            images(lambda n, pos0: _im2col(b, cv, a_in, n, g, cols, pos0))
+            gemm_call(b, p, engine, g_rows, cols, weight, gscr, isa, threads, f"{name}.g",
+                      accumulate=True)
+        else:
+            gemm_call(b, p, engine, weight, g_rows, cols, gscr, isa, threads, f"{name}.g")
+            images(lambda n, pos0: _col2im(b, cv, cols, out, n, g, pos0))
+
+    loop(b, cv.g, group, "grp")
+
+
+def _side_by_side(b, cv: Conv, tensor, side, n0, g, gather: bool) -> None:
+    """side[o, (nl, p)] = tensor[n0 + nl, g*og + o, p] over the chunk's images (`gather`),
+    or back the other way."""
+    dt = cv.dtype
+
+    def row(nl, o):
+        in_tensor = b.mul(b.add(b.add(b.mul(b.add(n0, nl), i64(cv.o)), b.mul(g, i64(cv.og))),
+                                o), i64(cv.p))
+        in_side = b.add(b.mul(o, i64(cv.q)), b.mul(nl, i64(cv.p)))
+        (src, s0), (dst, d0) = (((tensor, in_tensor), (side, in_side)) if gather else
+                                ((side, in_side), (tensor, in_tensor)))
+        loop(b, cv.p, lambda i: S.store(b, dst, dt, b.add(d0, i),
+                                        S.load(b, src, dt, b.add(s0, i))), "p")
+
+    loop(b, cv.nb, lambda nl: loop(b, cv.og, lambda o: row(nl, o), "o"), "img")
 
 
 # -- pooling ------------------------------------------------------------------------------------

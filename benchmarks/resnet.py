@@ -1,0 +1,177 @@
+"""ResNet-18 training step (CIFAR stem, ReLU, 32x32, SGD with momentum) in ember against
+PyTorch eager and torch.compile (each with its own initialization: the time does not
+depend on the values), timed interleaved in one process: issue 34's CNN row. Also as a %
+of the FMA peak the machine measures (benchmarks/timing.py), counting the convolutions'
+and the head's multiply-adds.
+
+Run: `python benchmarks/resnet.py [--batch 32] [--size 32]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+from timing import calls_for, interleaved, machine, median_time
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+WIDTHS = (64, 128, 256, 512)
+LR, MOMENTUM = 0.05, 0.9
+
+
+def ember_resnet18():
+    """torchvision's resnet18 layout with the CIFAR stem (3x3 conv, no pool)."""
+    from ember import nn
+
+    F = nn.functional
+
+    class Block(nn.Module):
+        def __init__(self, c_in, c_out, stride):
+            super().__init__()
+            self.conv1 = nn.Conv2d(c_in, c_out, 3, stride=stride, padding=1, bias=False)
+            self.bn1 = nn.BatchNorm2d(c_out)
+            self.conv2 = nn.Conv2d(c_out, c_out, 3, padding=1, bias=False)
+            self.bn2 = nn.BatchNorm2d(c_out)
+            self.down = None
+            if stride != 1 or c_in != c_out:
+                self.down = nn.Conv2d(c_in, c_out, 1, stride=stride, bias=False)
+                self.down_bn = nn.BatchNorm2d(c_out)
+
+        def forward(self, x):
+            y = self.bn2(self.conv2(F.relu(self.bn1(self.conv1(x)))))
+            return F.relu(y + (x if self.down is None else self.down_bn(self.down(x))))
+
+    class ResNet18(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv1 = nn.Conv2d(3, 64, 3, padding=1, bias=False)
+            self.bn1 = nn.BatchNorm2d(64)
+            blocks, c = [], 64
+            for i, w in enumerate(WIDTHS):
+                blocks += [Block(c, w, 1 if i == 0 else 2), Block(w, w, 1)]
+                c = w
+            self.blocks = blocks
+            self.fc = nn.Linear(512, 10)
+
+        def forward(self, x):
+            x = F.relu(self.bn1(self.conv1(x)))
+            for block in self.blocks:
+                x = block(x)
+            return self.fc(x.mean((2, 3)))
+
+    return ResNet18()
+
+
+def torch_resnet18():
+    """The PyTorch twin."""
+    import torch
+    from torch import nn
+
+    class Block(nn.Module):
+        def __init__(self, c_in, c_out, stride):
+            super().__init__()
+            self.conv1 = nn.Conv2d(c_in, c_out, 3, stride=stride, padding=1, bias=False)
+            self.bn1 = nn.BatchNorm2d(c_out)
+            self.conv2 = nn.Conv2d(c_out, c_out, 3, padding=1, bias=False)
+            self.bn2 = nn.BatchNorm2d(c_out)
+            self.down = None
+            if stride != 1 or c_in != c_out:
+                self.down = nn.Conv2d(c_in, c_out, 1, stride=stride, bias=False)
+                self.down_bn = nn.BatchNorm2d(c_out)
+
+        def forward(self, x):
+            y = self.bn2(self.conv2(torch.relu(self.bn1(self.conv1(x)))))
+            return torch.relu(y + (x if self.down is None else self.down_bn(self.down(x))))
+
+    class ResNet18(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv1 = nn.Conv2d(3, 64, 3, padding=1, bias=False)
+            self.bn1 = nn.BatchNorm2d(64)
+            blocks, c = [], 64
+            for i, w in enumerate(WIDTHS):
+                blocks += [Block(c, w, 1 if i == 0 else 2), Block(w, w, 1)]
+                c = w
+            self.blocks = nn.ModuleList(blocks)
+            self.fc = nn.Linear(512, 10)
+
+        def forward(self, x):
+            x = torch.relu(self.bn1(self.conv1(x)))
+            for block in self.blocks:
+                x = block(x)
+            return self.fc(x.mean((2, 3)))
+
+    return ResNet18()
+
+
+def conv_flops(batch: int, size: int) -> float:
+    """Multiply-adds x 2 of one training step: forward, and the input and weight gradients
+    (each as many as the forward), the first conv's input gradient excepted."""
+    c, s = 64, size
+    first = 2 * 3 * 9 * 64 * s * s
+    fwd = first
+    for i, w in enumerate(WIDTHS):
+        stride = 1 if i == 0 else 2
+        s //= stride
+        fwd += 2 * c * 9 * w * s * s + 2 * w * 9 * w * s * s  # block 1
+        if stride != 1 or c != w:
+            fwd += 2 * c * w * s * s
+        fwd += 2 * 2 * w * 9 * w * s * s  # block 2
+        c = w
+    fwd += 2 * 512 * 10
+    return batch * (3 * fwd - first)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--size", type=int, default=32)
+    args = ap.parse_args()
+    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+    import torch
+
+    import ember as em
+    from ember import nn, optim
+
+    m = machine()
+    print(f"# {m['cpu']}: FMA peak {m['peak_gflops']:.0f} GFLOP/s, {m['cores']} cores")
+    em.seed(0)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((args.batch, 3, args.size, args.size)).astype(np.float32)
+    y = rng.integers(0, 10, args.batch)
+    model = ember_resnet18()
+    step = em.compile_train_step(model, nn.functional.cross_entropy,
+                                 optim.SGD(lr=LR, momentum=MOMENTUM))
+    step(x, y)
+    fns = {"ember": lambda: step(x, y)}
+    torch.set_num_threads(int(os.environ.get("EMBER_NUM_THREADS", 0)) or os.cpu_count())
+    tx, ty = torch.from_numpy(x), torch.from_numpy(y)
+    for label, compile_ in (("torch eager", False), ("torch.compile", True)):
+        twin = torch_resnet18()
+        opt = torch.optim.SGD(twin.parameters(), lr=LR, momentum=MOMENTUM)
+
+        def train(a, b, twin=twin, opt=opt):
+            opt.zero_grad(set_to_none=True)
+            loss = torch.nn.functional.cross_entropy(twin(a), b)
+            loss.backward()
+            opt.step()
+            return loss
+
+        fn = torch.compile(train) if compile_ else train
+        fns[label] = lambda fn=fn: fn(tx, ty)
+        median_time(fns[label], 1, 2)  # warm up (and compile)
+    times = interleaved(fns, calls_for(median_time(fns["ember"], 1, 2), 0.5))
+    flops = conv_flops(args.batch, args.size)
+    t_em = times.pop("ember")
+    print(f"ResNet-18 {args.size}x{args.size} b{args.batch} SGD step: ember {t_em * 1e3:8.1f} ms"
+          f"  ({100 * flops / t_em / 1e9 / m['peak_gflops']:.0f}% of FMA peak)")
+    for label, t in times.items():
+        print(f"  vs {label:14s} {t * 1e3:8.1f} ms  x{t / t_em:5.2f}")
+
+
+if __name__ == "__main__":
+    main()
