@@ -1,9 +1,12 @@
-"""Inference latency of ONNX-imported transformers: ember against onnxruntime, one process.
+"""Inference latency of ONNX-imported models: ember against onnxruntime, one process.
 
-Run: `python benchmarks/onnx_latency.py` (`--only bert,gpt2,vit`, `--quick`). Each model is a
-transformers model built from its config with random weights (BERT-base on input_ids,
-attention_mask and token_type_ids at T 128; GPT-2 small's GPT2Model at T 128; ViT-tiny on a
-224 x 224 image: hidden 192, 12 layers, 3 heads, patch 16), batch 1, exported by
+Run: `python benchmarks/onnx_latency.py` (`--only bert,gpt2,vit,resnet18,resnet18-b8,
+mobilenetv2`, `--quick`). Each model is a transformers model built from its config with
+random weights (BERT-base on input_ids, attention_mask and token_type_ids at T 128; GPT-2
+small's GPT2Model at T 128; ViT-tiny on a 224 x 224 image: hidden 192, 12 layers, 3 heads,
+patch 16; ResNet-18 (torchvision's layout: basic blocks 64-512) at 224 x 224, batch 1 and 8;
+MobileNetV2 at 224 x 224, standing in for torchvision's MobileNetV3-small, which does not
+install here: both are depthwise and pointwise convolutions), batch 1 unless said, exported by
 `torch.onnx.export(..., dynamo=False, opset_version=17)`, loaded with `em.onnx.load` and
 compiled with `em.compile` on the cpu backend, and run by an onnxruntime session (default
 options, intra-op threads = the machine's cores). The two are timed in interleaved blocks
@@ -27,7 +30,7 @@ import numpy as np
 import timing
 from timing import calls_for, interleaved, machine, median_time
 
-MODELS = ("bert", "gpt2", "vit")
+MODELS = ("bert", "gpt2", "vit", "resnet18", "resnet18-b8", "mobilenetv2")
 T = 128
 
 
@@ -47,12 +50,20 @@ def build(name: str):
         model = transformers.GPT2Model(transformers.GPT2Config(use_cache=False))
         names, xs = ("input_ids", "attention_mask"), [ids, ones]
     else:
-        cfg = transformers.ViTConfig(hidden_size=192, num_hidden_layers=12,
-                                     num_attention_heads=3, intermediate_size=768,
-                                     patch_size=16, image_size=224)
-        model = transformers.ViTModel(cfg, add_pooling_layer=False)
+        batch = 8 if name.endswith("-b8") else 1
+        if name == "vit":
+            cfg = transformers.ViTConfig(hidden_size=192, num_hidden_layers=12,
+                                         num_attention_heads=3, intermediate_size=768,
+                                         patch_size=16, image_size=224)
+            model = transformers.ViTModel(cfg, add_pooling_layer=False)
+        elif name.startswith("resnet18"):
+            model = transformers.ResNetModel(transformers.ResNetConfig(
+                layer_type="basic", depths=[2, 2, 2, 2], hidden_sizes=[64, 128, 256, 512],
+                embedding_size=64))
+        else:
+            model = transformers.MobileNetV2Model(transformers.MobileNetV2Config())
         names = ("pixel_values",)
-        xs = [rng.standard_normal((1, 3, 224, 224)).astype(np.float32)]
+        xs = [rng.standard_normal((batch, 3, 224, 224)).astype(np.float32)]
 
     class Hidden(torch.nn.Module):
         def __init__(self):
@@ -78,7 +89,8 @@ def export(model, names, xs) -> bytes:
 
 
 def graph_flops(graph) -> int:
-    """Flops of the compiled graph's GEMMs and attention (2 per multiply-add)."""
+    """Flops of the compiled graph's GEMMs, convolutions and attention (2 per
+    multiply-add)."""
     total = 0
     for op in graph.body.ops:
         a = op.attributes
@@ -86,6 +98,9 @@ def graph_flops(graph) -> int:
             total += 2 * math.prod(a["space"])
         elif op.name == "ember.matmul":
             total += 2 * math.prod(op.result.type.shape) * op.operands[0].type.shape[-1]
+        elif op.name == "ember.conv2d":
+            _, cg, kh, kw = op.operands[1].type.shape
+            total += 2 * math.prod(op.result.type.shape) * cg * kh * kw
         elif op.name == "kernel.attention":
             tq, tk, d, dv = a["sizes"]
             total += 2 * math.prod(a["batch"]) * tq * tk * (d + dv)
@@ -132,11 +147,11 @@ def main() -> None:
     cores = m["cores"] or os.cpu_count() or 1
     print(f"# {m['cpu']}, {cores} cores: FMA peak {m['peak_gflops']:.0f} GFLOP/s; "
           f"load average {os.getloadavg()}")
-    print(f"{'model':8s} {'ember ms':>9s} {'ort ms':>9s} {'ember/ort speed':>16s} "
+    print(f"{'model':12s} {'ember ms':>9s} {'ort ms':>9s} {'ember/ort speed':>16s} "
           f"{'ember GFLOP/s':>14s} {'% of peak':>10s}")
     for name in args.only.split(","):
         name, te, to, gf, err = bench(name, cores)
-        print(f"{name:8s} {te * 1e3:9.2f} {to * 1e3:9.2f} {to / te:15.2f}x {gf:14.1f} "
+        print(f"{name:12s} {te * 1e3:9.2f} {to * 1e3:9.2f} {to / te:15.2f}x {gf:14.1f} "
               f"{100 * gf / m['peak_gflops']:9.0f}%   (outputs within {err:.0e})", flush=True)
 
 

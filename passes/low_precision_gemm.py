@@ -53,11 +53,11 @@ class LowPrecisionGemm(Pass):
         def rewrite(op: Operation, rw: Rewriter) -> bool:
             if "dtype" in op.attributes or tensor_type(op.operands[1]).rank != 2:
                 return False
-            chains = [low_source(v, self.dtype) for v in op.operands]
-            if any(c is None for c in chains):
+            a_chain, w_chain = (low_source(v, self.dtype) for v in op.operands)
+            if a_chain is None or w_chain is None:
                 return False
             b = rw.builder(op)
-            a, w = (replay(b, c) for c in chains)
+            a, w = replay(b, a_chain), replay(b, w_chain)
             return rw.replace(op, b.op("ember.matmul", a, w, dtype="f32", **op.attributes))
 
         apply_patterns(graph, {"ember.matmul": [rewrite]})

@@ -44,6 +44,8 @@ CONVS = {
     "folded-4x4": ((8, 64, 4, 4), (128, 64, 3, 3), 1, 1, 1, 1),
     "folded-chunks": ((6, 32, 12, 12), (64, 32, 3, 3), 1, 1, 1, 1),
     "folded-grouped-s2": ((6, 64, 9, 7), (96, 32, 3, 3), 2, 1, 1, 2),
+    # chunks of 2 on 2 or 4 threads, the weight gradient summed in per-thread copies
+    "split-dw": ((8, 32, 16, 16), (64, 32, 3, 3), 1, 1, 1, 1),
 }
 SLOW_CONVS = {"stem3x3-224", "stem7x7-s2-224", "deep-112", "s2-56"}
 SPLITS = [("own", 1), ("own", 2), ("own", 4), ("blas", 1), ("blas", 2)]

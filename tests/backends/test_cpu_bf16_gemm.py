@@ -79,8 +79,7 @@ def reference(a, b, ta: bool, tb: bool) -> np.ndarray:
     return (a64.T if ta else a64) @ (b64.T if tb else b64)
 
 
-SHAPES = [(1, 1, 1), (16, 16, 32), (33, 17, 45), (100, 70, 3), (64, 48, 96), (128, 256, 64),
-          (200, 96, 300), (40, 130, 33)]
+SHAPES = [(1, 1, 1), (33, 17, 45), (100, 70, 3), (64, 48, 96), (200, 96, 300)]
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
@@ -96,7 +95,7 @@ def test_product_equals_float64(kernel, shape, layout):
 
 
 @pytest.mark.parametrize("threads", [1, 2, 4])
-@pytest.mark.parametrize("shape", [(256, 96, 64), (32, 512, 128), (300, 40, 70)],
+@pytest.mark.parametrize("shape", [(256, 96, 64), (300, 40, 70)],
                          ids=lambda s: "x".join(map(str, s)))
 def test_threads_and_epilogue(kernel, shape, threads):
     m, n, k = shape

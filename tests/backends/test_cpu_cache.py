@@ -149,7 +149,7 @@ def test_the_thread_pool_is_compiled_once_and_a_damaged_one_again(tmp_path):
     (entry,) = (tmp_path / "cpu-pool").iterdir()
     intact = entry.read_bytes()
     assert not pool_compiled(tmp_path)
-    for damage in ("empty", "truncated to half", "a flipped code byte", "garbage"):
+    for damage in ("truncated to half", "a flipped code byte"):  # every kind: next test
         entry.write_bytes(DAMAGES[damage](intact, b""))
         assert pool_compiled(tmp_path), damage
         assert not pool_compiled(tmp_path), damage  # rewritten whole

@@ -119,7 +119,7 @@ def random_graph(draw):
 
 
 @pytest.mark.slow
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(random_graph())
 def test_random_graphs_fused_unfused_interpreter(case):
     g, inputs = case

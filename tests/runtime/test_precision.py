@@ -106,7 +106,10 @@ def test_symbolic_dims_and_recompute_under_16_mixed():
     runs = [gpt_step("16-mixed", recompute="balanced", **dims)[1]
             for dims in ({}, {"dynamic_dims": {0: {1: "T"}, 1: {1: "T"}}})]
     exact, padded = ([step(x, y) for _ in range(3)] for step in runs)
-    np.testing.assert_allclose(padded, exact, rtol=1e-5)
+    # f16 rounds at 2^-11: the padded graph's GEMMs may sum in another order (another
+    # blocking, another engine by the measured cost table), and a sum within an f32
+    # rounding of an f16 boundary flips by an f16 ulp (2.3e-5 after 3 steps, seen once)
+    np.testing.assert_allclose(padded, exact, rtol=1e-4)
     assert runs[1].stages[:3] == ["traced", "pad-mask", "autocast"]
 
 

@@ -40,8 +40,9 @@ def _cases(cases, heavy=()):
 # By default each stem, each engine and each thread count once (the kernel sweep in
 # tests/backends/test_cpu_accuracy.py covers every engine and split at these sizes).
 CASES = _cases(
-    [("imagenet", 8, "own", "1"), ("cifar", 1, "blas", "2")],
-    [(stem, batch, engine, threads) for stem, batch in (("imagenet", 1), ("imagenet", 8),
+    [("imagenet", 2, "own", "1"), ("cifar", 1, "blas", "2")],
+    [(stem, batch, engine, threads) for stem, batch in (("imagenet", 1), ("imagenet", 2),
+                                                        ("imagenet", 8),
                                                         ("cifar", 1), ("cifar", 8))
      for engine in ("own", "blas") for threads in ("1", "2")])
 

@@ -6,6 +6,7 @@ chosen as for matmuls, on every thread), per group and chunk of `nb` images side
 - conv2d:              Y[n.., g]  = W[g] (Og x K)     @ cols(x[n.., g]) (K x Q)
 - conv2d_grad_weight:  dW[g]     += G[n.., g] (Og x Q) @ cols(x[n.., g])^T (Q x K)
 - conv2d_grad_input:   dcols      = W[g]^T (K x Og)   @ G[n.., g] (Og x Q), then col2im
+(a pointwise conv's columns are its input, or its input gradient, in place: `direct`)
 with K = c_in/groups * kh * kw and P = oh * ow. A chunk is as many images as give the GEMM
 FOLD_COLUMNS columns (one where P is that large already): per image, the late layers of a
 ResNet at 32x32 were GEMMs of 16 columns that each read the whole weight. With more than
@@ -85,35 +86,52 @@ class Conv:
         return GemmProblem(k, q, og, 1, k, q, 1, q, self.dtype)
 
     @property
+    def direct(self) -> bool:
+        """A pointwise conv of one image per GEMM: its columns are the image's channels,
+        read (or, as the input gradient, written) where they are, with no im2col."""
+        return (self.kh == self.kw == 1 and (self.sh, self.sw) == (1, 1)
+                and (self.ph, self.pw) == (0, 0) and self.nb == 1)
+
+    @property
     def cols_strides(self) -> tuple[int, int]:
         """(stride of a row (c, i, j) of the columns, of a position (image, p)): K x Q,
         but Q x K for a weight gradient's small enough to write down its columns (then its
         GEMM reads them unpacked; large ones, written a row K apart per store, took
         ResNet-18's weight gradients at 32x32 2.1x as long: 462 vs 216 ms a step)."""
-        if (self.name == "ember.conv2d_grad_weight"
+        if (self.name == "ember.conv2d_grad_weight" and not self.direct
                 and self.k * self.q * S.size(self.dtype) <= TRANSPOSED_COLUMNS):
             return 1, self.k
         return self.q, 1
 
+    @property
+    def weight_bytes(self) -> int:
+        return self.o * self.k * S.size(self.dtype)
+
     def chunk_threads(self, threads: int) -> int:
         """Threads that each take whole chunks (a GEMM on one thread each), where there
-        are chunks enough; else 1, and the GEMMs use every thread. Weight gradients
-        accumulate every chunk into one dW: their GEMMs split instead."""
-        if self.name == "ember.conv2d_grad_weight":
+        are chunks enough; else 1, and the GEMMs use every thread. A weight gradient sums
+        every chunk into one dW: each thread but the first into a copy of its own, added
+        up after, where dW is small and the work large (else its GEMMs split)."""
+        flops = 2 * self.n * self.o * self.p * self.k
+        if self.name == "ember.conv2d_grad_weight" and (
+                self.weight_bytes > COPIED_WEIGHT_BYTES or flops < COPIED_WEIGHT_FLOPS):
             return 1
-        return parallel_chunks(2 * self.n * self.o * self.p * self.k / 8, self.n // self.nb,
-                               threads)
+        return parallel_chunks(flops / 8, self.n // self.nb, threads)
 
     def gemm_threads(self, threads: int) -> int:
         return 1 if self.chunk_threads(threads) > 1 else threads
 
     def scratch(self, isa: Isa, threads: int) -> tuple[int, list[int]]:
         """(bytes of one chunk thread's scratch, offsets in it of: the columns, the chunk's
-        product or gradient side by side (with more than one image), the GEMM's own)."""
+        product or gradient side by side (with more than one image), the GEMM's own, and
+        a weight gradient's copy (split across threads))."""
         p, size, t = self.problem(), S.size(self.dtype), self.gemm_threads(threads)
         side = self.og * self.q * size if self.nb > 1 else 0
-        offsets, total = regions(self.k * self.q * size, side,
-                                 gemm_scratch(p, engine_for(p, isa, t), isa, t))
+        copy = (self.weight_bytes if self.name == "ember.conv2d_grad_weight"
+                and self.chunk_threads(threads) > 1 else 0)
+        cols = 0 if self.direct else self.k * self.q * size
+        offsets, total = regions(cols, side,
+                                 gemm_scratch(p, engine_for(p, isa, t), isa, t), copy)
         return total, offsets
 
 
@@ -122,6 +140,11 @@ class Conv:
 FOLD_COLUMNS = 512
 TRANSPOSED_COLUMNS = 128 << 10
 FOLD_WEIGHT_BYTES = 32 << 10
+# a weight gradient split across threads by chunks has a copy per thread, up to this size
+# and from this much work (below, a thread's share is under ~0.1 ms: the copies' scratch
+# and sum are not worth it)
+COPIED_WEIGHT_BYTES = 1 << 20
+COPIED_WEIGHT_FLOPS = 32 << 20
 
 
 def conv_scratch(op, isa: Isa, threads: int) -> int:
@@ -244,12 +267,30 @@ def emit_conv(b: ir.IRBuilder, op, outs, ins, scratch, isa: Isa, threads: int,
              "chunk")
         return
 
+    copies = op.name == "ember.conv2d_grad_weight"
+    weights = math.prod(op.result.type.shape)
+
     def share(bb, ptrs, lo, hi):
-        own = byte_offset(bb, ptrs[3], bb.mul(chunk_index(bb, lo, chunks, t), i64(per)))
-        for_range(bb, lo, hi, lambda ci: _conv_chunk(bb, cv, [*ptrs[:3], own], offsets, ci,
-                                                       isa, 1, name), "chunk")
+        index = chunk_index(bb, lo, chunks, t)
+        own = byte_offset(bb, ptrs[3], bb.mul(index, i64(per)))
+        dw = ptrs[2]
+        if copies:  # threads past the first sum into a copy of their own
+            copy = byte_offset(bb, own, offsets[3])
+            dw = bb.select(bb.icmp_signed("==", index, i64(0)), dw, copy)
+            with bb.if_then(bb.icmp_signed("!=", index, i64(0))):
+                loop(bb, weights, lambda i: S.store(bb, copy, dt, i, S.const(dt, 0)), "z")
+        for_range(bb, lo, hi, lambda ci: _conv_chunk(bb, cv, [*ptrs[:2], dw, own], offsets,
+                                                       ci, isa, 1, name), "chunk")
 
     parallel_region(b, f"{name}.chunks", args, [False, False, True, True], chunks, t, share)
+    if copies:
+        def add(i):
+            total = S.load(b, outs[0], dt, i)
+            for k in range(1, t):
+                copy = byte_offset(b, scratch, k * per + offsets[3])
+                total = b.fadd(total, S.load(b, copy, dt, i))
+            S.store(b, outs[0], dt, i, total)
+        loop(b, weights, add, "dw")
 
 
 def _conv_chunk(b: ir.IRBuilder, cv: Conv, ptrs: list, offsets: list[int], ci, isa: Isa,
@@ -257,7 +298,7 @@ def _conv_chunk(b: ir.IRBuilder, cv: Conv, ptrs: list, offsets: list[int], ci, i
     """The GEMMs of chunk ci (images ci*nb ..), each group's, on `threads`; `ptrs`: the
     op's two operands, its result and this chunk thread's scratch."""
     a_in, b_in, out, scratch = ptrs
-    cols, side, gscr = (byte_offset(b, scratch, o) for o in offsets)
+    cols, side, gscr = (byte_offset(b, scratch, o) for o in offsets[:3])
     el, nb, p = S.REG[cv.dtype], cv.nb, cv.problem()
     engine = engine_for(p, isa, threads)
     n0 = b.mul(ci, i64(nb))
@@ -275,10 +316,15 @@ def _conv_chunk(b: ir.IRBuilder, cv: Conv, ptrs: list, offsets: list[int], ci, i
     def group(g):
         weight = at(b_in if cv.name != "ember.conv2d_grad_weight" else out,
                     b.mul(g, i64(cv.og * cv.k)))
+        # a pointwise conv's columns are its input's channels (its input gradient's)
+        x_cols = at(out if cv.name == "ember.conv2d_grad_input" else a_in,
+                    b.mul(b.add(b.mul(n0, i64(cv.c)), b.mul(g, i64(cv.cg))), i64(cv.p)))
+        columns = x_cols if cv.direct else cols
         if cv.name == "ember.conv2d":
-            images(lambda n, pos0: _im2col(b, cv, a_in, n, g, cols, pos0))
+            if not cv.direct:
+                images(lambda n, pos0: _im2col(b, cv, a_in, n, g, cols, pos0))
             product = side if nb > 1 else at(out, rows(g))
-            gemm_call(b, p, engine, weight, cols, product, gscr, isa, threads, f"{name}.g")
+            gemm_call(b, p, engine, weight, columns, product, gscr, isa, threads, f"{name}.g")
             if nb > 1:
                 _side_by_side(b, cv, out, side, n0, g, gather=False)
             return
@@ -287,12 +333,14 @@ def _conv_chunk(b: ir.IRBuilder, cv: Conv, ptrs: list, offsets: list[int], ci, i
             _side_by_side(b, cv, grads, side, n0, g, gather=True)
         g_rows = side if nb > 1 else at(grads, rows(g))
         if cv.name == "ember.conv2d_grad_weight":
-            images(lambda n, pos0: _im2col(b, cv, a_in, n, g, cols, pos0))
-            gemm_call(b, p, engine, g_rows, cols, weight, gscr, isa, threads, f"{name}.g",
+            if not cv.direct:
+                images(lambda n, pos0: _im2col(b, cv, a_in, n, g, cols, pos0))
+            gemm_call(b, p, engine, g_rows, columns, weight, gscr, isa, threads, f"{name}.g",
                       accumulate=True)
         else:
-            gemm_call(b, p, engine, weight, g_rows, cols, gscr, isa, threads, f"{name}.g")
-            images(lambda n, pos0: _col2im(b, cv, cols, out, n, g, pos0))
+            gemm_call(b, p, engine, weight, g_rows, columns, gscr, isa, threads, f"{name}.g")
+            if not cv.direct:
+                images(lambda n, pos0: _col2im(b, cv, cols, out, n, g, pos0))
 
     loop(b, cv.g, group, "grp")
 
