@@ -38,6 +38,7 @@ CONVS = {
     "batch64-7x7": ((64, 8, 7, 7), (16, 8, 3, 3), 1, 1, 1, 1),
     "dilated-grouped": ((4, 12, 15, 13), (12, 4, 3, 3), 1, 2, 2, 3),
     "depthwise-s2": ((2, 8, 33, 31), (8, 1, 5, 5), 2, 2, 1, 8),
+    "depthwise-dilated-3x4": ((2, 6, 3, 4), (6, 1, 3, 3), 1, 2, 2, 6),
     "pointwise": ((2, 32, 28, 28), (64, 32, 1, 1), 1, 0, 1, 1),
     "deep-112": ((1, 64, 112, 112), (32, 64, 3, 3), 2, 1, 1, 1),
     # weights past 32 KiB: images side by side in one GEMM (all 8; 6 in 2 chunks of 3)

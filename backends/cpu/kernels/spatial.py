@@ -86,6 +86,12 @@ class Conv:
         return GemmProblem(k, q, og, 1, k, q, 1, q, self.dtype)
 
     @property
+    def depthwise(self) -> bool:
+        """A forward conv of one input channel per output channel (MobileNet's): its own
+        loops, not K x P GEMMs of one row each (`_emit_depthwise`)."""
+        return self.name == "ember.conv2d" and self.cg == 1 and self.og == 1
+
+    @property
     def direct(self) -> bool:
         """A pointwise conv of one image per GEMM: its columns are the image's channels,
         read (or, as the input gradient, written) where they are, with no im2col."""
@@ -122,6 +128,8 @@ class Conv:
         return 1 if self.chunk_threads(threads) > 1 else threads
 
     def scratch(self, isa: Isa, threads: int) -> tuple[int, list[int]]:
+        if self.depthwise:
+            return 0, [0, 0, 0, 0]
         """(bytes of one chunk thread's scratch, offsets in it of: the columns, the chunk's
         product or gradient side by side (with more than one image), the GEMM's own, and
         a weight gradient's copy (split across threads))."""
@@ -255,6 +263,9 @@ def emit_conv(b: ir.IRBuilder, op, outs, ins, scratch, isa: Isa, threads: int,
     if 0 in (cv.n, cv.o, cv.p, cv.c):
         return
     dt = cv.dtype
+    if cv.depthwise:
+        _emit_depthwise(b, cv, ins, outs[0], threads, name)
+        return
     if op.name != "ember.conv2d":  # both gradients accumulate: start from zero
         total = math.prod(op.result.type.shape)
         loop(b, total, lambda i: S.store(b, outs[0], dt, i, S.const(dt, 0)), "z")
@@ -291,6 +302,93 @@ def emit_conv(b: ir.IRBuilder, op, outs, ins, scratch, isa: Isa, threads: int,
                 total = b.fadd(total, S.load(b, copy, dt, i))
             S.store(b, outs[0], dt, i, total)
         loop(b, weights, add, "dw")
+
+
+def _emit_depthwise(b: ir.IRBuilder, cv: Conv, ins: list, y, threads: int,
+                    name: str) -> None:
+    """Each plane (image, channel) of a depthwise conv on its own, planes split across
+    threads, row by row (`interior` and `edge` rows)."""
+    x, w = ins
+    dt = cv.dtype
+    planes = cv.n * cv.c
+
+    def plane(bb, xp, wp, yp, pl):
+        xbase, ybase = bb.mul(pl, i64(cv.h * cv.w)), bb.mul(pl, i64(cv.p))
+        wbase = bb.mul(bb.urem(pl, i64(cv.c)), i64(cv.kh * cv.kw))
+        taps = [[S.load(bb, wp, dt, bb.add(wbase, i64(i * cv.kw + j))) for j in range(cv.kw)]
+                for i in range(cv.kh)]
+
+        vh = [_valid(cv.oh, cv.h, cv.sh, cv.ph, i, cv.dh) for i in range(cv.kh)]
+        vw = [_valid(cv.ow, cv.w, cv.sw, cv.pw, j, cv.dw) for j in range(cv.kw)]
+        inner = range(max(r.start for r in vw), min(r.stop for r in vw))
+
+        def x_row(oh, i):
+            return bb.add(xbase, bb.mul(bb.add(bb.mul(oh, i64(cv.sh)),
+                                               i64(i * cv.dh - cv.ph)), i64(cv.w)))
+
+        def tap(xrow, i, j, ow):
+            col = bb.add(bb.mul(ow, i64(cv.sw)), i64(j * cv.dw - cv.pw))
+            return bb.fmul(taps[i][j], S.load(bb, xp, dt, bb.add(xrow, col)))
+
+        def interior(oh):
+            """A row every tap row lands inside: each output its taps' sum (vectorized
+            along the columns where every tap lands inside), a few edge columns each
+            with the taps that land inside."""
+            yrow = bb.add(ybase, bb.mul(oh, i64(cv.ow)))
+            xrows = [x_row(oh, i) for i in range(cv.kh)]
+
+            def out(ow, js):
+                total = S.const(dt, 0)
+                for i in range(cv.kh):
+                    for j in js:
+                        total = bb.fadd(total, tap(xrows[i], i, j, ow))
+                S.store(bb, yp, dt, bb.add(yrow, ow), total)
+
+            _span(bb, len(inner), lambda ow: out(ow, range(cv.kw)), "ow", inner.start)
+            for c in (*range(min(inner.start, cv.ow)), *range(max(inner.stop, inner.start),
+                                                              cv.ow)):
+                out(i64(c), [j for j in range(cv.kw) if c in vw[j]])
+
+        def edge(oh):
+            """A row some tap rows miss: zeros, then each tap's weight times the input row
+            it lands on, along the columns' valid span."""
+            yrow = bb.add(ybase, bb.mul(oh, i64(cv.ow)))
+            loop(bb, cv.ow, lambda ow: S.store(bb, yp, dt, bb.add(yrow, ow), S.const(dt, 0)),
+                 "z")
+            for i in range(cv.kh):
+                if not len(vh[i]):
+                    continue
+                inside = bb.and_(bb.icmp_signed(">=", oh, i64(vh[i].start)),
+                                 bb.icmp_signed("<", oh, i64(vh[i].stop)))
+                with bb.if_then(inside):
+                    xrow = x_row(oh, i)
+                    for j in range(cv.kw):
+                        def add(ow, i=i, j=j, xrow=xrow):
+                            at = bb.add(yrow, ow)
+                            S.store(bb, yp, dt, at, bb.fadd(S.load(bb, yp, dt, at),
+                                                            tap(xrow, i, j, ow)))
+                        _span(bb, len(vw[j]), add, "ow", vw[j].start)
+
+        rows = range(max(r.start for r in vh), min(r.stop for r in vh))
+
+        def row(oh):
+            inside = bb.and_(bb.icmp_signed(">=", oh, i64(rows.start)),
+                             bb.icmp_signed("<", oh, i64(rows.stop)))
+            with bb.if_else(inside) as (all_taps, some):
+                with all_taps:
+                    interior(oh)
+                with some:
+                    edge(oh)
+
+        loop(bb, cv.oh, row, "oh")
+
+    t = parallel_chunks(2 * planes * cv.p * cv.k, planes, threads)
+    if t == 1:
+        loop(b, planes, lambda pl: plane(b, x, w, y, pl), "plane")
+        return
+    parallel_region(b, f"{name}.planes", [x, w, y], [False, False, True], planes, t,
+                    lambda bb, ptrs, lo, hi: for_range(
+                        bb, lo, hi, lambda pl: plane(bb, *ptrs, pl), "plane"))
 
 
 def _conv_chunk(b: ir.IRBuilder, cv: Conv, ptrs: list, offsets: list[int], ci, isa: Isa,
