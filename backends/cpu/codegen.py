@@ -40,10 +40,11 @@ from .call.input_checks import emit_checks
 from .gemm.emit import pack_function
 from .gemm.matmul import as_kernel, emit_matmul, packed_b, packed_bytes, scratch_bytes
 from .kernels import scalar as S
+from .kernels.conv import conv_scratch, emit_conv
 from .kernels.dropout import emit_dropout
 from .kernels.fused import emit_fused, fused_scratch
 from .kernels.scalar import I64, PTR, REG, i64
-from .kernels.spatial import conv_scratch, emit_conv, emit_gather_scatter, emit_pool, status
+from .kernels.spatial import emit_gather_scatter, emit_pool, status
 from .kernels.unfused import ONE_OP_LOOPS, emit_kernel
 from .machine.host import Isa, host_isa, num_threads
 
