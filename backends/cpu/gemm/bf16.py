@@ -62,7 +62,6 @@ class Bf16Plan:
     mb: int        # rows per block
     kp: int        # K padded to PAIR_K
     np_: int       # columns of packed B: N padded to BLOCK
-    blocks: int    # MB-row blocks of C
     a_direct: bool  # tiles load A where it is (its rows unit-stride, 32 | K and 32 | M)
     a_ld: int       # elements between A's rows as the kernel reads them (packed: Kp, or
                     # more where Kp would alias in L1)
@@ -72,6 +71,16 @@ class Bf16Plan:
     @property
     def panels(self) -> int:
         return self.np_ // BLOCK
+
+    @property
+    def blocks(self) -> int:
+        """Blocks of mb rows of C."""
+        return cdiv(self.mp, self.mb)
+
+    @property
+    def a_units(self) -> int:
+        """16-row groups of A to pack (none where the kernel reads A in place)."""
+        return 0 if self.a_direct else self.mp // TILE
 
     @property
     def a_bytes(self) -> int:
@@ -90,8 +99,8 @@ def plan_bf16(p: GemmProblem, isa: Isa, threads: int) -> Bf16Plan:
     groups = 1 if blocks >= t else min(np_ // BLOCK, cdiv(t, blocks))
     a_direct = p.sa_k == 1 and p.k == kp and p.m == mp and not _aliases(p.sa_m)
     a_ld = p.sa_m if a_direct else kp + (PAIR_K if _aliases(kp) else 0)
-    return Bf16Plan("tiles" if isa.bf16_tiles else "dots", mp, mb, kp, np_, blocks, a_direct,
-                    a_ld, groups, min(t, blocks * groups))
+    return Bf16Plan("tiles" if isa.bf16_tiles else "dots", mp, mb, kp, np_, a_direct, a_ld,
+                    groups, min(t, blocks * groups))
 
 
 def _aliases(row: int) -> bool:
@@ -132,7 +141,7 @@ def emit_bf16(b: ir.IRBuilder, p: GemmProblem, a, b_ptr, c, scratch, isa: Isa, t
         return
     plan = plan_bf16(p, isa, threads)
     bp = b.gep(scratch, [i64(plan.a_bytes)], inbounds=True, source_etype=I8)
-    units = (0 if plan.a_direct else plan.mp // TILE) + plan.np_ // TILE
+    units = plan.a_units + plan.np_ // TILE
     parallel_region(b, f"{name}.bf16.pack", [a, b_ptr, scratch, bp], [False, False, True, True],
                     units, min(plan.threads, units),
                     lambda cb, ptrs, lo, hi: for_range(
@@ -146,12 +155,11 @@ def emit_bf16(b: ir.IRBuilder, p: GemmProblem, a, b_ptr, c, scratch, isa: Isa, t
 def _pack(b: ir.IRBuilder, p: GemmProblem, plan: Bf16Plan, ptrs: list, u) -> None:
     """Pack unit `u`: A's 16-row group u, or (past A's) B's 16-column tile."""
     a, bsrc, ap, bp = ptrs
-    groups_a = plan.mp // TILE if not plan.a_direct else 0
-    with b.if_else(b.icmp_signed("<", u, i64(groups_a))) as (is_a, is_b):
+    with b.if_else(b.icmp_signed("<", u, i64(plan.a_units))) as (is_a, is_b):
         with is_a:
             _pack_a_group(b, p, plan, a, ap, b.mul(u, i64(TILE)))
         with is_b:
-            _pack_b_tile(b, p, plan, bsrc, bp, b.sub(u, i64(groups_a)))
+            _pack_b_tile(b, p, plan, bsrc, bp, b.sub(u, i64(plan.a_units)))
 
 
 def _vec(t: ir.Type, n: int) -> ir.VectorType:
@@ -276,7 +284,7 @@ def _pack_b_tile(b: ir.IRBuilder, p: GemmProblem, plan: Bf16Plan, src, bp, jt) -
 
 
 def _compute(b: ir.IRBuilder, p: GemmProblem, plan: Bf16Plan, ptrs: list, lo, hi) -> None:
-    """Work units lo..hi: unit = block * groups + group, a block's MB rows times its group's
+    """Work units lo..hi: unit = block * groups + group, a block's mb rows times its group's
     column panels, 32 x 32 blocks of C each over all of K."""
     mod = b.module
     ap, bp, c = ptrs

@@ -117,7 +117,7 @@ def plan_matmul(op, isa: Isa, threads: int, prepack: bool = False) -> MatmulPlan
     ldc, c_map, loop, a_batch, b_batch, c_batch, rows = layout(in_place)
     p = GemmProblem(rows, n, k, ma[nb], ma[nb + 2], mb[nb + 2], mb[nb + 1], ldc, dt,
                     sums=sums if sums != dt else None)
-    if dt in LOW_PRECISION:  # only bf16 (low-precision-gemm), on the tiles
+    if dt in LOW_PRECISION:  # bf16 into f32 (low-precision-gemm), gemm/bf16.py
         return _low_precision_plan(op, p, loop, a_batch, b_batch, c_batch, c_map, in_place,
                                    isa, threads)
     # C narrower than a vector but tall, with A read down its columns (a weight gradient
@@ -156,7 +156,7 @@ def _low_precision_plan(op, p: GemmProblem, loop, a_batch, b_batch, c_batch, c_m
         raise UnsupportedOpError(f"the cpu backend multiplies {p.dtype} into {p.c_dtype} only "
                                  "as bf16 into f32, with AMX or AVX512-BF16: run "
                                  "widen-low-precision, without low-precision-gemm")
-    c_bytes = 0 if in_place else _prod(loop) * p.m * p.n * 4
+    c_bytes = 0 if in_place else _prod(loop) * p.m * p.n * S.size(p.c_dtype)
     (_, gemm_offset), total = regions(c_bytes, plan_bf16(p, isa, threads).scratch)
     return MatmulPlan(loop, p, a_batch, b_batch, c_batch, c_map, in_place, "bf16",
                       _trivial(op, in_place), False, gemm_offset, total)
