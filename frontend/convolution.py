@@ -133,17 +133,11 @@ def conv_transpose2d(x, weight, bias=None, stride=1, padding=0, output_padding=0
     smaller than the stride or the dilation (torch's rule)."""
     t = context.current()
     x, w = t.lift(x), t.lift(weight)
-    stride, dilation = ntuple("stride", stride, 2), ntuple("dilation", dilation, 2)
-    pad = ntuple("padding", padding, 2, lo=0)
-    out_pad = ntuple("output_padding", output_padding, 2, 0)
-    check_output_padding("conv_transpose2d", out_pad, stride, dilation)
-    if w.ndim != 4:
-        raise t.error(f"conv_transpose2d: weight must be [c_in, c_out/groups, kh, kw], got "
-                      f"{list(w.shape)}")
+    stride, pad, out_pad, dilation = _transpose_args("conv_transpose2d", w, 2, stride, padding,
+                                                     output_padding, dilation)
 
     def transposed(x4: Tensor) -> Tensor:
-        full = [(size - 1) * s + d * (k - 1) + 1 for size, s, d, k in
-                zip(x4.shape[2:], stride, dilation, w.shape[2:])]
+        full = _unpadded(x4, w, stride, dilation)
         out = [f - 2 * p + o for f, p, o in zip(full, pad, out_pad)]
         if all(o < s for o, s in zip(out_pad, stride)):  # the op's own padding crops
             y = _conv_transpose(x4, w, stride, pad, dilation, groups, out)
@@ -154,6 +148,27 @@ def conv_transpose2d(x, weight, bias=None, stride=1, padding=0, output_padding=0
         return y if bias is None else y + t.lift(bias).reshape(1, -1, 1, 1)
 
     return batched("conv_transpose2d", x, 4, transposed)
+
+
+def _transpose_args(what: str, w: Tensor, n: int, stride, padding, output_padding,
+                    dilation) -> tuple[tuple[int, ...], ...]:
+    """conv_transpose{n}d's stride, padding, output_padding (torch's rule) and dilation as
+    n-tuples, its weight [c_in, c_out/groups, *kernel] checked."""
+    stride, dilation = ntuple("stride", stride, n), ntuple("dilation", dilation, n)
+    pad = ntuple("padding", padding, n, lo=0)
+    out_pad = ntuple("output_padding", output_padding, n, 0)
+    check_output_padding(what, out_pad, stride, dilation)
+    if w.ndim != n + 2:
+        taps = ", ".join(("kd", "kh", "kw")[3 - n:])
+        raise w.trace.error(f"{what}: weight must be [c_in, c_out/groups, {taps}], got "
+                            f"{list(w.shape)}")
+    return stride, pad, out_pad, dilation
+
+
+def _unpadded(x: Tensor, w: Tensor, stride, dilation) -> list[int]:
+    """A transposed convolution's spatial sizes before its padding crops them."""
+    return [(size - 1) * s + d * (k - 1) + 1 for size, s, d, k in
+            zip(x.shape[2:], stride, dilation, w.shape[2:])]
 
 
 def _conv_transpose(x: Tensor, w: Tensor, stride, padding, dilation, groups: int,
@@ -172,18 +187,12 @@ def conv_transpose3d(x, weight, bias=None, stride=1, padding=0, output_padding=0
     depths (a strided unslice) and the taps summed, D cropped by the padding last."""
     t = context.current()
     x, w = t.lift(x), t.lift(weight)
-    stride, dilation = ntuple("stride", stride, 3), ntuple("dilation", dilation, 3)
-    pad = ntuple("padding", padding, 3, lo=0)
-    out_pad = ntuple("output_padding", output_padding, 3, 0)
-    check_output_padding("conv_transpose3d", out_pad, stride, dilation)
-    if w.ndim != 5:
-        raise t.error(f"conv_transpose3d: weight must be [c_in, c_out/groups, kd, kh, kw], "
-                      f"got {list(w.shape)}")
+    stride, pad, out_pad, dilation = _transpose_args("conv_transpose3d", w, 3, stride, padding,
+                                                     output_padding, dilation)
 
     def transposed(x5: Tensor) -> Tensor:
         (n, c, d, h, wd), (ci, cog, kd, kh, kw) = x5.shape, w.shape
-        full = [(size - 1) * s + dl * (k - 1) + 1 for size, s, dl, k in
-                zip(x5.shape[2:], stride, dilation, w.shape[2:])]
+        full = _unpadded(x5, w, stride, dilation)
         _fits("conv_transpose3d", x5, w, [f - 2 * p + o for f, p, o in
                                           zip(full, pad, out_pad)], groups, ci, ci)
         w2 = w.transpose(0, 2, 1, 3, 4).reshape(ci, kd * cog, kh, kw)
