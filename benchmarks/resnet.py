@@ -18,94 +18,9 @@ import numpy as np
 from timing import calls_for, interleaved, machine, median_time
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from resnet18 import WIDTHS, ResNet18, torch_resnet18  # noqa: E402  (tests/resnet18.py)
 
-WIDTHS = (64, 128, 256, 512)
 LR, MOMENTUM = 0.05, 0.9
-
-
-def ember_resnet18():
-    """torchvision's resnet18 layout with the CIFAR stem (3x3 conv, no pool)."""
-    from ember import nn
-
-    F = nn.functional
-
-    class Block(nn.Module):
-        def __init__(self, c_in, c_out, stride):
-            super().__init__()
-            self.conv1 = nn.Conv2d(c_in, c_out, 3, stride=stride, padding=1, bias=False)
-            self.bn1 = nn.BatchNorm2d(c_out)
-            self.conv2 = nn.Conv2d(c_out, c_out, 3, padding=1, bias=False)
-            self.bn2 = nn.BatchNorm2d(c_out)
-            self.down = None
-            if stride != 1 or c_in != c_out:
-                self.down = nn.Conv2d(c_in, c_out, 1, stride=stride, bias=False)
-                self.down_bn = nn.BatchNorm2d(c_out)
-
-        def forward(self, x):
-            y = self.bn2(self.conv2(F.relu(self.bn1(self.conv1(x)))))
-            return F.relu(y + (x if self.down is None else self.down_bn(self.down(x))))
-
-    class ResNet18(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.conv1 = nn.Conv2d(3, 64, 3, padding=1, bias=False)
-            self.bn1 = nn.BatchNorm2d(64)
-            blocks, c = [], 64
-            for i, w in enumerate(WIDTHS):
-                blocks += [Block(c, w, 1 if i == 0 else 2), Block(w, w, 1)]
-                c = w
-            self.blocks = blocks
-            self.fc = nn.Linear(512, 10)
-
-        def forward(self, x):
-            x = F.relu(self.bn1(self.conv1(x)))
-            for block in self.blocks:
-                x = block(x)
-            return self.fc(x.mean((2, 3)))
-
-    return ResNet18()
-
-
-def torch_resnet18():
-    """The PyTorch twin."""
-    import torch
-    from torch import nn
-
-    class Block(nn.Module):
-        def __init__(self, c_in, c_out, stride):
-            super().__init__()
-            self.conv1 = nn.Conv2d(c_in, c_out, 3, stride=stride, padding=1, bias=False)
-            self.bn1 = nn.BatchNorm2d(c_out)
-            self.conv2 = nn.Conv2d(c_out, c_out, 3, padding=1, bias=False)
-            self.bn2 = nn.BatchNorm2d(c_out)
-            self.down = None
-            if stride != 1 or c_in != c_out:
-                self.down = nn.Conv2d(c_in, c_out, 1, stride=stride, bias=False)
-                self.down_bn = nn.BatchNorm2d(c_out)
-
-        def forward(self, x):
-            y = self.bn2(self.conv2(torch.relu(self.bn1(self.conv1(x)))))
-            return torch.relu(y + (x if self.down is None else self.down_bn(self.down(x))))
-
-    class ResNet18(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.conv1 = nn.Conv2d(3, 64, 3, padding=1, bias=False)
-            self.bn1 = nn.BatchNorm2d(64)
-            blocks, c = [], 64
-            for i, w in enumerate(WIDTHS):
-                blocks += [Block(c, w, 1 if i == 0 else 2), Block(w, w, 1)]
-                c = w
-            self.blocks = nn.ModuleList(blocks)
-            self.fc = nn.Linear(512, 10)
-
-        def forward(self, x):
-            x = torch.relu(self.bn1(self.conv1(x)))
-            for block in self.blocks:
-                x = block(x)
-            return self.fc(x.mean((2, 3)))
-
-    return ResNet18()
 
 
 def conv_flops(batch: int, size: int) -> float:
@@ -143,7 +58,7 @@ def main() -> None:
     rng = np.random.default_rng(0)
     x = rng.standard_normal((args.batch, 3, args.size, args.size)).astype(np.float32)
     y = rng.integers(0, 10, args.batch)
-    model = ember_resnet18()
+    model = ResNet18("cifar", act="relu")
     step = em.compile_train_step(model, nn.functional.cross_entropy,
                                  optim.SGD(lr=LR, momentum=MOMENTUM))
     step(x, y)
@@ -151,7 +66,7 @@ def main() -> None:
     torch.set_num_threads(int(os.environ.get("EMBER_NUM_THREADS", 0)) or os.cpu_count())
     tx, ty = torch.from_numpy(x), torch.from_numpy(y)
     for label, compile_ in (("torch eager", False), ("torch.compile", True)):
-        twin = torch_resnet18()
+        twin = torch_resnet18("cifar", act="relu")
         opt = torch.optim.SGD(twin.parameters(), lr=LR, momentum=MOMENTUM)
 
         def train(a, b, twin=twin, opt=opt):

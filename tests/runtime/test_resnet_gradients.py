@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from resnet18 import ResNet18, randomize_norms
+from resnet18 import ResNet18, randomize_norms, torch_resnet18
 
 import ember as em
 from ember import nn
@@ -72,45 +72,8 @@ def torch_reference(stem: str, batch: int):
     torch = pytest.importorskip("torch")
     pytest.importorskip("onnx")
     tnn = torch.nn
-
-    class Block(tnn.Module):
-        def __init__(self, c_in, c_out, stride):
-            super().__init__()
-            self.conv1 = tnn.Conv2d(c_in, c_out, 3, stride, 1, bias=False)
-            self.bn1 = tnn.BatchNorm2d(c_out)
-            self.conv2 = tnn.Conv2d(c_out, c_out, 3, 1, 1, bias=False)
-            self.bn2 = tnn.BatchNorm2d(c_out)
-            self.down = None
-            if stride != 1 or c_in != c_out:
-                self.down = tnn.Conv2d(c_in, c_out, 1, stride, bias=False)
-                self.down_bn = tnn.BatchNorm2d(c_out)
-
-        def forward(self, x):
-            y = self.bn2(self.conv2(tnn.functional.silu(self.bn1(self.conv1(x)))))
-            return tnn.functional.silu(y + (x if self.down is None
-                                            else self.down_bn(self.down(x))))
-
-    class Net(tnn.Module):
-        def __init__(self):
-            super().__init__()
-            self.conv1 = (tnn.Conv2d(3, 64, 7, 2, 3, bias=False) if stem == "imagenet"
-                          else tnn.Conv2d(3, 64, 3, 1, 1, bias=False))
-            self.bn1 = tnn.BatchNorm2d(64)
-            blocks, c = [], 64
-            for i, w in enumerate((64, 128, 256, 512)):
-                blocks += [Block(c, w, 1 if i == 0 else 2), Block(w, w, 1)]
-                c = w
-            self.blocks = tnn.Sequential(*blocks)
-            self.fc = tnn.Linear(512, 10)
-
-        def forward(self, x):
-            x = tnn.functional.silu(self.bn1(self.conv1(x)))
-            if stem == "imagenet":
-                x = tnn.functional.avg_pool2d(x, 3, 2, 1)
-            return self.fc(self.blocks(x).mean((2, 3)))
-
     gen = torch.Generator().manual_seed(0)
-    net = Net().eval()
+    net = torch_resnet18(stem).eval()
     with torch.no_grad():
         for m in net.modules():
             if isinstance(m, tnn.BatchNorm2d):
@@ -124,7 +87,7 @@ def torch_reference(stem: str, batch: int):
                       do_constant_folding=False)
     grads = {}
     for dtype in (torch.float64, torch.float32):
-        model = Net().eval()
+        model = torch_resnet18(stem).eval()
         model.load_state_dict(net.state_dict())
         model.to(dtype)
         tnn.functional.cross_entropy(model(x.to(dtype)), y).backward()
