@@ -5,9 +5,6 @@ AveragePool, GlobalAveragePool, GlobalMaxPool and BatchNormalization nodes on 5-
 (uneven and auto pads, dilations, ceil_mode, output_shape), import and compute as
 onnxruntime does."""
 
-import io
-import warnings
-
 import numpy as np
 import pytest
 
@@ -62,20 +59,11 @@ def test_an_ember_3d_model_exports_and_runs_in_onnxruntime(tmp_path):
             np.testing.assert_allclose(g, w, **TOL)
 
 
-def _torch_export(model, x) -> bytes:
-    import torch
-
-    f = io.BytesIO()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(model, (torch.from_numpy(x),), f, dynamo=False, opset_version=17,
-                          input_names=["x"], output_names=["y"])
-    return f.getvalue()
-
-
 @pytest.mark.parametrize("backend", ["interpreter", "cpu"])
 def test_a_torch_3d_model_imports_and_matches_onnxruntime(backend):
     torch = pytest.importorskip("torch")
+    from torch_onnx import torch_export
+
     tnn = torch.nn
     torch.manual_seed(0)
     model = tnn.Sequential(
@@ -89,7 +77,7 @@ def test_a_torch_3d_model_imports_and_matches_onnxruntime(backend):
         model[1].running_mean.uniform_(-0.5, 0.5)
         model[1].running_var.uniform_(0.5, 2.0)
     x = _x(2, 2, 5, 8, 6)
-    onnx_bytes = _torch_export(model, x)
+    onnx_bytes = torch_export(model, x)
     ops = {n.op_type for n in onnx.load_from_string(onnx_bytes).graph.node}
     assert {"Conv", "ConvTranspose", "MaxPool", "AveragePool", "GlobalAveragePool"} <= ops
     got = em.compile(em.onnx.load(onnx_bytes), x, backend=backend)(x)

@@ -3,7 +3,6 @@ exported with them (the TorchScript exporter, opset 17) imports and computes as
 onnxruntime and PyTorch do, and its gradients are PyTorch's, kinks included; HardSigmoid's
 own alpha and beta; ONNX's node tests of the three ops; `ember.sign` exports as Sign."""
 
-import io
 import warnings
 
 import numpy as np
@@ -12,6 +11,8 @@ import pytest
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 torch = pytest.importorskip("torch")
+
+from torch_onnx import torch_export  # noqa: E402
 
 import ember as em  # noqa: E402
 from ember import nn  # noqa: E402
@@ -34,15 +35,6 @@ class Hard(torch.nn.Module):
         return self.sigmoid(self.fc(h)) * self.sigmoid(x * self.one) + self.swish(4 * self.fc(h))
 
 
-def _export(model, x) -> bytes:
-    f = io.BytesIO()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(model, (torch.from_numpy(x),), f, dynamo=False, opset_version=17,
-                          input_names=["x"], output_names=["y"])
-    return f.getvalue()
-
-
 def _ort(model: bytes, x: np.ndarray) -> np.ndarray:
     return ort.InferenceSession(model).run(None, {"x": x})[0]
 
@@ -57,7 +49,7 @@ def _x() -> np.ndarray:
 def test_a_torch_export_matches_onnxruntime_and_torch(backend):
     torch.manual_seed(0)
     model, x = Hard().eval(), _x()
-    onnx_bytes = _export(model, x)
+    onnx_bytes = torch_export(model, x)
     ops = {n.op_type for n in onnx.load_from_string(onnx_bytes).graph.node}
     assert {"HardSwish", "HardSigmoid"} <= ops
     got = em.compile(em.onnx.load(onnx_bytes), x, backend=backend)(x)
@@ -73,7 +65,7 @@ def test_gradients_of_the_import_are_torchs():
     torch.manual_seed(0)
     model, x = Hard(), _x()
     w = np.random.default_rng(1).standard_normal((8, 6)).astype(np.float32)
-    m = em.onnx.load(_export(model, x))
+    m = em.onnx.load(torch_export(model, x))
     grads = em.compile_grad(m, lambda out, y: (out * y).sum(), backend="cpu")(x, w)
     (model(torch.from_numpy(x)) * torch.from_numpy(w)).sum().backward()
     for name, p in model.named_parameters():

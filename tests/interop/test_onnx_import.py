@@ -2,14 +2,13 @@
 `dynamo=False`, which needs no onnxscript), imported with `em.onnx.load`: outputs match
 PyTorch's, and fine-tuning the imported CNN matches fine-tuning the original."""
 
-import io
-import warnings
-
 import numpy as np
 import pytest
 
 onnx = pytest.importorskip("onnx")
 torch = pytest.importorskip("torch")
+
+from torch_onnx import torch_export  # noqa: E402
 
 import ember as em  # noqa: E402
 
@@ -46,14 +45,9 @@ class Block(torch.nn.Module):
 
 
 def export(model: torch.nn.Module, x: np.ndarray, opset: int = 17) -> bytes:
-    """The ONNX bytes; without constant folding, which would fuse BatchNorm into the conv
-    (a different model to fine-tune)."""
-    f = io.BytesIO()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(model, (torch.from_numpy(x),), f, dynamo=False, opset_version=opset,
-                          input_names=["x"], output_names=["y"], do_constant_folding=False)
-    return f.getvalue()
+    """Without constant folding, which would fuse BatchNorm into the conv (a different
+    model to fine-tune)."""
+    return torch_export(model, x, opset, fold=False)
 
 
 def _cnn(seed=0):

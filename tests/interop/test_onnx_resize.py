@@ -10,7 +10,6 @@ torch, with torch's gradients. MaxPool with dilations against onnxruntime, and i
 against torch's max_pool2d(dilation=). A model using interpolate saved by `em.onnx.save`
 runs in onnxruntime as in ember."""
 
-import io
 import math
 import warnings
 from fractions import Fraction
@@ -23,6 +22,7 @@ ort = pytest.importorskip("onnxruntime")
 torch = pytest.importorskip("torch")
 
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+from torch_onnx import torch_export  # noqa: E402
 
 import ember as em  # noqa: E402
 from ember import nn  # noqa: E402
@@ -297,20 +297,11 @@ class Net(torch.nn.Module):
                 + d.amax((2, 3)).sum(1, keepdim=True) + e.sum((2, 3)).sum(1, keepdim=True))
 
 
-def _export(model, x: np.ndarray, opset: int = 17) -> bytes:
-    f = io.BytesIO()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(model, (torch.from_numpy(x),), f, dynamo=False,
-                          opset_version=opset, input_names=["x"], output_names=["y"])
-    return f.getvalue()
-
-
 @pytest.mark.parametrize("backend", ["interpreter", "cpu"])
 def test_a_torch_export_matches_torch_and_onnxruntime(backend):
     torch.manual_seed(0)
     model, x = Net().eval(), _x((2, 3, 5, 7))
-    b = _export(model, x)
+    b = torch_export(model, x)
     assert sum(n.op_type == "Resize" for n in onnx.load_from_string(b).graph.node) == 5
     got = _ember(b, x, backend)
     with torch.no_grad():
@@ -323,7 +314,7 @@ def test_gradients_of_the_import_are_torchs():
     torch.manual_seed(0)
     model, x = Net(), _x((2, 3, 5, 7))
     w = np.random.default_rng(1).standard_normal((2, 2)).astype(np.float32)
-    m = em.onnx.load(_export(model, x))
+    m = em.onnx.load(torch_export(model, x))
     grads = em.compile_grad(m, lambda out, y: (out * y).sum(), backend="cpu")(x, w)
     (model(torch.from_numpy(x)) * torch.from_numpy(w)).sum().backward()
     for name, p in model.named_parameters():
@@ -375,7 +366,7 @@ def test_maxpool_with_dilations_has_torchs_gradient():
                                 torch.nn.MaxPool2d(3, stride=2, padding=1, dilation=2),
                                 torch.nn.Flatten())
     x = _x((2, 3, 11, 12))
-    b = _export(model, x)
+    b = torch_export(model, x)
     node = next(n for n in onnx.load_from_string(b).graph.node if n.op_type == "MaxPool")
     assert list(helper.get_attribute_value(
         next(a for a in node.attribute if a.name == "dilations"))) == [2, 2]
