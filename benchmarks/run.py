@@ -22,8 +22,8 @@ faster). Rows:
   kernel: not the call, nor the input checks before the first kernel), the three timed in
   interleaved blocks, each call on its own (the medians of calls, as the kernels' are of
   runs);
-- bf16 GEMM 1024^3 (AMX tiles, f32 sums) against PyTorch's bf16 matmul, where the CPU has
-  the tiles;
+- bf16 GEMM 1024^3 (AMX tiles, else AVX512-BF16 dot products; f32 sums) against
+  PyTorch's bf16 matmul, where the CPU has either;
 - char-level GPT training steps (AdamW; benchmarks/gpt.py): config A (n_embd 64, 4 heads,
   2 layers) at T 64 and 256, config B (n_embd 128, 4 layers) at T 128, batch 16, and G,
   the GPT-2-small body (n_embd 768, 12 heads, 12 layers, batch 4: `--gpt G256`), against
@@ -55,13 +55,14 @@ from timing import blas_info, calls_for, interleaved, machine, median_time, pyth
 # 5-10x slower, seen on a 2-core VM)
 os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
-def compiled(graph_fn, shapes, env: dict | None = None):
-    """An ember Executable for a graph built by graph_fn(builder, *args), fused."""
+def compiled(graph_fn, shapes, env: dict | None = None, dtype: str = "f32"):
+    """An ember Executable for a graph of `dtype` arguments built by graph_fn(builder,
+    *args), fused."""
     from ember.backends import cpu
     from ember.ir import Builder, Graph, TensorType
     from ember.passes import PassManager, parse_pipeline
 
-    g = Graph("bench", [TensorType(s, "f32") for s in shapes])
+    g = Graph("bench", [TensorType(s, dtype) for s in shapes])
     b = Builder(g.body)
     b.create("func.return", list(graph_fn(b, *g.args)))
     g = PassManager(parse_pipeline("fuse")).run(g)
@@ -75,23 +76,19 @@ def compiled(graph_fn, shapes, env: dict | None = None):
 
 
 def bench_bf16_gemm(rows: list) -> None:
-    """C (f32) = A B of bf16 1024^3 on AMX tiles (`ember.matmul {dtype = "f32"}`)."""
+    """C (f32) = A B of bf16 1024^3 (`ember.matmul {dtype = "f32"}`) on AMX tiles, or on
+    AVX512-BF16 dot products where the CPU has no AMX."""
     import ml_dtypes
 
     from ember.backends.cpu.machine.host import host_isa
-    from ember.ir import Builder, Graph, TensorType
-    from ember.passes import PassManager, parse_pipeline
 
-    if not host_isa().bf16_tiles:
-        rows.append(("bf16 GEMM 1024^3", "skipped", "no AMX-BF16", "", ""))
+    isa = host_isa()
+    if not isa.bf16_gemm:
+        rows.append(("bf16 GEMM 1024^3", "skipped", "no AMX-BF16 or AVX512-BF16", "", ""))
         return
-    from ember.backends import cpu
-
     n = 1024
-    g = Graph("bench", [TensorType((n, n), "bf16")] * 2)
-    b = Builder(g.body)
-    b.create("func.return", [b.op("ember.matmul", *g.args, dtype="f32")])
-    exe = cpu.Executable(PassManager(parse_pipeline("fuse")).run(g), use_cache=False)
+    exe = compiled(lambda bl, x, y: [bl.op("ember.matmul", x, y, dtype="f32")], [(n, n)] * 2,
+                   dtype="bf16")
     rng = np.random.default_rng(0)
     a, w = (rng.standard_normal((n, n)).astype(ml_dtypes.bfloat16) for _ in range(2))
     flops = 2 * n ** 3
@@ -104,7 +101,8 @@ def bench_bf16_gemm(rows: list) -> None:
         ta, tw = (torch.from_numpy(x.astype(np.float32)).bfloat16() for x in (a, w))
         t_torch = median_time(lambda: ta @ tw, number)
         other = f"torch {flops / t_torch / 1e9:6.0f}"
-    rows.append(("bf16 GEMM 1024^3 ember (AMX)", f"{gf:7.0f} GFLOP/s", other, "", ""))
+    kernel = "AMX" if isa.bf16_tiles else "AVX512-BF16"
+    rows.append((f"bf16 GEMM 1024^3 ember ({kernel})", f"{gf:7.0f} GFLOP/s", other, "", ""))
 
 
 def entry_time(exe, inputs, number, params=None) -> float:
