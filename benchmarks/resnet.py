@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from timing import calls_for, interleaved, machine, median_time
+from timing import calls_for, interleaved, machine, median_time, torch_train
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from resnet18 import WIDTHS, ResNet18, torch_resnet18  # noqa: E402  (tests/resnet18.py)
@@ -63,21 +63,11 @@ def main() -> None:
                                  optim.SGD(lr=LR, momentum=MOMENTUM))
     step(x, y)
     fns = {"ember": lambda: step(x, y)}
-    torch.set_num_threads(int(os.environ.get("EMBER_NUM_THREADS", 0)) or os.cpu_count())
-    tx, ty = torch.from_numpy(x), torch.from_numpy(y)
     for label, compile_ in (("torch eager", False), ("torch.compile", True)):
         twin = torch_resnet18("cifar", act="relu")
         opt = torch.optim.SGD(twin.parameters(), lr=LR, momentum=MOMENTUM)
-
-        def train(a, b, twin=twin, opt=opt):
-            opt.zero_grad(set_to_none=True)
-            loss = torch.nn.functional.cross_entropy(twin(a), b)
-            loss.backward()
-            opt.step()
-            return loss
-
-        fn = torch.compile(train) if compile_ else train
-        fns[label] = lambda fn=fn: fn(tx, ty)
+        fns[label] = torch_train(lambda a, b, twin=twin: torch.nn.functional.cross_entropy(
+            twin(a), b), opt, compile_, x, y)
         median_time(fns[label], 1, 2)  # warm up (and compile)
     times = interleaved(fns, calls_for(median_time(fns["ember"], 1, 2), 0.5))
     flops = conv_flops(args.batch, args.size)

@@ -1,6 +1,7 @@
 """How benchmarks/run.py times things and describes the machine: medians of repetitions,
 interleaved blocks (every contender sees the same drift of a shared VM), a step's Python
-alone, the FMA peak measured rather than read from /proc/cpuinfo, and numpy's BLAS."""
+alone, the FMA peak measured rather than read from /proc/cpuinfo, numpy's BLAS, and the
+PyTorch training step every comparison times (`torch_train`)."""
 
 from __future__ import annotations
 
@@ -183,3 +184,24 @@ def _noop_entry():
     ir.IRBuilder(fn.append_basic_block()).ret(ir.Constant(ir.IntType(64), 0))
     jit = JitModule(mod, name="noop", needs_pool=False)
     return jit, jit.function("noop", ctypes.c_int64, ctypes.c_void_p)
+
+
+# -- PyTorch -------------------------------------------------------------------------------------
+
+def torch_train(loss_fn, opt, compile_: bool, x, y):
+    """A zero-argument PyTorch training step on (x, y): zero_grad, `loss_fn(x, y)` backward,
+    `opt.step()`; the whole of it under torch.compile when `compile_`. Threads as ember's."""
+    import torch
+
+    torch.set_num_threads(int(os.environ.get("EMBER_NUM_THREADS", 0)) or os.cpu_count())
+
+    def train(tx, ty):
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(tx, ty)
+        loss.backward()
+        opt.step()
+        return loss
+
+    fn = torch.compile(train) if compile_ else train
+    tx, ty = torch.from_numpy(x), torch.from_numpy(y)
+    return lambda: fn(tx, ty)
