@@ -15,6 +15,13 @@ CONV = [  # x shape, w shape, stride, padding, dilation, groups
     ((1, 4, 9, 8), (6, 2, 3, 2), [2, 1], [0, 1], [1, 2], 2),
     ((3, 2, 5, 5), (4, 2, 1, 1), [1, 1], [0, 0], [1, 1], 1),
     ((2, 6, 8, 7), (6, 1, 3, 3), [2, 2], [1, 1], [1, 1], 6),
+    # implicit GEMMs (kernels/implicit_conv.py): a panel and a tail of positions, ...
+    ((2, 5, 11, 9), (7, 5, 3, 3), [1, 1], [1, 1], [1, 1], 1),
+    # ... K past a slice (135 = 128 + 7), groups, dilation, uneven padding, ...
+    ((1, 30, 10, 12), (8, 15, 3, 3), [1, 1], [2, 1], [2, 1], 2),
+    # ... unpadded, and strided (the input gradient then through im2col)
+    ((1, 4, 12, 12), (3, 4, 3, 3), [1, 1], [0, 0], [1, 1], 1),
+    ((2, 3, 20, 18), (4, 3, 5, 3), [2, 2], [2, 1], [1, 1], 1),
 ]
 
 

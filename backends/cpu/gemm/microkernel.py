@@ -100,7 +100,7 @@ def microkernel(mod: ir.Module, dtype: str, lanes: int, mr: int, nv: int, masked
 
     def vload(ptr, masked):
         if masked:
-            return _masked_rt(b, "load", dtype, lanes, mask, ptr)
+            return masked_rt(b, "load", dtype, lanes, mask, ptr)
         return b.load(ptr, typ=vt, align=S.size(dtype))
 
     if prefetch_a:  # A's elements PREFETCH_K steps on: first and last row (no fault)
@@ -149,16 +149,16 @@ def microkernel(mod: ir.Module, dtype: str, lanes: int, mr: int, nv: int, masked
             masked = v == nv - 1
             with b.if_else(accum) as (add, put):
                 with add:
-                    old = (_masked_rt(b, "load", dtype, lanes, mask, p) if masked
+                    old = (masked_rt(b, "load", dtype, lanes, mask, p) if masked
                            else b.load(p, typ=vt, align=S.size(dtype)))
                     new = b.fadd(accs[i][v], old)
                     if masked:
-                        _masked_rt(b, "store", dtype, lanes, mask, p, new)
+                        masked_rt(b, "store", dtype, lanes, mask, p, new)
                     else:
                         b.store(new, p, align=S.size(dtype))
                 with put:
                     if masked:
-                        _masked_rt(b, "store", dtype, lanes, mask, p, accs[i][v])
+                        masked_rt(b, "store", dtype, lanes, mask, p, accs[i][v])
                     else:
                         b.store(accs[i][v], p, align=S.size(dtype))
 
@@ -172,7 +172,7 @@ def microkernel(mod: ir.Module, dtype: str, lanes: int, mr: int, nv: int, masked
     return fn
 
 
-def _masked_rt(b: ir.IRBuilder, kind: str, dtype: str, lanes: int, mask, ptr, value=None):
+def masked_rt(b: ir.IRBuilder, kind: str, dtype: str, lanes: int, mask, ptr, value=None):
     """A masked vector load or store with a mask computed at run time."""
     vt = _vec(dtype, lanes)
     mt = ir.VectorType(I1, lanes)

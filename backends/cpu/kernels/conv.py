@@ -9,7 +9,9 @@ with K = c_in/groups * kh * kw and P = oh * ow. A chunk is as many images as giv
 FOLD_COLUMNS columns (one where P is that large already): per image, the late layers of a
 ResNet at 32x32 were GEMMs of 16 columns that each read the whole weight. With more than
 one image a chunk's product and gradient are gathered side by side in scratch (NCHW keeps
-each image's channels apart). Depthwise forward convs have loops of their own.
+each image's channels apart). Depthwise forward convs have loops of their own, and forward
+convs and stride-1 input gradients whose weight stays in L2 pack their columns straight
+from the image, with no im2col (implicit_conv.py).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from ..gemm.matmul import byte_offset, engine_for, gemm_call, gemm_scratch
 from ..machine.host import Isa
 from ..parallel.outline import chunk_index, parallel_chunks, parallel_region
 from . import scalar as S
+from .implicit_conv import Geometry, emit_implicit, fits, flip_weight, scratch_bytes, valid_outputs
 from .loops import for_range, loop
 from .scalar import i64
 
@@ -74,6 +77,19 @@ class Conv:
             ks, ps = self.cols_strides
             return GemmProblem(og, k, q, q, 1, ps, ks, k, self.dtype)
         return GemmProblem(k, q, og, 1, k, q, 1, q, self.dtype)
+
+    def implicit(self, isa: Isa) -> Geometry | None:
+        """The forward conv this op runs as an implicit GEMM (implicit_conv.py), if any:
+        a forward conv's own, or a stride-1 input gradient's."""
+        geo = (Geometry.forward(self) if self.name == "ember.conv2d" and not self.depthwise
+               else Geometry.input_gradient(self) if self.name == "ember.conv2d_grad_input"
+               else None)
+        return geo if fits(geo, isa) else None
+
+    @property
+    def flipped_bytes(self) -> int:
+        """Scratch for the flipped weight of an implicit input gradient."""
+        return self.weight_bytes if self.name == "ember.conv2d_grad_input" else 0
 
     @property
     def depthwise(self) -> bool:
@@ -147,6 +163,9 @@ COPIED_WEIGHT_FLOPS = 32 << 20
 
 def conv_scratch(op, isa: Isa, threads: int) -> int:
     cv = Conv(op)
+    geo = cv.implicit(isa)
+    if geo is not None:
+        return cv.flipped_bytes + scratch_bytes(geo, isa, threads)
     return cv.chunk_threads(threads) * cv.scratch(isa, threads)[0]
 
 
@@ -157,13 +176,6 @@ def tap_position(b, cv: Conv, oh, ow, i, j):
     inside = b.and_(b.and_(b.icmp_signed(">=", h, i64(0)), b.icmp_signed("<", h, i64(cv.h))),
                     b.and_(b.icmp_signed(">=", w, i64(0)), b.icmp_signed("<", w, i64(cv.w))))
     return h, w, inside
-
-
-def _valid(n_out: int, size: int, stride: int, pad: int, tap: int, dil: int) -> range:
-    """Output positions whose input coordinate o*stride - pad + tap*dil lies in [0, size)."""
-    lo = max(0, -(-(pad - tap * dil) // stride))
-    hi = min(n_out, (size - 1 + pad - tap * dil) // stride + 1)
-    return range(lo, max(lo, hi))
 
 
 def _ranges(n: int, valid: range) -> list[tuple[int, int, bool]]:
@@ -183,9 +195,9 @@ def _each_tap(b, cv: Conv, n, g, body) -> None:
     def chan_body(c):
         chan = b.add(b.mul(n, i64(cv.c)), b.add(b.mul(g, i64(cv.cg)), c))
         for i in range(cv.kh):
-            vh = _valid(cv.oh, cv.h, cv.sh, cv.ph, i, cv.dh)
+            vh = valid_outputs(cv.oh, cv.h, cv.sh, cv.ph, i, cv.dh)
             for j in range(cv.kw):
-                vw = _valid(cv.ow, cv.w, cv.sw, cv.pw, j, cv.dw)
+                vw = valid_outputs(cv.ow, cv.w, cv.sw, cv.pw, j, cv.dw)
                 row = b.add(b.mul(c, i64(cv.kh * cv.kw)), i64(i * cv.kw + j))
                 body(chan, i, j, vh, vw, row)
 
@@ -256,6 +268,14 @@ def emit_conv(b: ir.IRBuilder, op, outs, ins, scratch, isa: Isa, threads: int,
     if cv.depthwise:
         _emit_depthwise(b, cv, ins, outs[0], threads, name)
         return
+    geo = cv.implicit(isa)
+    if geo is not None:
+        x, w = ins
+        if cv.flipped_bytes:
+            flip_weight(b, cv, w, scratch)
+            w, scratch = scratch, byte_offset(b, scratch, cv.flipped_bytes)
+        emit_implicit(b, geo, x, w, outs[0], scratch, isa, threads, name)
+        return
     if op.name != "ember.conv2d":  # both gradients accumulate: start from zero
         total = math.prod(op.result.type.shape)
         loop(b, total, lambda i: S.store(b, outs[0], dt, i, S.const(dt, 0)), "z")
@@ -308,8 +328,8 @@ def _emit_depthwise(b: ir.IRBuilder, cv: Conv, ins: list, y, threads: int,
         taps = [[S.load(bb, wp, dt, bb.add(wbase, i64(i * cv.kw + j))) for j in range(cv.kw)]
                 for i in range(cv.kh)]
 
-        vh = [_valid(cv.oh, cv.h, cv.sh, cv.ph, i, cv.dh) for i in range(cv.kh)]
-        vw = [_valid(cv.ow, cv.w, cv.sw, cv.pw, j, cv.dw) for j in range(cv.kw)]
+        vh = [valid_outputs(cv.oh, cv.h, cv.sh, cv.ph, i, cv.dh) for i in range(cv.kh)]
+        vw = [valid_outputs(cv.ow, cv.w, cv.sw, cv.pw, j, cv.dw) for j in range(cv.kw)]
         inner = range(max(r.start for r in vw), min(r.stop for r in vw))
 
         def x_row(oh, i):

@@ -1,0 +1,332 @@
+"""Convolutions as implicit GEMMs: Y[n, o, p] = W (O x K) @ cols(x[n]) (K x P), the
+columns never written out. Each `nr`-wide panel of an image's output positions packs a
+`KC`-deep slice of its columns straight from the image into a buffer that stays in L1,
+and every `mr`-row tile of W multiplies it there (the own GEMM's micro-kernel, A = W read
+in place). im2col wrote an image's whole K x P columns first (2.4 MB at 64 channels of
+32x32, past L2) and the GEMM then packed them a second time.
+
+A panel re-reads all of its group's weight, so this path is for weights that stay in L2
+(`fits`); larger ones (a ResNet's late layers) keep im2col and batch-folded GEMMs
+(conv.py). A stride-1 conv's input gradient is a forward conv of the output gradient
+with the weight's taps flipped and its channels swapped (`Geometry.input_gradient`): the
+same kernel, where im2col's path wrote K x P gradient columns and added them back (col2im).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llvmlite import ir
+
+from ...strides import cdiv
+from ..gemm.emit import blocking
+from ..gemm.matmul import byte_offset
+from ..gemm.microkernel import I1, masked_rt, microkernel
+from ..machine.host import Isa, host_caches
+from ..parallel.outline import chunk_index, parallel_chunks, parallel_region
+from . import scalar as S
+from .loops import for_range, loop
+from .scalar import I32, I64, PTR, i64
+
+# depth of a packed slice of the columns, about: its nr x KC buffer (32 KiB of f32 at
+# nr = 64) stays in L1 while the tiles of W multiply it. A slice is whole channels (all
+# their taps), so each tap's place in it, and the output columns it reaches, are constants
+KC = 128
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """A forward conv: x [n, c, h, w], weight [o, c/g, kh, kw], y [n, o, oh, ow]."""
+
+    n: int
+    c: int
+    h: int
+    w: int
+    o: int
+    g: int
+    kh: int
+    kw: int
+    sh: int
+    sw: int
+    ph: int
+    pw: int
+    dh: int
+    dw: int
+    oh: int
+    ow: int
+    dtype: str
+
+    @classmethod
+    def forward(cls, cv) -> Geometry:
+        """Of a `conv.Conv` of `ember.conv2d`."""
+        return cls(cv.n, cv.c, cv.h, cv.w, cv.o, cv.g, cv.kh, cv.kw, cv.sh, cv.sw, cv.ph,
+                   cv.pw, cv.dh, cv.dw, cv.oh, cv.ow, cv.dtype)
+
+    @classmethod
+    def input_gradient(cls, cv) -> Geometry | None:
+        """The forward conv of dy [n, o, oh, ow] that gives a `conv.Conv` of
+        `ember.conv2d_grad_input`'s dx, where its stride is 1: the weight's taps flipped
+        and its channels swapped (`flip_weight`), padded by the taps' reach less the
+        forward's padding. None for other strides (or padding past the reach)."""
+        ph, pw = cv.dh * (cv.kh - 1) - cv.ph, cv.dw * (cv.kw - 1) - cv.pw
+        if (cv.sh, cv.sw) != (1, 1) or ph < 0 or pw < 0:
+            return None
+        return cls(cv.n, cv.o, cv.oh, cv.ow, cv.c, cv.g, cv.kh, cv.kw, 1, 1, ph, pw,
+                   cv.dh, cv.dw, cv.h, cv.w, cv.dtype)
+
+    @property
+    def cg(self) -> int:
+        return self.c // self.g
+
+    @property
+    def og(self) -> int:
+        return self.o // self.g
+
+    @property
+    def k(self) -> int:
+        return self.cg * self.kh * self.kw
+
+    @property
+    def p(self) -> int:
+        return self.oh * self.ow
+
+    @property
+    def taps(self) -> int:
+        return self.kh * self.kw
+
+    @property
+    def slice_channels(self) -> int:
+        """Channels per packed slice of the columns (`KC`)."""
+        return min(self.cg, max(1, KC // self.taps))
+
+
+def valid_outputs(n_out: int, size: int, stride: int, pad: int, tap: int, dil: int) -> range:
+    """Output positions whose input coordinate o*stride - pad + tap*dil lies in [0, size)."""
+    lo = max(0, -(-(pad - tap * dil) // stride))
+    hi = min(n_out, (size - 1 + pad - tap * dil) // stride + 1)
+    return range(lo, max(lo, hi))
+
+
+def fits(geo: Geometry | None, isa: Isa) -> bool:
+    """Whether `geo` runs as an implicit GEMM: f32/f64, taps to gather (a pointwise conv's
+    columns are its input already), a group's weight within half of L2, and at least one
+    whole panel of positions per image (fewer would leave the vector lanes empty)."""
+    if geo is None or geo.dtype not in S.FLOATS or geo.taps == 1:
+        return False
+    return (geo.og * geo.k * S.size(geo.dtype) <= host_caches().l2 // 2
+            and geo.p >= _nr(geo, isa))
+
+
+def _nr(geo: Geometry, isa: Isa) -> int:
+    return blocking(isa, geo.dtype, 1 << 20).nr(isa.lanes(geo.dtype))
+
+
+def _items(geo: Geometry, isa: Isa) -> int:
+    """Work items: (image, group, panel of positions)."""
+    return geo.n * geo.g * cdiv(geo.p, _nr(geo, isa))
+
+
+def threads_for(geo: Geometry, isa: Isa, threads: int) -> int:
+    flops = 2 * geo.n * geo.o * geo.p * geo.k
+    return parallel_chunks(flops / 8, _items(geo, isa), threads)
+
+
+def scratch_bytes(geo: Geometry, isa: Isa, threads: int) -> int:
+    """A packed slice per thread."""
+    depth = geo.slice_channels * geo.taps
+    return threads_for(geo, isa, threads) * _nr(geo, isa) * depth * S.size(geo.dtype)
+
+
+def flip_weight(b: ir.IRBuilder, cv, w, out) -> None:
+    """out[g, c, o, kh-1-i, kw-1-j] = w[g, o, c, i, j] per group (`input_gradient`)."""
+    dt, taps = cv.dtype, cv.kh * cv.kw
+
+    def tap(g, o, c, t):
+        src = b.add(b.mul(b.add(b.mul(g, i64(cv.og)), o), i64(cv.k)),
+                    b.add(b.mul(c, i64(taps)), t))
+        dst = b.add(b.mul(b.add(b.mul(g, i64(cv.cg)), c), i64(cv.og * taps)),
+                    b.add(b.mul(o, i64(taps)), b.sub(i64(taps - 1), t)))
+        S.store(b, out, dt, dst, S.load(b, w, dt, src))
+
+    loop(b, cv.g, lambda g: loop(b, cv.og, lambda o: loop(
+        b, cv.cg, lambda c: loop(b, taps, lambda t: tap(g, o, c, t), "t"), "c"), "o"), "g")
+
+
+def emit_implicit(b: ir.IRBuilder, geo: Geometry, x, w, y, scratch, isa: Isa, threads: int,
+                  name: str) -> None:
+    """y = conv(x, w) of `geo`, items split across threads, each with its own slice buffer
+    at the start of `scratch`."""
+    lanes = isa.lanes(geo.dtype)
+    blk = blocking(isa, geo.dtype, 1 << 20)
+    nr = blk.nr(lanes)
+    npanels = cdiv(geo.p, nr)
+    tail = geo.p - (npanels - 1) * nr
+    mod = b.module
+    uk_full = microkernel(mod, geo.dtype, lanes, blk.mr, blk.nv, False)
+    uk_tail = (microkernel(mod, geo.dtype, lanes, blk.mr, cdiv(tail, lanes), False)
+               if tail != nr else uk_full)
+    cs = geo.slice_channels
+    packers = {cc: _packer(mod, geo, cc, nr, lanes, f"{name}.pack{cc}")
+               for cc in {cs, geo.cg % cs} if cc}
+    items = _items(geo, isa)
+    t = threads_for(geo, isa, threads)
+    per = nr * cs * geo.taps * S.size(geo.dtype)
+    el = S.REG[geo.dtype]
+
+    def at(bb, ptr, offset):
+        return bb.gep(ptr, [offset], inbounds=True, source_etype=el)
+
+    def item(bb, xp, wp, yp, buf, it):
+        jp = bb.urem(it, i64(npanels))
+        ng = bb.udiv(it, i64(npanels))  # image * groups + group
+        g = bb.urem(ng, i64(geo.g))
+        pos0 = bb.mul(jp, i64(nr))
+        last = bb.icmp_signed("==", jp, i64(npanels - 1))
+        npos = bb.select(last, i64(tail), i64(nr))
+        xg = at(bb, xp, bb.mul(bb.add(bb.mul(bb.udiv(ng, i64(geo.g)), i64(geo.c)),
+                                      bb.mul(g, i64(geo.cg))), i64(geo.h * geo.w)))
+        wg = at(bb, wp, bb.mul(g, i64(geo.og * geo.k)))
+        yg = at(bb, yp, bb.add(bb.mul(ng, i64(geo.og * geo.p)), pos0))
+
+        def k_slice(c0, cc: int):
+            """Channels [c0, c0 + cc) of the group: rows k0.. of the columns."""
+            kk, k0 = cc * geo.taps, bb.mul(c0, i64(geo.taps))
+            bb.call(packers[cc], [at(bb, xg, bb.mul(c0, i64(geo.h * geo.w))), buf, pos0, npos])
+            first = bb.icmp_signed(">", k0, i64(0))
+
+            def tile(r):
+                rows = bb.sub(i64(geo.og), bb.mul(r, i64(blk.mr)))
+                rows = bb.select(bb.icmp_signed("<", rows, i64(blk.mr)), rows, i64(blk.mr))
+                a = at(bb, wg, bb.add(bb.mul(r, i64(blk.mr * geo.k)), k0))
+                c = at(bb, yg, bb.mul(r, i64(blk.mr * geo.p)))
+
+                def call(uk):
+                    bb.call(uk, [a, i64(geo.k), i64(1), buf, i64(nr), c, i64(geo.p), i64(kk),
+                                 first, rows, npos])
+                if uk_tail is uk_full:  # the last panel's columns are masked all the same
+                    call(uk_full)
+                    return
+                with bb.if_else(last) as (short, whole):
+                    with short:
+                        call(uk_tail)
+                    with whole:
+                        call(uk_full)
+
+            loop(bb, cdiv(geo.og, blk.mr), tile, "tile")
+
+        full, rest = divmod(geo.cg, cs)
+        loop(bb, full, lambda kb: k_slice(bb.mul(kb, i64(cs)), cs), "kb")
+        if rest:
+            k_slice(i64(full * cs), rest)
+
+    if t == 1:
+        loop(b, items, lambda it: item(b, x, w, y, scratch, it), "item")
+        return
+
+    def share(bb, ptrs, lo, hi):
+        buf = byte_offset(bb, ptrs[3], bb.mul(chunk_index(bb, lo, items, t), i64(per)))
+        for_range(bb, lo, hi, lambda it: item(bb, *ptrs[:3], buf, it), "item")
+
+    parallel_region(b, f"{name}.items", [x, w, y, scratch], [False, False, True, True],
+                    items, t, share)
+
+
+def _packer(mod: ir.Module, geo: Geometry, channels: int, nr: int, lanes: int,
+            name: str) -> ir.Function:
+    """`pack(x, buf, pos0, npos)`: buf[k][q] = cols[k, pos0 + q] of the `channels`
+    channels at x, for q < npos (0 where a tap lands in the padding). Per output row the
+    panel covers and vector of its columns, each (channel, tap) is one masked load (a
+    gather for strided convs) and one masked store: the taps are unrolled, so which columns
+    each reaches is a constant mask, and whether its input row lies inside the image one
+    test per row. Columns past npos are left as they are: the micro-kernel stores none of
+    their sums."""
+    dt = geo.dtype
+    el = S.REG[dt]
+    fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [PTR, PTR, I64, I64]), name)
+    fn.linkage = "internal"
+    for a in fn.args[:2]:
+        a.add_attribute("noalias")
+    x, buf, pos0, npos = fn.args
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    vi = ir.VectorType(I64, lanes)
+    iota = ir.Constant(vi, list(range(lanes)))
+    all_lanes, no_lanes = (ir.Constant(ir.VectorType(I1, lanes), [on] * lanes) for on in (1, 0))
+
+    def spread(v):
+        return b.shuffle_vector(b.insert_element(ir.Constant(vi, ir.Undefined), v, i64(0)),
+                                ir.Constant(vi, ir.Undefined),
+                                ir.Constant(ir.VectorType(I32, lanes), [0] * lanes))
+
+    end = b.add(pos0, npos)
+
+    def out_row(r):
+        """The panel's part of output row r: its columns [s0, s1), at buf column d + s0."""
+        r0 = b.mul(r, i64(geo.ow))
+        s0 = b.sub(b.select(b.icmp_signed(">", pos0, r0), pos0, r0), r0)
+        r1 = b.add(r0, i64(geo.ow))
+        s1 = b.sub(b.select(b.icmp_signed("<", end, r1), end, r1), r0)
+        d = b.sub(r0, pos0)
+        rows_inside = []
+        for i in range(geo.kh):
+            h = b.add(b.mul(r, i64(geo.sh)), i64(i * geo.dh - geo.ph))
+            rows_inside.append((h, b.and_(b.icmp_signed(">=", h, i64(0)),
+                                          b.icmp_signed("<", h, i64(geo.h)))))
+        s1_v = spread(s1)
+
+        def vec(v):
+            q = b.add(s0, b.mul(v, i64(lanes)))
+            qv = b.add(spread(q), iota)
+            stored = b.icmp_signed("<", qv, s1_v)
+            reach = []  # per tap column j: the columns whose input column lies inside
+            for j in range(geo.kw):
+                inside = valid_outputs(geo.ow, geo.w, geo.sw, geo.pw, j, geo.dw)
+                reach.append(b.and_(stored, b.and_(
+                    b.icmp_signed(">=", qv, ir.Constant(vi, [inside.start] * lanes)),
+                    b.icmp_signed("<", qv, ir.Constant(vi, [inside.stop] * lanes)))))
+            dst0 = b.add(d, q)
+
+            def channel(c):
+                for i, (h, h_inside) in enumerate(rows_inside):
+                    xrow = b.add(b.mul(c, i64(geo.h * geo.w)), b.mul(h, i64(geo.w)))
+                    row_mask = b.select(h_inside, all_lanes, no_lanes)
+                    for j in range(geo.kw):
+                        mask = b.and_(reach[j], row_mask)
+                        col = b.add(xrow, i64(j * geo.dw - geo.pw))
+                        value = _load(b, x, col, q, geo.sw, mask, dt, lanes)
+                        k = b.add(b.mul(c, i64(geo.taps)), i64(i * geo.kw + j))
+                        dst = b.gep(buf, [b.add(b.mul(k, i64(nr)), dst0)], inbounds=True,
+                                    source_etype=el)
+                        masked_rt(b, "store", dt, lanes, stored, dst, value)
+
+            loop(b, channels, channel, "c")
+
+        count = b.udiv(b.add(b.sub(s1, s0), i64(lanes - 1)), i64(lanes))
+        for_range(b, i64(0), count, vec, "v")
+
+    first_row = b.udiv(pos0, i64(geo.ow))
+    rows_end = b.udiv(b.add(end, i64(geo.ow - 1)), i64(geo.ow))
+    for_range(b, first_row, rows_end, out_row, "orow")
+    b.ret_void()
+    return fn
+
+
+def _load(b: ir.IRBuilder, x, col, q, stride: int, mask, dt: str, lanes: int):
+    """x[col + (q + lane) * stride] on the lanes of `mask`, 0 on the others: a masked load,
+    or a masked gather for a strided conv. Masked-off lanes may lie outside x (their
+    addresses are never read): no `inbounds`."""
+    el = S.REG[dt]
+    if stride == 1:
+        return masked_rt(b, "load", dt, lanes, mask,
+                         b.gep(x, [b.add(col, q)], source_etype=el))
+    vi = ir.VectorType(I64, lanes)
+    base = b.ptrtoint(b.gep(x, [b.add(col, b.mul(q, i64(stride)))], source_etype=el), I64)
+    spread = b.shuffle_vector(b.insert_element(ir.Constant(vi, ir.Undefined), base, i64(0)),
+                              ir.Constant(vi, ir.Undefined),
+                              ir.Constant(ir.VectorType(I32, lanes), [0] * lanes))
+    step = ir.Constant(vi, [lane * stride * S.size(dt) for lane in range(lanes)])
+    ptrs = b.inttoptr(b.add(spread, step), ir.VectorType(PTR, lanes))
+    vt = ir.VectorType(el, lanes)
+    pv = ir.VectorType(PTR, lanes)
+    gather = S.declare(b.module, f"llvm.masked.gather.v{lanes}{dt}.v{lanes}p0", vt,
+                       [pv, I32, ir.VectorType(I1, lanes), vt])
+    return b.call(gather, [ptrs, ir.Constant(I32, S.size(dt)), mask, ir.Constant(vt, None)])

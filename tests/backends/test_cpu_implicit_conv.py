@@ -1,0 +1,49 @@
+"""Convolutions as implicit GEMMs (backends/cpu/kernels/implicit_conv.py): forward convs
+and stride-1 input gradients against the interpreter on 1, 2 and 4 threads, f32 and f64,
+with panels of positions split across threads (one image) and images (several)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_cpu_ops import attrs, graph
+
+from ember.backends import cpu, interpreter
+from ember.backends.cpu.kernels.conv import Conv
+from ember.backends.cpu.machine.host import host_isa
+
+CASES = [  # x shape, w shape, stride, padding, dilation, groups
+    ((1, 6, 16, 12), (10, 6, 3, 3), [1, 1], [1, 1], [1, 1], 1),  # 3 panels, one a tail
+    ((3, 4, 9, 20), (4, 2, 3, 5), [1, 1], [2, 1], [1, 2], 2),   # groups, dilation
+    ((2, 16, 18, 18), (8, 16, 3, 3), [2, 2], [1, 1], [1, 1], 1),  # strided: gathers
+]
+
+
+@pytest.mark.parametrize("threads", [1, 2, 4])
+@pytest.mark.parametrize("dtype", ["f32", "f64"])
+@pytest.mark.parametrize("case", CASES)
+def test_implicit_conv_and_input_gradient(case, dtype, threads, monkeypatch):
+    from ember.backends.cpu.parallel import outline
+
+    monkeypatch.setenv("EMBER_NUM_THREADS", str(threads))
+    monkeypatch.setattr(outline, "MIN_WORK", 16)  # split even these small convs
+    xs, ws, stride, pad, dil, groups = case
+    a = attrs(stride, pad, dil, groups)
+    rng = np.random.default_rng(3)
+    x, w = (rng.standard_normal(s).astype(dtype.replace("f", "float")) for s in (xs, ws))
+
+    def fn(b, x, w):
+        y = b.create("ember.conv2d", [x, w], a).result
+        gx = b.create("ember.conv2d_grad_input", [b.op("ember.tanh", y), w],
+                      {**a, "input_shape": list(xs)}).result
+        return [y, gx]
+
+    g = graph([(xs, dtype), (ws, dtype)], fn)
+    conv, grad = (op for op in g.body.ops if op.name.startswith("ember.conv2d"))
+    assert Conv(conv).implicit(host_isa()) is not None
+    assert (Conv(grad).implicit(host_isa()) is not None) == (stride == [1, 1])
+    want = interpreter.run(g, [x, w])
+    got = cpu.Executable(g, use_cache=False)([x, w])
+    tol = 2e-5 if dtype == "f32" else 1e-12
+    for gv, wv in zip(got, want):
+        np.testing.assert_allclose(gv, wv, rtol=tol, atol=tol * np.abs(wv).max())
