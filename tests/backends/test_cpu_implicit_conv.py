@@ -1,6 +1,7 @@
-"""Convolutions as implicit GEMMs (backends/cpu/kernels/implicit_conv.py): forward convs
-and stride-1 input gradients against the interpreter on 1, 2 and 4 threads, f32 and f64,
-with panels of positions split across threads (one image) and images (several)."""
+"""Convolutions as implicit GEMMs (backends/cpu/kernels/implicit_conv.py,
+implicit_weight_grad.py): forward convs, stride-1 input gradients and weight gradients
+against the interpreter on 1, 2 and 4 threads, f32 and f64, with panels of positions split
+across threads (one image) and images (several)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ CASES = [  # x shape, w shape, stride, padding, dilation, groups
 @pytest.mark.parametrize("threads", [1, 2, 4])
 @pytest.mark.parametrize("dtype", ["f32", "f64"])
 @pytest.mark.parametrize("case", CASES)
-def test_implicit_conv_and_input_gradient(case, dtype, threads, monkeypatch):
+def test_implicit_conv_and_gradients(case, dtype, threads, monkeypatch):
     from ember.backends.cpu.parallel import outline
 
     monkeypatch.setenv("EMBER_NUM_THREADS", str(threads))
@@ -34,14 +35,16 @@ def test_implicit_conv_and_input_gradient(case, dtype, threads, monkeypatch):
 
     def fn(b, x, w):
         y = b.create("ember.conv2d", [x, w], a).result
-        gx = b.create("ember.conv2d_grad_input", [b.op("ember.tanh", y), w],
-                      {**a, "input_shape": list(xs)}).result
-        return [y, gx]
+        gy = b.op("ember.tanh", y)
+        gx = b.create("ember.conv2d_grad_input", [gy, w], {**a, "input_shape": list(xs)}).result
+        gw = b.create("ember.conv2d_grad_weight", [x, gy],
+                      {**a, "weight_shape": list(ws)}).result
+        return [y, gx, gw]
 
     g = graph([(xs, dtype), (ws, dtype)], fn)
-    conv, grad = (op for op in g.body.ops if op.name.startswith("ember.conv2d"))
-    assert Conv(conv).implicit(host_isa()) is not None
-    assert (Conv(grad).implicit(host_isa()) is not None) == (stride == [1, 1])
+    conv, grad_x, grad_w = (op for op in g.body.ops if op.name.startswith("ember.conv2d"))
+    assert Conv(conv).implicit(host_isa()) and Conv(grad_w).implicit(host_isa())
+    assert bool(Conv(grad_x).implicit(host_isa())) == (stride == [1, 1])
     want = interpreter.run(g, [x, w])
     got = cpu.Executable(g, use_cache=False)([x, w])
     tol = 2e-5 if dtype == "f32" else 1e-12

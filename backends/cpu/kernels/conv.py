@@ -27,6 +27,7 @@ from ..machine.host import Isa
 from ..parallel.outline import chunk_index, parallel_chunks, parallel_region
 from . import scalar as S
 from .implicit_conv import Geometry, emit_implicit, fits, flip_weight, scratch_bytes, valid_outputs
+from .implicit_weight_grad import emit_weight_grad, weight_grad_scratch
 from .loops import for_range, loop
 from .scalar import i64
 
@@ -79,11 +80,11 @@ class Conv:
         return GemmProblem(k, q, og, 1, k, q, 1, q, self.dtype)
 
     def implicit(self, isa: Isa) -> Geometry | None:
-        """The forward conv this op runs as an implicit GEMM (implicit_conv.py), if any:
-        a forward conv's own, or a stride-1 input gradient's."""
-        geo = (Geometry.forward(self) if self.name == "ember.conv2d" and not self.depthwise
-               else Geometry.input_gradient(self) if self.name == "ember.conv2d_grad_input"
-               else None)
+        """The forward conv this op runs as an implicit GEMM (implicit_conv.py,
+        implicit_weight_grad.py), if any: a forward conv's or weight gradient's own, or a
+        stride-1 input gradient's."""
+        geo = (Geometry.input_gradient(self) if self.name == "ember.conv2d_grad_input"
+               else None if self.depthwise else Geometry.forward(self))
         return geo if fits(geo, isa) else None
 
     @property
@@ -164,6 +165,8 @@ COPIED_WEIGHT_FLOPS = 32 << 20
 def conv_scratch(op, isa: Isa, threads: int) -> int:
     cv = Conv(op)
     geo = cv.implicit(isa)
+    if geo is not None and cv.name == "ember.conv2d_grad_weight":
+        return weight_grad_scratch(geo, isa, threads)
     if geo is not None:
         return cv.flipped_bytes + scratch_bytes(geo, isa, threads)
     return cv.chunk_threads(threads) * cv.scratch(isa, threads)[0]
@@ -269,6 +272,9 @@ def emit_conv(b: ir.IRBuilder, op, outs, ins, scratch, isa: Isa, threads: int,
         _emit_depthwise(b, cv, ins, outs[0], threads, name)
         return
     geo = cv.implicit(isa)
+    if geo is not None and op.name == "ember.conv2d_grad_weight":
+        emit_weight_grad(b, geo, *ins, outs[0], scratch, isa, threads, name)
+        return
     if geo is not None:
         x, w = ins
         if cv.flipped_bytes:

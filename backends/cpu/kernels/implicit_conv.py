@@ -114,27 +114,28 @@ def fits(geo: Geometry | None, isa: Isa) -> bool:
     if geo is None or geo.dtype not in S.FLOATS or geo.taps == 1:
         return False
     return (geo.og * geo.k * S.size(geo.dtype) <= host_caches().l2 // 2
-            and geo.p >= _nr(geo, isa))
+            and geo.p >= panel_width(geo, isa))
 
 
-def _nr(geo: Geometry, isa: Isa) -> int:
+def panel_width(geo: Geometry, isa: Isa) -> int:
+    """Output positions per panel: the micro-kernel's width."""
     return blocking(isa, geo.dtype, 1 << 20).nr(isa.lanes(geo.dtype))
 
 
-def _items(geo: Geometry, isa: Isa) -> int:
+def work_items(geo: Geometry, isa: Isa) -> int:
     """Work items: (image, group, panel of positions)."""
-    return geo.n * geo.g * cdiv(geo.p, _nr(geo, isa))
+    return geo.n * geo.g * cdiv(geo.p, panel_width(geo, isa))
 
 
 def threads_for(geo: Geometry, isa: Isa, threads: int) -> int:
     flops = 2 * geo.n * geo.o * geo.p * geo.k
-    return parallel_chunks(flops / 8, _items(geo, isa), threads)
+    return parallel_chunks(flops / 8, work_items(geo, isa), threads)
 
 
 def scratch_bytes(geo: Geometry, isa: Isa, threads: int) -> int:
     """A packed slice per thread."""
     depth = geo.slice_channels * geo.taps
-    return threads_for(geo, isa, threads) * _nr(geo, isa) * depth * S.size(geo.dtype)
+    return threads_for(geo, isa, threads) * panel_width(geo, isa) * depth * S.size(geo.dtype)
 
 
 def flip_weight(b: ir.IRBuilder, cv, w, out) -> None:
@@ -166,9 +167,9 @@ def emit_implicit(b: ir.IRBuilder, geo: Geometry, x, w, y, scratch, isa: Isa, th
     uk_tail = (microkernel(mod, geo.dtype, lanes, blk.mr, cdiv(tail, lanes), False)
                if tail != nr else uk_full)
     cs = geo.slice_channels
-    packers = {cc: _packer(mod, geo, cc, nr, lanes, f"{name}.pack{cc}")
+    packers = {cc: packer(mod, geo, cc, nr, lanes, f"{name}.pack{cc}")
                for cc in {cs, geo.cg % cs} if cc}
-    items = _items(geo, isa)
+    n_items = work_items(geo, isa)
     t = threads_for(geo, isa, threads)
     per = nr * cs * geo.taps * S.size(geo.dtype)
     el = S.REG[geo.dtype]
@@ -219,19 +220,26 @@ def emit_implicit(b: ir.IRBuilder, geo: Geometry, x, w, y, scratch, isa: Isa, th
         if rest:
             k_slice(i64(full * cs), rest)
 
+    def run(bb, xp, wp, yp, buf, lo, hi):
+        # zeros in the columns past a tail panel's (which the micro-kernel reads, and
+        # left from other kernels could be slow subnormals)
+        loop(bb, per // S.size(geo.dtype), lambda i: S.store(bb, buf, geo.dtype, i,
+                                                             S.const(geo.dtype, 0)), "z")
+        for_range(bb, lo, hi, lambda it: item(bb, xp, wp, yp, buf, it), "item")
+
     if t == 1:
-        loop(b, items, lambda it: item(b, x, w, y, scratch, it), "item")
+        run(b, x, w, y, scratch, i64(0), i64(n_items))
         return
 
     def share(bb, ptrs, lo, hi):
-        buf = byte_offset(bb, ptrs[3], bb.mul(chunk_index(bb, lo, items, t), i64(per)))
-        for_range(bb, lo, hi, lambda it: item(bb, *ptrs[:3], buf, it), "item")
+        buf = byte_offset(bb, ptrs[3], bb.mul(chunk_index(bb, lo, n_items, t), i64(per)))
+        run(bb, *ptrs[:3], buf, lo, hi)
 
     parallel_region(b, f"{name}.items", [x, w, y, scratch], [False, False, True, True],
-                    items, t, share)
+                    n_items, t, share)
 
 
-def _packer(mod: ir.Module, geo: Geometry, channels: int, nr: int, lanes: int,
+def packer(mod: ir.Module, geo: Geometry, channels: int, nr: int, lanes: int,
             name: str) -> ir.Function:
     """`pack(x, buf, pos0, npos)`: buf[k][q] = cols[k, pos0 + q] of the `channels`
     channels at x, for q < npos (0 where a tap lands in the padding). Per output row the
