@@ -26,8 +26,16 @@ from ..gemm.matmul import byte_offset, engine_for, gemm_call, gemm_scratch
 from ..machine.host import Isa
 from ..parallel.outline import chunk_index, parallel_chunks, parallel_region
 from . import scalar as S
-from .implicit_conv import Geometry, emit_implicit, fits, flip_weight, scratch_bytes, valid_outputs
-from .implicit_weight_grad import emit_weight_grad, weight_grad_scratch
+from .implicit_conv import (
+    Geometry,
+    emit_implicit,
+    fits,
+    flip_weight,
+    forward_weight_bytes,
+    scratch_bytes,
+    valid_outputs,
+)
+from .implicit_weight_grad import emit_weight_grad, weight_bytes, weight_grad_scratch
 from .loops import for_range, loop
 from .scalar import i64
 
@@ -85,7 +93,9 @@ class Conv:
         stride-1 input gradient's."""
         geo = (Geometry.input_gradient(self) if self.name == "ember.conv2d_grad_input"
                else None if self.depthwise else Geometry.forward(self))
-        return geo if fits(geo, isa) else None
+        limit = (weight_bytes() if self.name == "ember.conv2d_grad_weight"
+                 else forward_weight_bytes())
+        return geo if fits(geo, isa, limit) else None
 
     @property
     def flipped_bytes(self) -> int:

@@ -107,14 +107,23 @@ def valid_outputs(n_out: int, size: int, stride: int, pad: int, tap: int, dil: i
     return range(lo, max(lo, hi))
 
 
-def fits(geo: Geometry | None, isa: Isa) -> bool:
+def fits(geo: Geometry | None, isa: Isa, weight_bytes: int) -> bool:
     """Whether `geo` runs as an implicit GEMM: f32/f64, taps to gather (a pointwise conv's
-    columns are its input already), a group's weight within half of L2, and at least one
-    whole panel of positions per image (fewer would leave the vector lanes empty)."""
+    columns are its input already), a group's weight within `weight_bytes`, and at least
+    one whole panel of positions per image (fewer would leave the vector lanes empty)."""
     if geo is None or geo.dtype not in S.FLOATS or geo.taps == 1:
         return False
-    return (geo.og * geo.k * S.size(geo.dtype) <= host_caches().l2 // 2
+    return (geo.og * geo.k * S.size(geo.dtype) <= weight_bytes
             and geo.p >= panel_width(geo, isa))
+
+
+def forward_weight_bytes() -> int:
+    """The largest weight (of a group) a forward implicit GEMM takes: every panel reads it
+    all, from L3 where it is larger than L2, at 2 bytes per 64 multiply-adds (f32, 64
+    positions a panel), which 2 threads of a ResNet's 256-channel 3x3 convs (2.4 MB)
+    sustain (84% of peak, against 71% through im2col); past a few L2s it would come from
+    DRAM."""
+    return 4 * host_caches().l2
 
 
 def panel_width(geo: Geometry, isa: Isa) -> int:

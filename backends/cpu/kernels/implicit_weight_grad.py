@@ -6,7 +6,7 @@ gradient's few rows); the micro-kernel multiplies them into each thread's own dW
 and the threads' copies are added up (and transposed into dW) after. im2col wrote the
 columns first, and the GEMM packed them again, or read them a row K apart.
 
-Used where `implicit_conv.fits` (a group's weight, so each thread's dW^T, stays in L2).
+Used where a group's weight, so each thread's dW^T, stays in L2 (`weight_bytes`).
 """
 
 from __future__ import annotations
@@ -17,12 +17,17 @@ from ...strides import cdiv
 from ..gemm.emit import blocking
 from ..gemm.matmul import byte_offset
 from ..gemm.microkernel import microkernel
-from ..machine.host import Isa
+from ..machine.host import Isa, host_caches
 from ..parallel.outline import chunk_index, parallel_region
 from . import scalar as S
 from .implicit_conv import Geometry, packer, panel_width, threads_for, work_items
 from .loops import for_range, loop
 from .scalar import i64
+
+
+def weight_bytes() -> int:
+    """The largest weight (of a group) whose gradient this kernel takes."""
+    return host_caches().l2 // 2
 
 
 def _o_panels(geo: Geometry, isa: Isa) -> tuple[int, int, int]:
