@@ -1,7 +1,7 @@
 """Convolutions as implicit GEMMs (backends/cpu/kernels/implicit_conv.py,
 implicit_weight_grad.py): forward convs, stride-1 input gradients and weight gradients
-against the interpreter on 1, 2 and 4 threads, f32 and f64, with panels of positions split
-across threads (one image) and images (several)."""
+against the interpreter on 1, 2 and 4 threads, f32 and f64, with panels inside an image and
+across images, split across threads."""
 
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ CASES = [  # x shape, w shape, stride, padding, dilation, groups
     ((1, 6, 16, 12), (10, 6, 3, 3), [1, 1], [1, 1], [1, 1], 1),  # 3 panels, one a tail
     ((3, 4, 9, 20), (4, 2, 3, 5), [1, 1], [2, 1], [1, 2], 2),   # groups, dilation
     ((2, 16, 18, 18), (8, 16, 3, 3), [2, 2], [1, 1], [1, 1], 1),  # strided: gathers
+    ((5, 6, 4, 4), (9, 6, 3, 3), [1, 1], [1, 1], [1, 1], 1),  # panels across images
+    ((3, 2, 5, 3), (4, 1, 3, 3), [1, 1], [1, 1], [1, 1], 2),  # ... of 15 positions each
 ]
 
 
@@ -24,10 +26,12 @@ CASES = [  # x shape, w shape, stride, padding, dilation, groups
 @pytest.mark.parametrize("dtype", ["f32", "f64"])
 @pytest.mark.parametrize("case", CASES)
 def test_implicit_conv_and_gradients(case, dtype, threads, monkeypatch):
+    from ember.backends.cpu.kernels import implicit_conv
     from ember.backends.cpu.parallel import outline
 
     monkeypatch.setenv("EMBER_NUM_THREADS", str(threads))
     monkeypatch.setattr(outline, "MIN_WORK", 16)  # split even these small convs
+    monkeypatch.setattr(implicit_conv, "FLIP_POSITIONS", 1)  # flip even for these few
     xs, ws, stride, pad, dil, groups = case
     a = attrs(stride, pad, dil, groups)
     rng = np.random.default_rng(3)

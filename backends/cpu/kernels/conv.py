@@ -95,7 +95,7 @@ class Conv:
                else None if self.depthwise else Geometry.forward(self))
         limit = (weight_bytes() if self.name == "ember.conv2d_grad_weight"
                  else forward_weight_bytes())
-        return geo if fits(geo, isa, limit) else None
+        return geo if fits(geo, limit) else None
 
     @property
     def flipped_bytes(self) -> int:

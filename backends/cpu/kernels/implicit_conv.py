@@ -32,6 +32,11 @@ from .scalar import I32, I64, PTR, i64
 # nr = 64) stays in L1 while the tiles of W multiply it. A slice is whole channels (all
 # their taps), so each tap's place in it, and the output columns it reaches, are constants
 KC = 128
+# an input gradient flips its weight (`flip_weight`, 3 memory passes over it) for the
+# implicit GEMM where the batch has this many positions: ResNet-18's 512-channel 3x3 at
+# 4x4, batch 32 (512 positions), ran 12.6 ms flipped against 9.5 through im2col, its
+# 256-channel one at 8x8 (2048) 8.3 against 8.8
+FLIP_POSITIONS = 1024
 
 
 @dataclass(frozen=True)
@@ -67,9 +72,11 @@ class Geometry:
         """The forward conv of dy [n, o, oh, ow] that gives a `conv.Conv` of
         `ember.conv2d_grad_input`'s dx, where its stride is 1: the weight's taps flipped
         and its channels swapped (`flip_weight`), padded by the taps' reach less the
-        forward's padding. None for other strides (or padding past the reach)."""
+        forward's padding. None for other strides (or padding past the reach), and where
+        the flip, a pass over the weight on every call, would cost too much for the few
+        positions (`FLIP_POSITIONS`)."""
         ph, pw = cv.dh * (cv.kh - 1) - cv.ph, cv.dw * (cv.kw - 1) - cv.pw
-        if (cv.sh, cv.sw) != (1, 1) or ph < 0 or pw < 0:
+        if (cv.sh, cv.sw) != (1, 1) or ph < 0 or pw < 0 or cv.n * cv.p < FLIP_POSITIONS:
             return None
         return cls(cv.n, cv.o, cv.oh, cv.ow, cv.c, cv.g, cv.kh, cv.kw, 1, 1, ph, pw,
                    cv.dh, cv.dw, cv.h, cv.w, cv.dtype)
@@ -107,23 +114,22 @@ def valid_outputs(n_out: int, size: int, stride: int, pad: int, tap: int, dil: i
     return range(lo, max(lo, hi))
 
 
-def fits(geo: Geometry | None, isa: Isa, weight_bytes: int) -> bool:
+def fits(geo: Geometry | None, weight_bytes: int) -> bool:
     """Whether `geo` runs as an implicit GEMM: f32/f64, taps to gather (a pointwise conv's
-    columns are its input already), a group's weight within `weight_bytes`, and at least
-    one whole panel of positions per image (fewer would leave the vector lanes empty)."""
+    columns are its input already), a group's weight within `weight_bytes`."""
     if geo is None or geo.dtype not in S.FLOATS or geo.taps == 1:
         return False
-    return (geo.og * geo.k * S.size(geo.dtype) <= weight_bytes
-            and geo.p >= panel_width(geo, isa))
+    return geo.og * geo.k * S.size(geo.dtype) <= weight_bytes
 
 
 def forward_weight_bytes() -> int:
     """The largest weight (of a group) a forward implicit GEMM takes: every panel reads it
-    all, from L3 where it is larger than L2, at 2 bytes per 64 multiply-adds (f32, 64
-    positions a panel), which 2 threads of a ResNet's 256-channel 3x3 convs (2.4 MB)
-    sustain (84% of peak, against 71% through im2col); past a few L2s it would come from
-    DRAM."""
-    return 4 * host_caches().l2
+    all, from L3 where it is larger than L2, 4 bytes per 2 x 64 multiply-adds (f32, 64
+    positions a panel), which 2 threads sustain: ResNet-18's 3x3 convs of 256 and 512
+    channels (2.4 and 9.4 MB) ran at 84% and 80% of peak, against 71% and 57% through
+    im2col. Past L3 it would come from DRAM, which the 16 L2s this allows stay below on
+    the CPUs measured (a znver4's 32 MB L3 per 16 MB, a Xeon's 480 MB per 32 MB)."""
+    return 16 * host_caches().l2
 
 
 def panel_width(geo: Geometry, isa: Isa) -> int:
@@ -131,72 +137,98 @@ def panel_width(geo: Geometry, isa: Isa) -> int:
     return blocking(isa, geo.dtype, 1 << 20).nr(isa.lanes(geo.dtype))
 
 
-def work_items(geo: Geometry, isa: Isa) -> int:
-    """Work items: (image, group, panel of positions)."""
-    return geo.n * geo.g * cdiv(geo.p, panel_width(geo, isa))
+@dataclass(frozen=True)
+class Panels:
+    """The work items of an implicit conv: per group, panels of `width` output positions,
+    the positions of all images one after another (P each), so that late layers' images of
+    fewer than `width` positions share panels; the last panel holds `tail`."""
+
+    width: int
+    count: int  # per group
+    tail: int
+    groups: int
+
+    @classmethod
+    def of(cls, geo: Geometry, isa: Isa) -> Panels:
+        width = panel_width(geo, isa)
+        count = cdiv(geo.n * geo.p, width)
+        return cls(width, count, geo.n * geo.p - (count - 1) * width, geo.g)
+
+    @property
+    def items(self) -> int:
+        return self.groups * self.count
+
+    def locate(self, b: ir.IRBuilder, it) -> tuple:
+        """(group, first position, positions, whether it is the last panel) of item it."""
+        jp = b.urem(it, i64(self.count))
+        last = b.icmp_signed("==", jp, i64(self.count - 1))
+        return (b.udiv(it, i64(self.count)), b.mul(jp, i64(self.width)),
+                b.select(last, i64(self.tail), i64(self.width)), last)
 
 
 def threads_for(geo: Geometry, isa: Isa, threads: int) -> int:
     flops = 2 * geo.n * geo.o * geo.p * geo.k
-    return parallel_chunks(flops / 8, work_items(geo, isa), threads)
+    return parallel_chunks(flops / 8, Panels.of(geo, isa).items, threads)
 
 
 def scratch_bytes(geo: Geometry, isa: Isa, threads: int) -> int:
-    """A packed slice per thread."""
-    depth = geo.slice_channels * geo.taps
-    return threads_for(geo, isa, threads) * panel_width(geo, isa) * depth * S.size(geo.dtype)
+    """Per thread: a packed slice, and where panels cross images, a panel's product."""
+    nr = panel_width(geo, isa)
+    product = geo.og * nr if _gathers(geo, isa) else 0
+    per = (nr * geo.slice_channels * geo.taps + product) * S.size(geo.dtype)
+    return threads_for(geo, isa, threads) * per
 
 
 def flip_weight(b: ir.IRBuilder, cv, w, out) -> None:
     """out[g, c, o, kh-1-i, kw-1-j] = w[g, o, c, i, j] per group (`input_gradient`)."""
     dt, taps = cv.dtype, cv.kh * cv.kw
 
-    def tap(g, o, c, t):
-        src = b.add(b.mul(b.add(b.mul(g, i64(cv.og)), o), i64(cv.k)),
-                    b.add(b.mul(c, i64(taps)), t))
+    def pair(g, o, c):
+        src = b.add(b.mul(b.add(b.mul(g, i64(cv.og)), o), i64(cv.k)), b.mul(c, i64(taps)))
         dst = b.add(b.mul(b.add(b.mul(g, i64(cv.cg)), c), i64(cv.og * taps)),
-                    b.add(b.mul(o, i64(taps)), b.sub(i64(taps - 1), t)))
-        S.store(b, out, dt, dst, S.load(b, w, dt, src))
+                    b.mul(o, i64(taps)))
+        loop(b, taps, lambda t: S.store(b, out, dt, b.sub(b.add(dst, i64(taps - 1)), t),
+                                        S.load(b, w, dt, b.add(src, t))), "t")
 
     loop(b, cv.g, lambda g: loop(b, cv.og, lambda o: loop(
-        b, cv.cg, lambda c: loop(b, taps, lambda t: tap(g, o, c, t), "t"), "c"), "o"), "g")
+        b, cv.cg, lambda c: pair(g, o, c), "c"), "o"), "g")
 
 
 def emit_implicit(b: ir.IRBuilder, geo: Geometry, x, w, y, scratch, isa: Isa, threads: int,
                   name: str) -> None:
-    """y = conv(x, w) of `geo`, items split across threads, each with its own slice buffer
-    at the start of `scratch`."""
-    lanes = isa.lanes(geo.dtype)
-    blk = blocking(isa, geo.dtype, 1 << 20)
-    nr = blk.nr(lanes)
-    npanels = cdiv(geo.p, nr)
-    tail = geo.p - (npanels - 1) * nr
+    """y = conv(x, w) of `geo`, items split across threads, each with its own scratch
+    (`scratch_bytes`): the packed slice, and where panels cross images (`_gathers`), the
+    panel's product, put in place after."""
+    dt, el = geo.dtype, S.REG[geo.dtype]
+    lanes = isa.lanes(dt)
+    blk = blocking(isa, dt, 1 << 20)
+    pn = Panels.of(geo, isa)
+    nr = pn.width
     mod = b.module
-    uk_full = microkernel(mod, geo.dtype, lanes, blk.mr, blk.nv, False)
-    uk_tail = (microkernel(mod, geo.dtype, lanes, blk.mr, cdiv(tail, lanes), False)
-               if tail != nr else uk_full)
+    uk_full = microkernel(mod, dt, lanes, blk.mr, blk.nv, False)
+    uk_tail = microkernel(mod, dt, lanes, blk.mr, cdiv(pn.tail, lanes), False)
     cs = geo.slice_channels
     packers = {cc: packer(mod, geo, cc, nr, lanes, f"{name}.pack{cc}")
                for cc in {cs, geo.cg % cs} if cc}
-    n_items = work_items(geo, isa)
     t = threads_for(geo, isa, threads)
-    per = nr * cs * geo.taps * S.size(geo.dtype)
-    el = S.REG[geo.dtype]
+    slice_elems = nr * cs * geo.taps
+    per = scratch_bytes(geo, isa, 1)
+    gathers = _gathers(geo, isa)
 
     def at(bb, ptr, offset):
         return bb.gep(ptr, [offset], inbounds=True, source_etype=el)
 
     def item(bb, xp, wp, yp, buf, it):
-        jp = bb.urem(it, i64(npanels))
-        ng = bb.udiv(it, i64(npanels))  # image * groups + group
-        g = bb.urem(ng, i64(geo.g))
-        pos0 = bb.mul(jp, i64(nr))
-        last = bb.icmp_signed("==", jp, i64(npanels - 1))
-        npos = bb.select(last, i64(tail), i64(nr))
-        xg = at(bb, xp, bb.mul(bb.add(bb.mul(bb.udiv(ng, i64(geo.g)), i64(geo.c)),
-                                      bb.mul(g, i64(geo.cg))), i64(geo.h * geo.w)))
+        g, pos0, npos, last = pn.locate(bb, it)
+        xg = at(bb, xp, bb.mul(g, i64(geo.cg * geo.h * geo.w)))
         wg = at(bb, wp, bb.mul(g, i64(geo.og * geo.k)))
-        yg = at(bb, yp, bb.add(bb.mul(ng, i64(geo.og * geo.p)), pos0))
+        if gathers:  # the panel's product goes to scratch first
+            c_tile, ldc = at(bb, buf, i64(slice_elems)), nr
+        else:  # a panel inside one image: straight into y
+            image, p0 = bb.udiv(pos0, i64(geo.p)), bb.urem(pos0, i64(geo.p))
+            c_tile = at(bb, yp, bb.add(bb.mul(bb.add(bb.mul(image, i64(geo.o)),
+                                                     bb.mul(g, i64(geo.og))), i64(geo.p)), p0))
+            ldc = geo.p
 
         def k_slice(c0, cc: int):
             """Channels [c0, c0 + cc) of the group: rows k0.. of the columns."""
@@ -208,10 +240,10 @@ def emit_implicit(b: ir.IRBuilder, geo: Geometry, x, w, y, scratch, isa: Isa, th
                 rows = bb.sub(i64(geo.og), bb.mul(r, i64(blk.mr)))
                 rows = bb.select(bb.icmp_signed("<", rows, i64(blk.mr)), rows, i64(blk.mr))
                 a = at(bb, wg, bb.add(bb.mul(r, i64(blk.mr * geo.k)), k0))
-                c = at(bb, yg, bb.mul(r, i64(blk.mr * geo.p)))
+                c = at(bb, c_tile, bb.mul(r, i64(blk.mr * ldc)))
 
                 def call(uk):
-                    bb.call(uk, [a, i64(geo.k), i64(1), buf, i64(nr), c, i64(geo.p), i64(kk),
+                    bb.call(uk, [a, i64(geo.k), i64(1), buf, i64(nr), c, i64(ldc), i64(kk),
                                  first, rows, npos])
                 if uk_tail is uk_full:  # the last panel's columns are masked all the same
                     call(uk_full)
@@ -228,30 +260,45 @@ def emit_implicit(b: ir.IRBuilder, geo: Geometry, x, w, y, scratch, isa: Isa, th
         loop(bb, full, lambda kb: k_slice(bb.mul(kb, i64(cs)), cs), "kb")
         if rest:
             k_slice(i64(full * cs), rest)
+        if gathers:
+            def put(q):  # column q of the product: position pos0 + q of some image
+                image, p = (f(bb.add(pos0, q), i64(geo.p)) for f in (bb.udiv, bb.urem))
+                out = bb.add(bb.mul(bb.add(bb.mul(image, i64(geo.o)), bb.mul(g, i64(geo.og))),
+                                    i64(geo.p)), p)
+                loop(bb, geo.og, lambda o: S.store(
+                    bb, yp, dt, bb.add(out, bb.mul(o, i64(geo.p))),
+                    S.load(bb, c_tile, dt, bb.add(bb.mul(o, i64(nr)), q))), "o")
+            for_range(bb, i64(0), npos, put, "q")
 
-    def run(bb, xp, wp, yp, buf, lo, hi):
-        # zeros in the columns past a tail panel's (which the micro-kernel reads, and
+    def run(bb, xp, wp, yp, own, lo, hi):
+        # zeros in the columns past the last panel's (which the micro-kernel reads, and
         # left from other kernels could be slow subnormals)
-        loop(bb, per // S.size(geo.dtype), lambda i: S.store(bb, buf, geo.dtype, i,
-                                                             S.const(geo.dtype, 0)), "z")
-        for_range(bb, lo, hi, lambda it: item(bb, xp, wp, yp, buf, it), "item")
+        loop(bb, slice_elems, lambda i: S.store(bb, own, dt, i, S.const(dt, 0)), "z")
+        for_range(bb, lo, hi, lambda it: item(bb, xp, wp, yp, own, it), "item")
 
     if t == 1:
-        run(b, x, w, y, scratch, i64(0), i64(n_items))
+        run(b, x, w, y, scratch, i64(0), i64(pn.items))
         return
 
     def share(bb, ptrs, lo, hi):
-        buf = byte_offset(bb, ptrs[3], bb.mul(chunk_index(bb, lo, n_items, t), i64(per)))
-        run(bb, *ptrs[:3], buf, lo, hi)
+        own = byte_offset(bb, ptrs[3], bb.mul(chunk_index(bb, lo, pn.items, t), i64(per)))
+        run(bb, *ptrs[:3], own, lo, hi)
 
     parallel_region(b, f"{name}.items", [x, w, y, scratch], [False, False, True, True],
-                    n_items, t, share)
+                    pn.items, t, share)
+
+
+def _gathers(geo: Geometry, isa: Isa) -> bool:
+    """Whether panels cross from one image to the next (P not a multiple of the width):
+    then each panel's product is put in place from scratch."""
+    return geo.p % panel_width(geo, isa) != 0
 
 
 def packer(mod: ir.Module, geo: Geometry, channels: int, nr: int, lanes: int,
             name: str) -> ir.Function:
     """`pack(x, buf, pos0, npos)`: buf[k][q] = cols[k, pos0 + q] of the `channels`
-    channels at x, for q < npos (0 where a tap lands in the padding). Per output row the
+    channels at x (of image 0: the positions run on across the images, P each), for
+    q < npos (0 where a tap lands in the padding). Per output row the
     panel covers and vector of its columns, each (channel, tap) is one masked load (a
     gather for strided convs) and one masked store: the taps are unrolled, so which columns
     each reaches is a constant mask, and whether its input row lies inside the image one
@@ -277,7 +324,10 @@ def packer(mod: ir.Module, geo: Geometry, channels: int, nr: int, lanes: int,
     end = b.add(pos0, npos)
 
     def out_row(r):
-        """The panel's part of output row r: its columns [s0, s1), at buf column d + s0."""
+        """The panel's part of output row r (of all the images' rows, one after another):
+        its columns [s0, s1), at buf column d + s0."""
+        image, r_in = b.udiv(r, i64(geo.oh)), b.urem(r, i64(geo.oh))
+        x_image = b.mul(image, i64(geo.c * geo.h * geo.w))
         r0 = b.mul(r, i64(geo.ow))
         s0 = b.sub(b.select(b.icmp_signed(">", pos0, r0), pos0, r0), r0)
         r1 = b.add(r0, i64(geo.ow))
@@ -285,7 +335,7 @@ def packer(mod: ir.Module, geo: Geometry, channels: int, nr: int, lanes: int,
         d = b.sub(r0, pos0)
         rows_inside = []
         for i in range(geo.kh):
-            h = b.add(b.mul(r, i64(geo.sh)), i64(i * geo.dh - geo.ph))
+            h = b.add(b.mul(r_in, i64(geo.sh)), i64(i * geo.dh - geo.ph))
             rows_inside.append((h, b.and_(b.icmp_signed(">=", h, i64(0)),
                                           b.icmp_signed("<", h, i64(geo.h)))))
         s1_v = spread(s1)
@@ -304,7 +354,8 @@ def packer(mod: ir.Module, geo: Geometry, channels: int, nr: int, lanes: int,
 
             def channel(c):
                 for i, (h, h_inside) in enumerate(rows_inside):
-                    xrow = b.add(b.mul(c, i64(geo.h * geo.w)), b.mul(h, i64(geo.w)))
+                    xrow = b.add(b.add(x_image, b.mul(c, i64(geo.h * geo.w))),
+                                 b.mul(h, i64(geo.w)))
                     row_mask = b.select(h_inside, all_lanes, no_lanes)
                     for j in range(geo.kw):
                         mask = b.and_(reach[j], row_mask)

@@ -20,7 +20,7 @@ from ..gemm.microkernel import microkernel
 from ..machine.host import Isa, host_caches
 from ..parallel.outline import chunk_index, parallel_region
 from . import scalar as S
-from .implicit_conv import Geometry, packer, panel_width, threads_for, work_items
+from .implicit_conv import Geometry, Panels, packer, panel_width, threads_for
 from .loops import for_range, loop
 from .scalar import i64
 
@@ -54,20 +54,19 @@ def weight_grad_scratch(geo: Geometry, isa: Isa, threads: int) -> int:
 
 def emit_weight_grad(b: ir.IRBuilder, geo: Geometry, x, dy, dw, scratch, isa: Isa,
                      threads: int, name: str) -> None:
-    """dw = conv2d_grad_weight(x, dy) of `geo`: items (image, group, panel of positions)
-    split across threads, each summing into its own dW^T in `scratch`."""
+    """dw = conv2d_grad_weight(x, dy) of `geo`: items (`Panels`) split across threads,
+    each summing into its own dW^T in `scratch`."""
     dt, el = geo.dtype, S.REG[geo.dtype]
     lanes = isa.lanes(dt)
-    nr = panel_width(geo, isa)
-    npanels = cdiv(geo.p, nr)
-    tail = geo.p - (npanels - 1) * nr
+    pn = Panels.of(geo, isa)
+    nr = pn.width
     width, o_panels, mr = _o_panels(geo, isa)
     o_tail = geo.og - (o_panels - 1) * width
     mod = b.module
     uk_full = microkernel(mod, dt, lanes, mr, cdiv(width, lanes), False)
     uk_tail = microkernel(mod, dt, lanes, mr, cdiv(o_tail, lanes), False)
     pack_cols = packer(mod, geo, geo.cg, nr, lanes, f"{name}.pack")
-    n_items, t = work_items(geo, isa), threads_for(geo, isa, threads)
+    t = threads_for(geo, isa, threads)
     per, dy_off, dw_off = _regions(geo, isa)
     weights = geo.o * geo.k
 
@@ -75,24 +74,23 @@ def emit_weight_grad(b: ir.IRBuilder, geo: Geometry, x, dy, dw, scratch, isa: Is
         return bb.gep(ptr, [offset], inbounds=True, source_etype=el)
 
     def item(bb, xp, dyp, cols, dy_t, dw_t, it):
-        jp = bb.urem(it, i64(npanels))
-        ng = bb.udiv(it, i64(npanels))  # image * groups + group
-        g = bb.urem(ng, i64(geo.g))
-        pos0 = bb.mul(jp, i64(nr))
-        npos = bb.select(bb.icmp_signed("==", jp, i64(npanels - 1)), i64(tail), i64(nr))
-        xg = at(bb, xp, bb.mul(bb.add(bb.mul(bb.udiv(ng, i64(geo.g)), i64(geo.c)),
-                                      bb.mul(g, i64(geo.cg))), i64(geo.h * geo.w)))
-        bb.call(pack_cols, [xg, cols, pos0, npos])
-        dyg = at(bb, dyp, bb.add(bb.mul(ng, i64(geo.og * geo.p)), pos0))
+        g, pos0, npos, _ = pn.locate(bb, it)
+        bb.call(pack_cols, [at(bb, xp, bb.mul(g, i64(geo.cg * geo.h * geo.w))), cols, pos0,
+                            npos])
 
-        def transpose(o):  # dy_t[o / width][q][o % width] = dy[o][q]
-            base = bb.add(bb.mul(bb.udiv(o, i64(width)), i64(nr * width)),
-                          bb.urem(o, i64(width)))
-            for_range(bb, i64(0), npos, lambda q: S.store(
-                bb, dy_t, dt, bb.add(base, bb.mul(q, i64(width))),
-                S.load(bb, dyg, dt, bb.add(bb.mul(o, i64(geo.p)), q))), "q")
+        def transpose(q):  # dy_t[o / width][q][o % width] = dy[image, g*og + o, p]
+            image, p = (f(bb.add(pos0, q), i64(geo.p)) for f in (bb.udiv, bb.urem))
+            src = bb.add(bb.mul(bb.add(bb.mul(image, i64(geo.o)), bb.mul(g, i64(geo.og))),
+                                i64(geo.p)), p)
+            row = bb.mul(q, i64(width))
+            for op in range(o_panels):
+                n_cols = o_tail if op == o_panels - 1 else width
+                loop(bb, n_cols, lambda o, op=op: S.store(
+                    bb, dy_t, dt, bb.add(row, bb.add(i64(op * nr * width), o)),
+                    S.load(bb, dyp, dt, bb.add(src, bb.mul(bb.add(o, i64(op * width)),
+                                                           i64(geo.p))))), "o")
 
-        loop(bb, geo.og, transpose, "o")
+        for_range(bb, i64(0), npos, transpose, "q")
         dwg = at(bb, dw_t, bb.mul(g, i64(geo.k * geo.og)))
 
         def tile(r):
@@ -118,14 +116,14 @@ def emit_weight_grad(b: ir.IRBuilder, geo: Geometry, x, dy, dw, scratch, isa: Is
         for_range(bb, lo, hi, lambda it: item(bb, xp, dyp, cols, dy_t, dw_t, it), "item")
 
     if t == 1:
-        run(b, x, dy, scratch, i64(0), i64(n_items))
+        run(b, x, dy, scratch, i64(0), i64(pn.items))
     else:
         def share(bb, ptrs, lo, hi):
-            own = byte_offset(bb, ptrs[2], bb.mul(chunk_index(bb, lo, n_items, t), i64(per)))
+            own = byte_offset(bb, ptrs[2], bb.mul(chunk_index(bb, lo, pn.items, t), i64(per)))
             run(bb, ptrs[0], ptrs[1], own, lo, hi)
 
         parallel_region(b, f"{name}.items", [x, dy, scratch], [False, False, True],
-                        n_items, t, share)
+                        pn.items, t, share)
 
     def gather(g, o, k):  # dw[g, o, k] = sum of the threads' dW^T[g, k, o]
         at_t = b.add(b.mul(g, i64(geo.k * geo.og)), b.add(b.mul(k, i64(geo.og)), o))
