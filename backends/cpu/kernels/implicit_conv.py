@@ -167,8 +167,24 @@ class Panels:
 
 
 def threads_for(geo: Geometry, isa: Isa, threads: int) -> int:
+    """Threads for work split by panels alone (the weight gradient's)."""
     flops = 2 * geo.n * geo.o * geo.p * geo.k
     return parallel_chunks(flops / 8, Panels.of(geo, isa).items, threads)
+
+
+def row_blocks(geo: Geometry, isa: Isa, threads: int) -> int:
+    """Blocks the weight's rows are split into, each its own work item with a panel, where
+    panels alone are too few to keep the threads busy (an image at batch 1: ResNet-18's
+    last layer at 224 is one panel of 49 positions)."""
+    panels = Panels.of(geo, isa).items
+    tiles = cdiv(geo.og, blocking(isa, geo.dtype, 1 << 20).mr)
+    return 1 if panels >= 2 * threads else min(tiles, cdiv(2 * threads, panels))
+
+
+def forward_threads(geo: Geometry, isa: Isa, threads: int) -> int:
+    flops = 2 * geo.n * geo.o * geo.p * geo.k
+    units = Panels.of(geo, isa).items * row_blocks(geo, isa, threads)
+    return parallel_chunks(flops / 8, units, threads)
 
 
 def scratch_bytes(geo: Geometry, isa: Isa, threads: int) -> int:
@@ -176,7 +192,7 @@ def scratch_bytes(geo: Geometry, isa: Isa, threads: int) -> int:
     nr = panel_width(geo, isa)
     product = geo.og * nr if _gathers(geo, isa) else 0
     per = (nr * geo.slice_channels * geo.taps + product) * S.size(geo.dtype)
-    return threads_for(geo, isa, threads) * per
+    return forward_threads(geo, isa, threads) * per
 
 
 def flip_weight(b: ir.IRBuilder, cv, w, out) -> None:
@@ -196,9 +212,10 @@ def flip_weight(b: ir.IRBuilder, cv, w, out) -> None:
 
 def emit_implicit(b: ir.IRBuilder, geo: Geometry, x, w, y, scratch, isa: Isa, threads: int,
                   name: str) -> None:
-    """y = conv(x, w) of `geo`, items split across threads, each with its own scratch
-    (`scratch_bytes`): the packed slice, and where panels cross images (`_gathers`), the
-    panel's product, put in place after."""
+    """y = conv(x, w) of `geo`, work units (a panel, and a block of the weight's rows where
+    `row_blocks`) split across threads, each with its own scratch (`scratch_bytes`): the
+    packed slice, and where panels cross images (`_gathers`), the panel's product, put in
+    place after."""
     dt, el = geo.dtype, S.REG[geo.dtype]
     lanes = isa.lanes(dt)
     blk = blocking(isa, dt, 1 << 20)
@@ -210,16 +227,24 @@ def emit_implicit(b: ir.IRBuilder, geo: Geometry, x, w, y, scratch, isa: Isa, th
     cs = geo.slice_channels
     packers = {cc: packer(mod, geo, cc, nr, lanes, f"{name}.pack{cc}")
                for cc in {cs, geo.cg % cs} if cc}
-    t = threads_for(geo, isa, threads)
+    t = forward_threads(geo, isa, threads)
     slice_elems = nr * cs * geo.taps
     per = scratch_bytes(geo, isa, 1)
     gathers = _gathers(geo, isa)
+    # work units: (panel item, block of the weight's rows), a block `per_block` mr-row tiles
+    blocks = row_blocks(geo, isa, threads)
+    tiles = cdiv(geo.og, blk.mr)
+    per_block = cdiv(tiles, blocks)
+    units = pn.items * blocks
 
     def at(bb, ptr, offset):
         return bb.gep(ptr, [offset], inbounds=True, source_etype=el)
 
-    def item(bb, xp, wp, yp, buf, it):
-        g, pos0, npos, last = pn.locate(bb, it)
+    def unit(bb, xp, wp, yp, buf, u):
+        g, pos0, npos, last = pn.locate(bb, bb.udiv(u, i64(blocks)))
+        tile0 = bb.mul(bb.urem(u, i64(blocks)), i64(per_block))
+        tile_end = bb.add(tile0, i64(per_block))
+        tile_end = bb.select(bb.icmp_signed("<", tile_end, i64(tiles)), tile_end, i64(tiles))
         xg = at(bb, xp, bb.mul(g, i64(geo.cg * geo.h * geo.w)))
         wg = at(bb, wp, bb.mul(g, i64(geo.og * geo.k)))
         if gathers:  # the panel's product goes to scratch first
@@ -254,7 +279,7 @@ def emit_implicit(b: ir.IRBuilder, geo: Geometry, x, w, y, scratch, isa: Isa, th
                     with whole:
                         call(uk_full)
 
-            loop(bb, cdiv(geo.og, blk.mr), tile, "tile")
+            for_range(bb, tile0, tile_end, tile, "tile")
 
         full, rest = divmod(geo.cg, cs)
         loop(bb, full, lambda kb: k_slice(bb.mul(kb, i64(cs)), cs), "kb")
@@ -265,7 +290,10 @@ def emit_implicit(b: ir.IRBuilder, geo: Geometry, x, w, y, scratch, isa: Isa, th
                 image, p = (f(bb.add(pos0, q), i64(geo.p)) for f in (bb.udiv, bb.urem))
                 out = bb.add(bb.mul(bb.add(bb.mul(image, i64(geo.o)), bb.mul(g, i64(geo.og))),
                                     i64(geo.p)), p)
-                loop(bb, geo.og, lambda o: S.store(
+                rows_end = bb.mul(tile_end, i64(blk.mr))
+                rows_end = bb.select(bb.icmp_signed("<", rows_end, i64(geo.og)), rows_end,
+                                     i64(geo.og))
+                for_range(bb, bb.mul(tile0, i64(blk.mr)), rows_end, lambda o: S.store(
                     bb, yp, dt, bb.add(out, bb.mul(o, i64(geo.p))),
                     S.load(bb, c_tile, dt, bb.add(bb.mul(o, i64(nr)), q))), "o")
             for_range(bb, i64(0), npos, put, "q")
@@ -274,18 +302,18 @@ def emit_implicit(b: ir.IRBuilder, geo: Geometry, x, w, y, scratch, isa: Isa, th
         # zeros in the columns past the last panel's (which the micro-kernel reads, and
         # left from other kernels could be slow subnormals)
         loop(bb, slice_elems, lambda i: S.store(bb, own, dt, i, S.const(dt, 0)), "z")
-        for_range(bb, lo, hi, lambda it: item(bb, xp, wp, yp, own, it), "item")
+        for_range(bb, lo, hi, lambda u: unit(bb, xp, wp, yp, own, u), "unit")
 
     if t == 1:
-        run(b, x, w, y, scratch, i64(0), i64(pn.items))
+        run(b, x, w, y, scratch, i64(0), i64(units))
         return
 
     def share(bb, ptrs, lo, hi):
-        own = byte_offset(bb, ptrs[3], bb.mul(chunk_index(bb, lo, pn.items, t), i64(per)))
+        own = byte_offset(bb, ptrs[3], bb.mul(chunk_index(bb, lo, units, t), i64(per)))
         run(bb, *ptrs[:3], own, lo, hi)
 
-    parallel_region(b, f"{name}.items", [x, w, y, scratch], [False, False, True, True],
-                    pn.items, t, share)
+    parallel_region(b, f"{name}.units", [x, w, y, scratch], [False, False, True, True],
+                    units, t, share)
 
 
 def _gathers(geo: Geometry, isa: Isa) -> bool:
