@@ -19,6 +19,8 @@ CASES = [  # x shape, w shape, stride, padding, dilation, groups
     ((2, 16, 18, 18), (8, 16, 3, 3), [2, 2], [1, 1], [1, 1], 1),  # strided: gathers
     ((5, 6, 4, 4), (9, 6, 3, 3), [1, 1], [1, 1], [1, 1], 1),  # panels across images
     ((3, 2, 5, 3), (4, 1, 3, 3), [1, 1], [1, 1], [1, 1], 2),  # ... of 15 positions each
+    # dW^T of two panels of O, the second short, and transposed by blocks of lanes
+    ((2, 16, 6, 6), (80, 16, 3, 3), [1, 1], [1, 1], [1, 1], 1),
 ]
 
 
