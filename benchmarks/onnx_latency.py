@@ -107,8 +107,9 @@ def graph_flops(graph) -> int:
     return total
 
 
-def bench(name: str, cores: int) -> tuple:
-    """(name, ember's and onnxruntime's median seconds, ember's GFLOP/s, output difference)."""
+def bench(name: str, cores: int, torch_too: bool = False) -> tuple:
+    """(name, median seconds of ember, onnxruntime and, with `torch_too`, PyTorch eager
+    and torch.compile on the model exported, ember's GFLOP/s, output difference)."""
     import onnxruntime as ort
 
     import ember as em
@@ -124,11 +125,21 @@ def bench(name: str, cores: int) -> tuple:
     err = float(np.abs(got - want).max() / np.abs(want).max())
     if err > 1e-3:
         raise AssertionError(f"{name}: ember's output differs from onnxruntime's by {err:.1e}")
+    fns = {"ember": lambda: forward(*xs), "ort": lambda: sess.run(None, feeds)}
+    if torch_too:
+        import torch
+
+        inputs = [torch.from_numpy(x) for x in xs]
+        for label, run in (("torch eager", model), ("torch.compile", torch.compile(model))):
+            def call(run=run):
+                with torch.inference_mode():
+                    return run(*inputs)
+            median_time(call, 1, 2)  # warm up (and compile)
+            fns[label] = call
     number = calls_for(median_time(lambda: forward(*xs), 1, 3), 0.3)
-    t = interleaved({"ember": lambda: forward(*xs), "ort": lambda: sess.run(None, feeds)},
-                    number)
+    t = interleaved(fns, number)
     gflops = graph_flops(forward.graph) / t["ember"] / 1e9
-    return name, t["ember"], t["ort"], gflops, err
+    return name, t, gflops, err
 
 
 def main() -> None:
@@ -150,7 +161,8 @@ def main() -> None:
     print(f"{'model':12s} {'ember ms':>9s} {'ort ms':>9s} {'ember/ort speed':>16s} "
           f"{'ember GFLOP/s':>14s} {'% of peak':>10s}")
     for name in args.only.split(","):
-        name, te, to, gf, err = bench(name, cores)
+        name, t, gf, err = bench(name, cores)
+        te, to = t["ember"], t["ort"]
         print(f"{name:12s} {te * 1e3:9.2f} {to * 1e3:9.2f} {to / te:15.2f}x {gf:14.1f} "
               f"{100 * gf / m['peak_gflops']:9.0f}%   (outputs within {err:.0e})", flush=True)
 

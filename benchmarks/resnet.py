@@ -41,23 +41,19 @@ def conv_flops(batch: int, size: int) -> float:
     return batch * (3 * fwd - first)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--size", type=int, default=32)
-    args = ap.parse_args()
+def step_times(batch: int, size: int) -> dict:
+    """Median seconds of the training step: ember's, PyTorch eager's and torch.compile's,
+    timed interleaved."""
     os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
     import torch
 
     import ember as em
     from ember import nn, optim
 
-    m = machine()
-    print(f"# {m['cpu']}: FMA peak {m['peak_gflops']:.0f} GFLOP/s, {m['cores']} cores")
     em.seed(0)
     rng = np.random.default_rng(0)
-    x = rng.standard_normal((args.batch, 3, args.size, args.size)).astype(np.float32)
-    y = rng.integers(0, 10, args.batch)
+    x = rng.standard_normal((batch, 3, size, size)).astype(np.float32)
+    y = rng.integers(0, 10, batch)
     model = ResNet18("cifar", act="relu")
     step = em.compile_train_step(model, nn.functional.cross_entropy,
                                  optim.SGD(lr=LR, momentum=MOMENTUM))
@@ -69,7 +65,17 @@ def main() -> None:
         fns[label] = torch_train(lambda a, b, twin=twin: torch.nn.functional.cross_entropy(
             twin(a), b), opt, compile_, x, y)
         median_time(fns[label], 1, 2)  # warm up (and compile)
-    times = interleaved(fns, calls_for(median_time(fns["ember"], 1, 2), 0.5))
+    return interleaved(fns, calls_for(median_time(fns["ember"], 1, 2), 0.5))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--size", type=int, default=32)
+    args = ap.parse_args()
+    m = machine()
+    print(f"# {m['cpu']}: FMA peak {m['peak_gflops']:.0f} GFLOP/s, {m['cores']} cores")
+    times = step_times(args.batch, args.size)
     flops = conv_flops(args.batch, args.size)
     t_em = times.pop("ember")
     print(f"ResNet-18 {args.size}x{args.size} b{args.batch} SGD step: ember {t_em * 1e3:8.1f} ms"

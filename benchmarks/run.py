@@ -1,7 +1,7 @@
 """ember's cpu backend side by side with numpy, PyTorch and JAX: one process, one table.
 
 Run: `python benchmarks/run.py` (`--quick` for fewer repetitions, `--only sgemm,eltwise,
-steps,gpt,compile`, `--gpt A64,B128,A256`, `--precision 32,bf16-mixed`). Every number is a
+steps,gpt,cnn,compile`, `--gpt A64,B128,A256`, `--precision 32,bf16-mixed`). Every number is a
 median of timed repetitions; ratios are ember's speed over the other's (above 1: ember is
 faster). Rows:
 - sgemm 256^3/512^3/1024^3: GFLOP/s of ember's own GEMM and of its default choice (the
@@ -30,6 +30,9 @@ faster). Rows:
   PyTorch eager and torch.compile on the same initial weights, interleaved; with
   `--precision bf16-mixed` ember's mixed step against its f32 step and PyTorch's under
   `torch.autocast("cpu", dtype=torch.bfloat16)`;
+- CNNs (benchmarks/cnn_rows.py): the ResNet-18 CIFAR training step (batch 32) against
+  PyTorch eager and torch.compile; ONNX exports of ResNet-18 at 224 (batch 1 and 8) and
+  MobileNetV2 against onnxruntime, PyTorch eager and torch.compile;
 - compile times: first (empty cache) and cached (a second process).
 """
 
@@ -48,6 +51,7 @@ from pathlib import Path
 
 import numpy as np
 import timing
+from cnn_rows import bench_cnn
 from gpt_steps import bench_gpt
 from timing import blas_info, calls_for, interleaved, machine, median_time, python_path, torch_train
 
@@ -506,7 +510,7 @@ def bench_compile(rows: list) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", default="sgemm,eltwise,steps,gpt,compile")
+    ap.add_argument("--only", default="sgemm,eltwise,steps,gpt,cnn,compile")
     ap.add_argument("--steps", default="mlp-small,mlp-large,cnn")
     ap.add_argument("--gpt", default="A64,B128,A256", help="GPT config and T of each row")
     ap.add_argument("--precision", default="32", help="each GPT row's precisions: 32, "
@@ -532,6 +536,8 @@ def main() -> None:
         bench_steps(rows, args.steps.split(","))
     if "gpt" in only:
         bench_gpt(rows, args.gpt.split(","), args.precision.split(","))
+    if "cnn" in only:
+        bench_cnn(rows, m["peak_gflops"], m["cores"] or os.cpu_count() or 1)
     if "compile" in only:
         bench_compile(rows)
     for r in rows:
