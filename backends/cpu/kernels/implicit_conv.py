@@ -1,15 +1,17 @@
 """Convolutions as implicit GEMMs: Y[n, o, p] = W (O x K) @ cols(x[n]) (K x P), the
-columns never written out. Each `nr`-wide panel of an image's output positions packs a
-`KC`-deep slice of its columns straight from the image into a buffer that stays in L1,
+columns never written out. Each `nr`-wide panel of output positions (`Panels`: the
+images' positions one after another) packs a slice of whole input channels (about `KC`
+rows) of its columns straight from the image into a buffer that stays in L1,
 and every `mr`-row tile of W multiplies it there (the own GEMM's micro-kernel, A = W read
 in place). im2col wrote an image's whole K x P columns first (2.4 MB at 64 channels of
 32x32, past L2) and the GEMM then packed them a second time.
 
-A panel re-reads all of its group's weight, so this path is for weights that stay in L2
-(`fits`); larger ones (a ResNet's late layers) keep im2col and batch-folded GEMMs
-(conv.py). A stride-1 conv's input gradient is a forward conv of the output gradient
-with the weight's taps flipped and its channels swapped (`Geometry.input_gradient`): the
-same kernel, where im2col's path wrote K x P gradient columns and added them back (col2im).
+A panel re-reads all of its group's weight, from L3 where it is larger than L2, so this
+path is for weights up to `forward_weight_bytes` (`fits`); larger ones keep im2col and
+batch-folded GEMMs (conv.py). A stride-1 conv's input gradient is a forward conv of the
+output gradient with the weight's taps flipped and its channels swapped
+(`Geometry.input_gradient`): the same kernel, where im2col's path wrote K x P gradient
+columns and added them back (col2im).
 """
 
 from __future__ import annotations
