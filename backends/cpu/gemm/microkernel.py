@@ -85,17 +85,13 @@ def microkernel(mod: ir.Module, dtype: str, lanes: int, mr: int, nv: int, masked
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     fma = S.declare(mod, f"llvm.fma.v{lanes}{dtype}", vt, [vt, vt, vt])
     zero = ir.Constant(vt, None)
-    undef = ir.Constant(vt, ir.Undefined)
-    splat_mask = ir.Constant(ir.VectorType(I32, lanes), [ir.Constant(I32, 0)] * lanes)
     last = b.sub(rows, i64(1))
     row_off = [b.mul(b.select(b.icmp_signed("<", i64(i), rows), i64(i), last), a_rs)
                for i in range(mr)]
     # lanes of the last vector that are columns: iota + (nv-1)*lanes < cols
     iota = ir.Constant(ir.VectorType(I64, lanes), [i64((nv - 1) * lanes + i)
                                                    for i in range(lanes)])
-    cvec = b.shuffle_vector(b.insert_element(ir.Constant(ir.VectorType(I64, lanes),
-                                                         ir.Undefined), cols, i64(0)),
-                            ir.Constant(ir.VectorType(I64, lanes), ir.Undefined), splat_mask)
+    cvec = splat(b, cols, lanes)
     mask = b.icmp_signed("<", iota, cvec)
 
     def vload(ptr, masked):
@@ -121,7 +117,7 @@ def microkernel(mod: ir.Module, dtype: str, lanes: int, mr: int, nv: int, masked
         for i in range(mr):
             x = b.load(b.gep(a, [b.add(row_off[i], koff)], inbounds=True, source_etype=el),
                        typ=el)
-            xs = b.shuffle_vector(b.insert_element(undef, x, i64(0)), undef, splat_mask)
+            xs = splat(b, x, lanes)
             out.append([b.call(fma, [xs, bv[v], accs[i][v]]) for v in range(nv)])
         return out
 
@@ -170,6 +166,13 @@ def microkernel(mod: ir.Module, dtype: str, lanes: int, mr: int, nv: int, masked
                 store_row(i)
     b.ret_void()
     return fn
+
+
+def splat(b: ir.IRBuilder, value: ir.Value, lanes: int) -> ir.Value:
+    """`value` in every lane of a vector (an insert and a broadcast shuffle)."""
+    undef = ir.Constant(ir.VectorType(value.type, lanes), ir.Undefined)
+    return b.shuffle_vector(b.insert_element(undef, value, i64(0)), undef,
+                            ir.Constant(ir.VectorType(I32, lanes), [0] * lanes))
 
 
 def masked_rt(b: ir.IRBuilder, kind: str, dtype: str, lanes: int, mask, ptr, value=None):

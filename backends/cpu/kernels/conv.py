@@ -9,9 +9,10 @@ with K = c_in/groups * kh * kw and P = oh * ow. A chunk is as many images as giv
 FOLD_COLUMNS columns (one where P is that large already): per image, the late layers of a
 ResNet at 32x32 were GEMMs of 16 columns that each read the whole weight. With more than
 one image a chunk's product and gradient are gathered side by side in scratch (NCHW keeps
-each image's channels apart). Depthwise forward convs have loops of their own, and forward
-convs and stride-1 input gradients whose weight stays in L2 pack their columns straight
-from the image, with no im2col (implicit_conv.py).
+each image's channels apart). Depthwise forward convs have loops of their own; forward
+convs, stride-1 input gradients and weight gradients whose weight is within their limits
+(`Conv.implicit`) pack their columns straight from the image, with no im2col
+(implicit_conv.py, implicit_weight_grad.py).
 """
 
 from __future__ import annotations
@@ -145,11 +146,11 @@ class Conv:
         return 1 if self.chunk_threads(threads) > 1 else threads
 
     def scratch(self, isa: Isa, threads: int) -> tuple[int, list[int]]:
-        if self.depthwise:
-            return 0, [0, 0, 0, 0]
         """(bytes of one chunk thread's scratch, offsets in it of: the columns, the chunk's
         product or gradient side by side (with more than one image), the GEMM's own, and
         a weight gradient's copy (split across threads))."""
+        if self.depthwise:
+            return 0, [0, 0, 0, 0]
         p, size, t = self.problem(), S.size(self.dtype), self.gemm_threads(threads)
         side = self.og * self.q * size if self.nb > 1 else 0
         copy = (self.weight_bytes if self.name == "ember.conv2d_grad_weight"

@@ -23,7 +23,7 @@ from llvmlite import ir
 from ...strides import cdiv
 from ..gemm.emit import blocking
 from ..gemm.matmul import byte_offset
-from ..gemm.microkernel import I1, masked_rt, microkernel
+from ..gemm.microkernel import I1, masked_rt, microkernel, splat
 from ..machine.host import Isa, host_caches
 from ..parallel.outline import chunk_index, parallel_chunks, parallel_region
 from . import scalar as S
@@ -104,6 +104,10 @@ class Geometry:
         return self.kh * self.kw
 
     @property
+    def flops(self) -> int:
+        return 2 * self.n * self.o * self.p * self.k
+
+    @property
     def slice_channels(self) -> int:
         """Channels per packed slice of the columns (`KC`)."""
         return min(self.cg, max(1, KC // self.taps))
@@ -170,8 +174,7 @@ class Panels:
 
 def threads_for(geo: Geometry, isa: Isa, threads: int) -> int:
     """Threads for work split by panels alone (the weight gradient's)."""
-    flops = 2 * geo.n * geo.o * geo.p * geo.k
-    return parallel_chunks(flops / 8, Panels.of(geo, isa).items, threads)
+    return parallel_chunks(geo.flops / 8, Panels.of(geo, isa).items, threads)
 
 
 def row_blocks(geo: Geometry, isa: Isa, threads: int) -> int:
@@ -184,9 +187,8 @@ def row_blocks(geo: Geometry, isa: Isa, threads: int) -> int:
 
 
 def forward_threads(geo: Geometry, isa: Isa, threads: int) -> int:
-    flops = 2 * geo.n * geo.o * geo.p * geo.k
     units = Panels.of(geo, isa).items * row_blocks(geo, isa, threads)
-    return parallel_chunks(flops / 8, units, threads)
+    return parallel_chunks(geo.flops / 8, units, threads)
 
 
 def scratch_bytes(geo: Geometry, isa: Isa, threads: int) -> int:
@@ -328,12 +330,11 @@ def packer(mod: ir.Module, geo: Geometry, channels: int, nr: int, lanes: int,
             name: str) -> ir.Function:
     """`pack(x, buf, pos0, npos)`: buf[k][q] = cols[k, pos0 + q] of the `channels`
     channels at x (of image 0: the positions run on across the images, P each), for
-    q < npos (0 where a tap lands in the padding). Per output row the
-    panel covers and vector of its columns, each (channel, tap) is one masked load (a
-    gather for strided convs) and one masked store: the taps are unrolled, so which columns
-    each reaches is a constant mask, and whether its input row lies inside the image one
-    test per row. Columns past npos are left as they are: the micro-kernel stores none of
-    their sums."""
+    q < npos (0 where a tap lands in the padding). Per output row the panel covers and
+    vector of its columns, each (channel, tap) is one masked load (a gather for strided
+    convs) and one masked store: the taps are unrolled, so which columns each reaches is a
+    constant mask, and whether its input row lies inside the image one test per row.
+    Columns past npos are left as they are: the micro-kernel stores none of their sums."""
     dt = geo.dtype
     el = S.REG[dt]
     fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [PTR, PTR, I64, I64]), name)
@@ -345,11 +346,6 @@ def packer(mod: ir.Module, geo: Geometry, channels: int, nr: int, lanes: int,
     vi = ir.VectorType(I64, lanes)
     iota = ir.Constant(vi, list(range(lanes)))
     all_lanes, no_lanes = (ir.Constant(ir.VectorType(I1, lanes), [on] * lanes) for on in (1, 0))
-
-    def spread(v):
-        return b.shuffle_vector(b.insert_element(ir.Constant(vi, ir.Undefined), v, i64(0)),
-                                ir.Constant(vi, ir.Undefined),
-                                ir.Constant(ir.VectorType(I32, lanes), [0] * lanes))
 
     end = b.add(pos0, npos)
 
@@ -368,11 +364,11 @@ def packer(mod: ir.Module, geo: Geometry, channels: int, nr: int, lanes: int,
             h = b.add(b.mul(r_in, i64(geo.sh)), i64(i * geo.dh - geo.ph))
             rows_inside.append((h, b.and_(b.icmp_signed(">=", h, i64(0)),
                                           b.icmp_signed("<", h, i64(geo.h)))))
-        s1_v = spread(s1)
+        s1_v = splat(b, s1, lanes)
 
         def vec(v):
             q = b.add(s0, b.mul(v, i64(lanes)))
-            qv = b.add(spread(q), iota)
+            qv = b.add(splat(b, q, lanes), iota)
             stored = b.icmp_signed("<", qv, s1_v)
             reach = []  # per tap column j: the columns whose input column lies inside
             for j in range(geo.kw):
@@ -418,11 +414,8 @@ def _load(b: ir.IRBuilder, x, col, q, stride: int, mask, dt: str, lanes: int):
                          b.gep(x, [b.add(col, q)], source_etype=el))
     vi = ir.VectorType(I64, lanes)
     base = b.ptrtoint(b.gep(x, [b.add(col, b.mul(q, i64(stride)))], source_etype=el), I64)
-    spread = b.shuffle_vector(b.insert_element(ir.Constant(vi, ir.Undefined), base, i64(0)),
-                              ir.Constant(vi, ir.Undefined),
-                              ir.Constant(ir.VectorType(I32, lanes), [0] * lanes))
     step = ir.Constant(vi, [lane * stride * S.size(dt) for lane in range(lanes)])
-    ptrs = b.inttoptr(b.add(spread, step), ir.VectorType(PTR, lanes))
+    ptrs = b.inttoptr(b.add(splat(b, base, lanes), step), ir.VectorType(PTR, lanes))
     vt = ir.VectorType(el, lanes)
     pv = ir.VectorType(PTR, lanes)
     gather = S.declare(b.module, f"llvm.masked.gather.v{lanes}{dt}.v{lanes}p0", vt,
