@@ -204,6 +204,30 @@ def test_short_rows_reduce_across_vector_lanes(rows, n):
                                                ([rows, n], {1}))
 
 
+@pytest.mark.parametrize("hw", [64, 130, 16])
+def test_batchnorm_statistics_run_by_channel_across_threads(hw, monkeypatch):
+    """BatchNorm's training statistics and normalization over [n, c, h*w], reduced over n
+    and h*w per channel: run with the channels outermost (fused.py
+    `_reduced_dims_innermost`), a row kernel split across threads by channel; rows
+    shorter than SLAB_ROW keep the column kernel. The same values either way."""
+    monkeypatch.setattr(cpu_threads, "MIN_WORK", 1024)
+    n, c = 5, 6
+
+    def batchnorm(b, x, w):
+        mean = b.op("ember.mul", b.op("ember.reduce_sum", x, axes=[0, 2], keepdims=True), w)
+        d = b.op("ember.sub", x, mean)
+        var = b.op("ember.reduce_sum", b.op("ember.mul", d, d), axes=[0, 2], keepdims=True)
+        return [b.op("ember.relu", b.op("ember.mul", d, var))]
+
+    f = four_ways(graph([(n, c, hw), (1, c, 1)], batchnorm), rand((n, c, hw), (1, c, 1)), 2)
+    (op,) = [op for op in f.ops if op.name == "kernel.fused"]
+    shape = cpu_fused._emitter(op, "k").shape
+    by_channel = hw >= cpu_fused.SLAB_ROW
+    assert (shape.space, shape.reduce) == (([c, n, hw], {1, 2}) if by_channel else
+                                           ([n, c, hw], {0, 2}))
+    assert (".chunk" in cpu.Executable(f, 2, use_cache=False).llvm_ir) == by_channel
+
+
 @pytest.mark.parametrize("limit,columns", [(1024, 1000), (None, 700_000)])
 def test_column_accumulators_too_big_for_the_stack_live_in_scratch(limit, columns,
                                                                      monkeypatch):

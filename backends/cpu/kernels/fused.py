@@ -94,6 +94,34 @@ def _rows_across_lanes(shape: Shape, reductions: int) -> Shape:
                  {d: swap[k] for d, k in shape.index.items()}, frozenset({0}))
 
 
+# the shortest innermost dim `_reduced_dims_innermost` moves parallel dims out for
+SLAB_ROW = 64
+
+
+def _reduced_dims_innermost(shape: Shape) -> Shape:
+    """A kernel that reduces along its innermost dim and others outside a parallel one
+    (BatchNorm's statistics over [n, c, h*w] reduce n and h*w per channel c): the same
+    kernel with its parallel dims outermost ([c, n, h*w]), so that it runs as a row
+    kernel, split across threads by channel, each channel's passes (its statistics, then
+    what it stores) over a slab that stays in cache. As a column kernel it had no
+    parallel dim to split (its first dim is reduced) and every pass went through
+    memory: ResNet-18's BatchNorms ran on one thread at ~11 GB/s (2.3x faster so at
+    32x32). The innermost dim stays innermost (so loads stay contiguous) and at least
+    `SLAB_ROW` long: at 4x4 (rows of 16) the vectorized row loops ran 1.1-1.8x slower
+    than the column kernel."""
+    sp, red = shape.space, shape.reduce
+    if not red or len(sp) - 1 not in red or sp[-1] < SLAB_ROW:
+        return shape
+    order = [d for d in range(len(sp)) if d not in red] + sorted(red)
+    if order == list(range(len(sp))):
+        return shape
+    where = {d: k for k, d in enumerate(order)}
+    return Shape([sp[d] for d in order], [[m[d] for d in order] for m in shape.ins],
+                 [[m[d] for d in order] for m in shape.outs],
+                 {d: None if k is None else where[k] for d, k in shape.index.items()},
+                 frozenset(where[d] for d in red))
+
+
 class FusedEmitter:
     """Emits one kernel body over its (normalized) space.
 
@@ -112,8 +140,8 @@ class FusedEmitter:
             raise KernelCompileError(f"{name}: reduces over different dims {sorted(dims)}")
         rdims = set(dims.pop()) if dims else set()
         idims = {op.attributes["dim"] for op in self.body if op.name == "kernel.index"}
-        self.shape = _rows_across_lanes(normalize(space, in_maps, out_maps, rdims, idims),
-                                        len(reds))
+        self.shape = _reduced_dims_innermost(_rows_across_lanes(
+            normalize(space, in_maps, out_maps, rdims, idims), len(reds)))
         sp = self.shape.space
         self.R = self.shape.reduce
         first_r = min(self.R) if self.R else len(sp)
