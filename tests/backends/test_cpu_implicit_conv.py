@@ -24,16 +24,22 @@ CASES = [  # x shape, w shape, stride, padding, dilation, groups
 ]
 
 
+@pytest.mark.parametrize("chunked", [False, True])
 @pytest.mark.parametrize("threads", [1, 2, 4])
 @pytest.mark.parametrize("dtype", ["f32", "f64"])
 @pytest.mark.parametrize("case", CASES)
-def test_implicit_conv_and_gradients(case, dtype, threads, monkeypatch):
+def test_implicit_conv_and_gradients(case, dtype, threads, chunked, monkeypatch):
+    """`chunked`: as if the weights were past L2, so that forward convs pack chunks of
+    panels for each read of W, in blocks of its rows (implicit_conv.Units)."""
     from ember.backends.cpu.kernels import implicit_conv
     from ember.backends.cpu.parallel import outline
 
     monkeypatch.setenv("EMBER_NUM_THREADS", str(threads))
     monkeypatch.setattr(outline, "MIN_WORK", 16)  # split even these small convs
     monkeypatch.setattr(implicit_conv, "FLIP_POSITIONS", 1)  # flip even for these few
+    if chunked:
+        monkeypatch.setattr(implicit_conv, "resident_weight_bytes", lambda: 0)
+        monkeypatch.setattr(implicit_conv, "chunk_bytes", lambda: 32 << 10)
     xs, ws, stride, pad, dil, groups = case
     a = attrs(stride, pad, dil, groups)
     rng = np.random.default_rng(3)

@@ -94,7 +94,9 @@ def test_the_layers_take_torchs_arguments_and_weights():
 
 
 def test_weights_are_lazy_and_torchs_init():
-    """U(±1/sqrt(fan_in)), fan_in = c_in/groups * volume (c_out/groups for the transpose)."""
+    """U(±1/sqrt(fan_in)), fan_in = c_in/groups * volume (c_out/groups for the transpose).
+    Seeded: the largest of 8 biases lies under 0.7 of the bound 6% of the time."""
+    em.seed(0)
     conv, up = nn.Conv3d(4, 8, (3, 2, 2), groups=2), nn.ConvTranspose3d(4, 8, 3, groups=2)
     assert not conv.weight.is_initialized and conv.num_params() == 8 * 2 * 12 + 8
     for layer, fan_in in ((conv, 2 * 12), (up, 4 * 27)):

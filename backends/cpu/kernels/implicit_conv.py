@@ -6,8 +6,8 @@ and every `mr`-row tile of W multiplies it there (the own GEMM's micro-kernel, A
 in place). im2col wrote an image's whole K x P columns first (2.4 MB at 64 channels of
 32x32, past L2) and the GEMM then packed them a second time.
 
-A panel re-reads all of its group's weight, from L3 where it is larger than L2, so this
-path is for weights up to `forward_weight_bytes` (`fits`); larger ones keep im2col and
+A weight larger than L2 is read from L3 once for a chunk of panels (`Units`); this path
+is for weights up to `forward_weight_bytes` (`fits`); larger ones keep im2col and
 batch-folded GEMMs (conv.py). A stride-1 conv's input gradient is a forward conv of the
 output gradient with the weight's taps flipped and its channels swapped
 (`Geometry.input_gradient`): the same kernel, where im2col's path wrote K x P gradient
@@ -129,12 +129,13 @@ def fits(geo: Geometry | None, weight_bytes: int) -> bool:
 
 
 def forward_weight_bytes() -> int:
-    """The largest weight (of a group) a forward implicit GEMM takes: every panel reads it
-    all, from L3 where it is larger than L2, 4 bytes per 2 x 64 multiply-adds (f32, 64
-    positions a panel), which 2 threads sustain: ResNet-18's 3x3 convs of 256 and 512
-    channels (2.4 and 9.4 MB) ran at 84% and 80% of peak, against 71% and 57% through
-    im2col. Past L3 it would come from DRAM, which the 16 L2s this allows stay below on
-    the CPUs measured (a znver4's 32 MB L3 per 16 MB, a Xeon's 480 MB per 32 MB)."""
+    """The largest weight (of a group) a forward implicit GEMM takes: each chunk of panels
+    (`Units`) reads it all, from L3 where it is larger than L2; read by every panel (4
+    bytes per 2 x 64 multiply-adds), 2 threads sustained it in isolation: ResNet-18's 3x3
+    convs of 256 and 512 channels (2.4 and 9.4 MB) ran at 84% and 80% of peak, against
+    71% and 57% through im2col. Past L3 it would come from DRAM, which the 16 L2s this
+    allows stay below on the CPUs measured (a znver4's 32 MB L3 per 16 MB, a Xeon's
+    480 MB per 32 MB)."""
     return 16 * host_caches().l2
 
 
@@ -177,26 +178,84 @@ def threads_for(geo: Geometry, isa: Isa, threads: int) -> int:
     return parallel_chunks(geo.flops / 8, Panels.of(geo, isa).items, threads)
 
 
-def row_blocks(geo: Geometry, isa: Isa, threads: int) -> int:
-    """Blocks the weight's rows are split into, each its own work item with a panel, where
-    panels alone are too few to keep the threads busy (an image at batch 1: ResNet-18's
-    last layer at 224 is one panel of 49 positions)."""
-    panels = Panels.of(geo, isa).items
-    tiles = cdiv(geo.og, blocking(isa, geo.dtype, 1 << 20).mr)
-    return 1 if panels >= 2 * threads else min(tiles, cdiv(2 * threads, panels))
+def resident_weight_bytes() -> int:
+    """The largest weight (of a group) that every panel reads on its own: from L2."""
+    return host_caches().l2 // 2
+
+
+def chunk_bytes() -> int:
+    """The most bytes of a chunk's packed panels (`Units`), and of its product's block of
+    rows: an eighth of L2 each."""
+    return host_caches().l2 // 8
+
+
+@dataclass(frozen=True)
+class Units:
+    """The forward's work units: per group, chunks of `span` panels, times blocks of
+    `per_block` mr-row tiles of the weight. A weight that stays in L2 is read by every
+    panel on its own (span 1, all its rows). A larger one would come from L3 for every
+    panel: a chunk of panels is packed first (`chunk_bytes`), then each, in L1, is
+    multiplied by the tiles of a block of W's rows, whose slice stays in L2 from panel to
+    panel, so W comes from L3 once a chunk (ResNet-18's 512-channel 3x3 at 4x4, in a
+    training step: 10.6 -> 8.6 ms); the block's product of the chunk fits `chunk_bytes`
+    too. Rows are split further where units are too few for the threads (an image at
+    batch 1: ResNet-18's last layer at 224 is one panel of 49 positions)."""
+
+    panels: Panels
+    span: int
+    chunks: int  # per group
+    blocks: int
+    per_block: int
+
+    @classmethod
+    def of(cls, geo: Geometry, isa: Isa, threads: int) -> Units:
+        pn = Panels.of(geo, isa)
+        mr = blocking(isa, geo.dtype, 1 << 20).mr
+        tiles, size = cdiv(geo.og, mr), S.size(geo.dtype)
+        if geo.og * geo.k * size <= resident_weight_bytes():
+            span, chunks = 1, pn.count
+            blocks = 1 if pn.items >= 2 * threads else min(tiles, cdiv(2 * threads, pn.items))
+        else:
+            packed = pn.width * geo.slice_channels * geo.taps * size
+            chunks = cdiv(pn.count, max(1, chunk_bytes() // packed))
+            span = cdiv(pn.count, chunks)
+            blocks = min(tiles, cdiv(tiles, max(1, chunk_bytes() // (span * pn.width * size)
+                                                // mr)))
+            while blocks < tiles and (pn.groups * chunks * blocks) % threads:
+                blocks += 1  # as many units for each thread
+        per_block = cdiv(tiles, blocks)
+        return cls(pn, span, chunks, cdiv(tiles, per_block), per_block)
+
+    @property
+    def count(self) -> int:
+        return self.panels.groups * self.chunks * self.blocks
+
+    def locate(self, b: ir.IRBuilder, u) -> tuple:
+        """(group, first position, positions, first tile of the block) of unit u."""
+        pn, chunk = self.panels, b.udiv(u, i64(self.blocks))
+        g, jc = b.udiv(chunk, i64(self.chunks)), b.urem(chunk, i64(self.chunks))
+        pos0 = b.mul(jc, i64(self.span * pn.width))
+        npos = b.sub(i64(pn.count * pn.width - pn.width + pn.tail), pos0)
+        npos = b.select(b.icmp_signed("<", npos, i64(self.span * pn.width)), npos,
+                        i64(self.span * pn.width))
+        return g, pos0, npos, b.mul(b.urem(u, i64(self.blocks)), i64(self.per_block))
 
 
 def forward_threads(geo: Geometry, isa: Isa, threads: int) -> int:
-    units = Panels.of(geo, isa).items * row_blocks(geo, isa, threads)
-    return parallel_chunks(geo.flops / 8, units, threads)
+    return parallel_chunks(geo.flops / 8, Units.of(geo, isa, threads).count, threads)
 
 
 def scratch_bytes(geo: Geometry, isa: Isa, threads: int) -> int:
-    """Per thread: a packed slice, and where panels cross images, a panel's product."""
-    nr = panel_width(geo, isa)
-    product = geo.og * nr if _gathers(geo, isa) else 0
-    per = (nr * geo.slice_channels * geo.taps + product) * S.size(geo.dtype)
-    return forward_threads(geo, isa, threads) * per
+    return forward_threads(geo, isa, threads) * _thread_bytes(geo, isa, threads)
+
+
+def _thread_bytes(geo: Geometry, isa: Isa, threads: int) -> int:
+    """A thread's scratch: a chunk's packed slices, and where panels cross images, the
+    chunk's product of a block's rows."""
+    un = Units.of(geo, isa, threads)
+    nr, mr = un.panels.width, blocking(isa, geo.dtype, 1 << 20).mr
+    product = un.per_block * mr * un.span * nr if _gathers(geo, isa) else 0
+    return (un.span * nr * geo.slice_channels * geo.taps + product) * S.size(geo.dtype)
 
 
 def flip_weight(b: ir.IRBuilder, cv, w, out) -> None:
@@ -216,108 +275,127 @@ def flip_weight(b: ir.IRBuilder, cv, w, out) -> None:
 
 def emit_implicit(b: ir.IRBuilder, geo: Geometry, x, w, y, scratch, isa: Isa, threads: int,
                   name: str) -> None:
-    """y = conv(x, w) of `geo`, work units (a panel, and a block of the weight's rows where
-    `row_blocks`) split across threads, each with its own scratch (`scratch_bytes`): the
-    packed slice, and where panels cross images (`_gathers`), the panel's product, put in
-    place after."""
+    """y = conv(x, w) of `geo`, its `Units` split across threads, each with its own
+    scratch (`scratch_bytes`): a chunk's packed slices, and where panels cross images
+    (`_gathers`), the chunk's product, put in place after."""
     dt, el = geo.dtype, S.REG[geo.dtype]
     lanes = isa.lanes(dt)
     blk = blocking(isa, dt, 1 << 20)
-    pn = Panels.of(geo, isa)
-    nr = pn.width
+    un = Units.of(geo, isa, threads)
+    nr = un.panels.width
     mod = b.module
     uk_full = microkernel(mod, dt, lanes, blk.mr, blk.nv, False)
-    uk_tail = microkernel(mod, dt, lanes, blk.mr, cdiv(pn.tail, lanes), False)
+    uk_tail = microkernel(mod, dt, lanes, blk.mr, cdiv(un.panels.tail, lanes), False)
     cs = geo.slice_channels
     packers = {cc: packer(mod, geo, cc, nr, lanes, f"{name}.pack{cc}")
                for cc in {cs, geo.cg % cs} if cc}
     t = forward_threads(geo, isa, threads)
     slice_elems = nr * cs * geo.taps
-    per = scratch_bytes(geo, isa, 1)
+    per = _thread_bytes(geo, isa, threads)
     gathers = _gathers(geo, isa)
-    # work units: (panel item, block of the weight's rows), a block `per_block` mr-row tiles
-    blocks = row_blocks(geo, isa, threads)
     tiles = cdiv(geo.og, blk.mr)
-    per_block = cdiv(tiles, blocks)
-    units = pn.items * blocks
 
     def at(bb, ptr, offset):
         return bb.gep(ptr, [offset], inbounds=True, source_etype=el)
 
     def unit(bb, xp, wp, yp, buf, u):
-        g, pos0, npos, last = pn.locate(bb, bb.udiv(u, i64(blocks)))
-        tile0 = bb.mul(bb.urem(u, i64(blocks)), i64(per_block))
-        tile_end = bb.add(tile0, i64(per_block))
+        g, pos0, npos, tile0 = un.locate(bb, u)
+        tile_end = bb.add(tile0, i64(un.per_block))
         tile_end = bb.select(bb.icmp_signed("<", tile_end, i64(tiles)), tile_end, i64(tiles))
+        panels = bb.udiv(bb.add(npos, i64(nr - 1)), i64(nr))
         xg = at(bb, xp, bb.mul(g, i64(geo.cg * geo.h * geo.w)))
         wg = at(bb, wp, bb.mul(g, i64(geo.og * geo.k)))
-        if gathers:  # the panel's product goes to scratch first
-            c_tile, ldc = at(bb, buf, i64(slice_elems)), nr
-        else:  # a panel inside one image: straight into y
-            image, p0 = bb.udiv(pos0, i64(geo.p)), bb.urem(pos0, i64(geo.p))
-            c_tile = at(bb, yp, bb.add(bb.mul(bb.add(bb.mul(image, i64(geo.o)),
-                                                     bb.mul(g, i64(geo.og))), i64(geo.p)), p0))
+        if gathers:  # the chunk's product goes to scratch first, from the block's row 0
+            product, ldc = at(bb, buf, i64(un.span * slice_elems)), un.span * nr
+        else:  # panels inside one image each: straight into y
             ldc = geo.p
+
+        def c_tile(j):
+            """Panel j's product, at the block's first row."""
+            if gathers:
+                return at(bb, product, bb.mul(j, i64(nr)))
+            pos = bb.add(pos0, bb.mul(j, i64(nr)))
+            image, p0 = bb.udiv(pos, i64(geo.p)), bb.urem(pos, i64(geo.p))
+            row = bb.add(bb.add(bb.mul(image, i64(geo.o)), bb.mul(g, i64(geo.og))),
+                         bb.mul(tile0, i64(blk.mr)))
+            return at(bb, yp, bb.add(bb.mul(row, i64(geo.p)), p0))
+
+        def columns(j):
+            """Positions of panel j."""
+            cols = bb.sub(npos, bb.mul(j, i64(nr)))
+            return bb.select(bb.icmp_signed("<", cols, i64(nr)), cols, i64(nr))
 
         def k_slice(c0, cc: int):
             """Channels [c0, c0 + cc) of the group: rows k0.. of the columns."""
             kk, k0 = cc * geo.taps, bb.mul(c0, i64(geo.taps))
-            bb.call(packers[cc], [at(bb, xg, bb.mul(c0, i64(geo.h * geo.w))), buf, pos0, npos])
+            x_slice = at(bb, xg, bb.mul(c0, i64(geo.h * geo.w)))
+            for_range(bb, i64(0), panels, lambda j: bb.call(packers[cc], [
+                x_slice, at(bb, buf, bb.mul(j, i64(slice_elems))),
+                bb.add(pos0, bb.mul(j, i64(nr))), columns(j)]), "pack")
             first = bb.icmp_signed(">", k0, i64(0))
 
-            def tile(r):
-                rows = bb.sub(i64(geo.og), bb.mul(r, i64(blk.mr)))
-                rows = bb.select(bb.icmp_signed("<", rows, i64(blk.mr)), rows, i64(blk.mr))
-                a = at(bb, wg, bb.add(bb.mul(r, i64(blk.mr * geo.k)), k0))
-                c = at(bb, c_tile, bb.mul(r, i64(blk.mr * ldc)))
+            def panel(j):
+                cols, c_panel = columns(j), c_tile(j)
+                b_panel = at(bb, buf, bb.mul(j, i64(slice_elems)))
 
-                def call(uk):
-                    bb.call(uk, [a, i64(geo.k), i64(1), buf, i64(nr), c, i64(ldc), i64(kk),
-                                 first, rows, npos])
-                if uk_tail is uk_full:  # the last panel's columns are masked all the same
-                    call(uk_full)
-                    return
-                with bb.if_else(last) as (short, whole):
-                    with short:
-                        call(uk_tail)
-                    with whole:
+                def tile(r):
+                    rows = bb.sub(i64(geo.og), bb.mul(r, i64(blk.mr)))
+                    rows = bb.select(bb.icmp_signed("<", rows, i64(blk.mr)), rows, i64(blk.mr))
+                    a = at(bb, wg, bb.add(bb.mul(r, i64(blk.mr * geo.k)), k0))
+                    c = at(bb, c_panel, bb.mul(bb.sub(r, tile0), i64(blk.mr * ldc)))
+
+                    def call(uk):
+                        bb.call(uk, [a, i64(geo.k), i64(1), b_panel, i64(nr), c, i64(ldc),
+                                     i64(kk), first, rows, cols])
+                    if uk_tail is uk_full:  # the last panel's columns are masked all the same
                         call(uk_full)
+                        return
+                    with bb.if_else(bb.icmp_signed("<", cols, i64(nr))) as (short, whole):
+                        with short:
+                            call(uk_tail)
+                        with whole:
+                            call(uk_full)
 
-            for_range(bb, tile0, tile_end, tile, "tile")
+                for_range(bb, tile0, tile_end, tile, "tile")
+
+            for_range(bb, i64(0), panels, panel, "panel")
 
         full, rest = divmod(geo.cg, cs)
         loop(bb, full, lambda kb: k_slice(bb.mul(kb, i64(cs)), cs), "kb")
         if rest:
             k_slice(i64(full * cs), rest)
         if gathers:
+            row0 = bb.mul(tile0, i64(blk.mr))
+            rows_end = bb.mul(tile_end, i64(blk.mr))
+            rows_end = bb.select(bb.icmp_signed("<", rows_end, i64(geo.og)), rows_end,
+                                 i64(geo.og))
+
             def put(q):  # column q of the product: position pos0 + q of some image
                 image, p = (f(bb.add(pos0, q), i64(geo.p)) for f in (bb.udiv, bb.urem))
                 out = bb.add(bb.mul(bb.add(bb.mul(image, i64(geo.o)), bb.mul(g, i64(geo.og))),
                                     i64(geo.p)), p)
-                rows_end = bb.mul(tile_end, i64(blk.mr))
-                rows_end = bb.select(bb.icmp_signed("<", rows_end, i64(geo.og)), rows_end,
-                                     i64(geo.og))
-                for_range(bb, bb.mul(tile0, i64(blk.mr)), rows_end, lambda o: S.store(
+                for_range(bb, row0, rows_end, lambda o: S.store(
                     bb, yp, dt, bb.add(out, bb.mul(o, i64(geo.p))),
-                    S.load(bb, c_tile, dt, bb.add(bb.mul(o, i64(nr)), q))), "o")
+                    S.load(bb, product, dt, bb.add(bb.mul(bb.sub(o, row0), i64(ldc)), q))),
+                    "o")
             for_range(bb, i64(0), npos, put, "q")
 
     def run(bb, xp, wp, yp, own, lo, hi):
         # zeros in the columns past the last panel's (which the micro-kernel reads, and
         # left from other kernels could be slow subnormals)
-        loop(bb, slice_elems, lambda i: S.store(bb, own, dt, i, S.const(dt, 0)), "z")
+        loop(bb, un.span * slice_elems, lambda i: S.store(bb, own, dt, i, S.const(dt, 0)), "z")
         for_range(bb, lo, hi, lambda u: unit(bb, xp, wp, yp, own, u), "unit")
 
     if t == 1:
-        run(b, x, w, y, scratch, i64(0), i64(units))
+        run(b, x, w, y, scratch, i64(0), i64(un.count))
         return
 
     def share(bb, ptrs, lo, hi):
-        own = byte_offset(bb, ptrs[3], bb.mul(chunk_index(bb, lo, units, t), i64(per)))
+        own = byte_offset(bb, ptrs[3], bb.mul(chunk_index(bb, lo, un.count, t), i64(per)))
         run(bb, *ptrs[:3], own, lo, hi)
 
     parallel_region(b, f"{name}.units", [x, w, y, scratch], [False, False, True, True],
-                    units, t, share)
+                    un.count, t, share)
 
 
 def _gathers(geo: Geometry, isa: Isa) -> bool:
