@@ -30,8 +30,10 @@ CASES = [  # x shape, w shape, stride, padding, dilation, groups
 @pytest.mark.parametrize("case", CASES)
 def test_implicit_conv_and_gradients(case, dtype, threads, chunked, monkeypatch):
     """`chunked`: as if the weights were past L2, so that forward convs pack chunks of
-    panels for each read of W, in blocks of its rows (implicit_conv.Units)."""
-    from ember.backends.cpu.kernels import implicit_conv
+    panels for each read of W, in blocks of its rows (implicit_conv.Units), and weight
+    gradients split blocks of dW's input channels across threads
+    (implicit_weight_grad_blocks.py)."""
+    from ember.backends.cpu.kernels import implicit_conv, implicit_weight_grad
     from ember.backends.cpu.parallel import outline
 
     monkeypatch.setenv("EMBER_NUM_THREADS", str(threads))
@@ -40,6 +42,7 @@ def test_implicit_conv_and_gradients(case, dtype, threads, chunked, monkeypatch)
     if chunked:
         monkeypatch.setattr(implicit_conv, "resident_weight_bytes", lambda: 0)
         monkeypatch.setattr(implicit_conv, "chunk_bytes", lambda: 32 << 10)
+        monkeypatch.setattr(implicit_weight_grad, "copied_weight_bytes", lambda: 0)
     xs, ws, stride, pad, dil, groups = case
     a = attrs(stride, pad, dil, groups)
     rng = np.random.default_rng(3)

@@ -6,7 +6,9 @@ gradient's few rows); the micro-kernel multiplies them into each thread's own dW
 and the threads' copies are added up (and transposed into dW) after. im2col wrote the
 columns first, and the GEMM packed them again, or read them a row K apart.
 
-Used where a group's weight, so each thread's dW^T, stays in L2 (`weight_bytes`).
+Used where a group's weight, so each thread's dW^T, stays in L2 (`copied_weight_bytes`);
+larger weights split blocks of dW's rows across threads instead
+(implicit_weight_grad_blocks.py).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from ..gemm.matmul import byte_offset
 from ..gemm.microkernel import microkernel
 from ..machine.host import Isa, host_caches
 from ..parallel.outline import chunk_index, parallel_region
+from . import implicit_weight_grad_blocks as by_blocks
 from . import scalar as S
 from .implicit_conv import Geometry, Panels, packer, panel_width, threads_for
 from .loops import for_range, loop
@@ -26,7 +29,14 @@ from .scalar import i64
 
 
 def weight_bytes() -> int:
-    """The largest weight (of a group) whose gradient this kernel takes."""
+    """The largest weight (of a group) whose gradient runs as an implicit GEMM: its dW^T
+    is one more copy of it (in blocks, past `copied_weight_bytes`)."""
+    return 16 * host_caches().l2
+
+
+def copied_weight_bytes() -> int:
+    """The largest weight (of a group) whose gradient the threads sum in copies of dW^T of
+    their own."""
     return host_caches().l2 // 2
 
 
@@ -48,14 +58,24 @@ def _regions(geo: Geometry, isa: Isa) -> tuple[int, int, int]:
     return cols + dy_t + geo.o * geo.k * size, cols, cols + dy_t
 
 
+def _copied(geo: Geometry) -> bool:
+    return geo.og * geo.k * S.size(geo.dtype) <= copied_weight_bytes()
+
+
 def weight_grad_scratch(geo: Geometry, isa: Isa, threads: int) -> int:
+    if not _copied(geo):
+        return by_blocks.scratch_bytes(geo, isa, threads)
     return threads_for(geo, isa, threads) * _regions(geo, isa)[0]
 
 
 def emit_weight_grad(b: ir.IRBuilder, geo: Geometry, x, dy, dw, scratch, isa: Isa,
                      threads: int, name: str) -> None:
     """dw = conv2d_grad_weight(x, dy) of `geo`: items (`Panels`) split across threads,
-    each summing into its own dW^T in `scratch`."""
+    each summing into its own dW^T in `scratch` (by blocks of dW's rows, past
+    `copied_weight_bytes`)."""
+    if not _copied(geo):
+        by_blocks.emit_by_blocks(b, geo, x, dy, dw, scratch, isa, threads, name)
+        return
     dt, el = geo.dtype, S.REG[geo.dtype]
     lanes = isa.lanes(dt)
     pn = Panels.of(geo, isa)
