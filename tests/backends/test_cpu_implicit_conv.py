@@ -1,7 +1,8 @@
 """Convolutions as implicit GEMMs (backends/cpu/kernels/implicit_conv.py,
-implicit_weight_grad.py): forward convs, stride-1 input gradients and weight gradients
-against the interpreter on 1, 2 and 4 threads, f32 and f64, with panels inside an image and
-across images, split across threads."""
+implicit_weight_grad.py, implicit_weight_grad_blocks.py): forward convs, stride-1 input
+gradients and weight gradients against the interpreter on 1, 2 and 4 threads, f32 and f64,
+with panels inside an image and across images (and the flat packer's vectors across two
+or more images), split across threads."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ CASES = [  # x shape, w shape, stride, padding, dilation, groups
     ((2, 16, 18, 18), (8, 16, 3, 3), [2, 2], [1, 1], [1, 1], 1),  # strided: gathers
     ((5, 6, 4, 4), (9, 6, 3, 3), [1, 1], [1, 1], [1, 1], 1),  # panels across images
     ((3, 2, 5, 3), (4, 1, 3, 3), [1, 1], [1, 1], [1, 1], 2),  # ... of 15 positions each
+    ((6, 3, 2, 2), (5, 3, 3, 3), [1, 1], [1, 1], [1, 1], 1),  # vectors over 4+ images
     # dW^T of two panels of O, the second short, and transposed by blocks of lanes
     ((2, 16, 6, 6), (80, 16, 3, 3), [1, 1], [1, 1], [1, 1], 1),
 ]

@@ -405,10 +405,114 @@ def _gathers(geo: Geometry, isa: Isa) -> bool:
 
 
 def packer(mod: ir.Module, geo: Geometry, channels: int, nr: int, lanes: int,
-            name: str) -> ir.Function:
+           name: str) -> ir.Function:
     """`pack(x, buf, pos0, npos)`: buf[k][q] = cols[k, pos0 + q] of the `channels`
     channels at x (of image 0: the positions run on across the images, P each), for
-    q < npos (0 where a tap lands in the padding). Per output row the panel covers and
+    q < npos (0 where a tap lands in the padding)."""
+    if (geo.sh, geo.sw, geo.oh, geo.ow) == (1, 1, geo.h, geo.w):
+        return _flat_packer(mod, geo, channels, nr, lanes, name)
+    return _row_packer(mod, geo, channels, nr, lanes, name)
+
+
+def _flat_packer(mod: ir.Module, geo: Geometry, channels: int, nr: int, lanes: int,
+                 name: str) -> ir.Function:
+    """`packer` of a stride-1 conv whose output is the input's size (3x3 with padding 1):
+    a tap's inputs for consecutive positions of an image are consecutive elements, across
+    its rows too (x[oh + i - ph, ow + j - pw] lies (i - ph) * W + j - pw past position
+    (oh, ow)), so each vector of `lanes` positions is one masked load per (channel, tap),
+    the masks (the taps' inputs inside the image, per lane) computed once per vector;
+    a vector across two images loads from each (images of fewer positions than lanes
+    gather). The row packer (`_row_packer`) splits vectors at
+    every output row: 4x4 images filled a quarter of each."""
+    dt = geo.dtype
+    el = S.REG[dt]
+    fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [PTR, PTR, I64, I64]), name)
+    fn.linkage = "internal"
+    for a in fn.args[:2]:
+        a.add_attribute("noalias")
+    x, buf, pos0, npos = fn.args
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    vi = ir.VectorType(I64, lanes)
+    iota = ir.Constant(vi, list(range(lanes)))
+    hw, image_elems = geo.h * geo.w, geo.c * geo.h * geo.w
+
+    def const(v: int):
+        return ir.Constant(vi, [v] * lanes)
+
+    def vec(v):
+        first = b.add(pos0, b.mul(v, i64(lanes)))
+        q = b.add(splat(b, first, lanes), iota)
+        stored = b.icmp_signed("<", b.add(splat(b, b.mul(v, i64(lanes)), lanes), iota),
+                               splat(b, npos, lanes))
+        image, p = b.udiv(q, const(geo.p)), b.urem(q, const(geo.p))
+        oh, ow = b.udiv(p, const(geo.w)), b.urem(p, const(geo.w))
+        taps = []  # per tap: (its offset from the position's own input, its mask)
+        for i in range(geo.kh):
+            h = b.add(oh, const(i * geo.dh - geo.ph))
+            h_in = b.and_(b.icmp_signed(">=", h, const(0)), b.icmp_signed("<", h, const(geo.h)))
+            for j in range(geo.kw):
+                w = b.add(ow, const(j * geo.dw - geo.pw))
+                inside = b.and_(b.and_(stored, h_in), b.and_(
+                    b.icmp_signed(">=", w, const(0)), b.icmp_signed("<", w, const(geo.w))))
+                taps.append(((i * geo.dh - geo.ph) * geo.w + j * geo.dw - geo.pw, inside))
+        own = b.add(b.mul(image, const(image_elems)), p)  # each lane's position's input
+        first_image = b.udiv(first, i64(geo.p))
+        last_image = b.udiv(b.add(first, i64(lanes - 1)), i64(geo.p))
+        dst0 = b.mul(v, i64(lanes))
+
+        # lanes in the next image: their inputs lie one image less its positions further
+        later = b.icmp_unsigned("!=", image, splat(b, first_image, lanes))
+
+        def channels_loop(across: bool):
+            def load(start, mask):
+                return masked_rt(b, "load", dt, lanes, mask, b.gep(x, [start], source_etype=el))
+
+            def channel(c):
+                for t, (offset, mask) in enumerate(taps):
+                    at = b.add(b.mul(c, i64(hw)), i64(offset))
+                    start = b.add(b.add(b.mul(first_image, i64(image_elems - geo.p)), first),
+                                  at)
+                    if not across:
+                        value = load(start, mask)
+                    elif geo.p >= lanes:  # two images: a load from each
+                        value = b.select(later, load(b.add(start, i64(image_elems - geo.p)),
+                                                     b.and_(mask, later)),
+                                         load(start, b.and_(mask, b.not_(later))))
+                    else:
+                        value = _gather(b, x, b.add(own, splat(b, at, lanes)), mask, dt, lanes)
+                    k = b.add(b.mul(c, i64(geo.taps)), i64(t))
+                    dst = b.gep(buf, [b.add(b.mul(k, i64(nr)), dst0)], inbounds=True,
+                                source_etype=el)
+                    b.store(value, dst, align=S.size(dt))
+            loop(b, channels, channel, "c")
+
+        with b.if_else(b.icmp_signed("==", first_image, last_image)) as (within, across):
+            with within:
+                channels_loop(False)
+            with across:
+                channels_loop(True)
+
+    count = b.udiv(b.add(npos, i64(lanes - 1)), i64(lanes))
+    for_range(b, i64(0), count, vec, "v")
+    b.ret_void()
+    return fn
+
+
+def _gather(b: ir.IRBuilder, x, index, mask, dt: str, lanes: int):
+    """x[index[lane]] on the lanes of `mask`, 0 on the others (whose addresses are never
+    read: no `inbounds`)."""
+    el = S.REG[dt]
+    vt, pv, vi = ir.VectorType(el, lanes), ir.VectorType(PTR, lanes), ir.VectorType(I64, lanes)
+    base = splat(b, b.ptrtoint(x, I64), lanes)
+    ptrs = b.inttoptr(b.add(base, b.mul(index, ir.Constant(vi, [S.size(dt)] * lanes))), pv)
+    gather = S.declare(b.module, f"llvm.masked.gather.v{lanes}{dt}.v{lanes}p0", vt,
+                       [pv, I32, ir.VectorType(I1, lanes), vt])
+    return b.call(gather, [ptrs, ir.Constant(I32, S.size(dt)), mask, ir.Constant(vt, None)])
+
+
+def _row_packer(mod: ir.Module, geo: Geometry, channels: int, nr: int, lanes: int,
+                name: str) -> ir.Function:
+    """`packer` of any conv. Per output row the panel covers and
     vector of its columns, each (channel, tap) is one masked load (a gather for strided
     convs) and one masked store: the taps are unrolled, so which columns each reaches is a
     constant mask, and whether its input row lies inside the image one test per row.
@@ -486,16 +590,9 @@ def _load(b: ir.IRBuilder, x, col, q, stride: int, mask, dt: str, lanes: int):
     """x[col + (q + lane) * stride] on the lanes of `mask`, 0 on the others: a masked load,
     or a masked gather for a strided conv. Masked-off lanes may lie outside x (their
     addresses are never read): no `inbounds`."""
-    el = S.REG[dt]
     if stride == 1:
         return masked_rt(b, "load", dt, lanes, mask,
-                         b.gep(x, [b.add(col, q)], source_etype=el))
-    vi = ir.VectorType(I64, lanes)
-    base = b.ptrtoint(b.gep(x, [b.add(col, b.mul(q, i64(stride)))], source_etype=el), I64)
-    step = ir.Constant(vi, [lane * stride * S.size(dt) for lane in range(lanes)])
-    ptrs = b.inttoptr(b.add(splat(b, base, lanes), step), ir.VectorType(PTR, lanes))
-    vt = ir.VectorType(el, lanes)
-    pv = ir.VectorType(PTR, lanes)
-    gather = S.declare(b.module, f"llvm.masked.gather.v{lanes}{dt}.v{lanes}p0", vt,
-                       [pv, I32, ir.VectorType(I1, lanes), vt])
-    return b.call(gather, [ptrs, ir.Constant(I32, S.size(dt)), mask, ir.Constant(vt, None)])
+                         b.gep(x, [b.add(col, q)], source_etype=S.REG[dt]))
+    step = ir.Constant(ir.VectorType(I64, lanes), [lane * stride for lane in range(lanes)])
+    index = b.add(splat(b, b.add(col, b.mul(q, i64(stride))), lanes), step)
+    return _gather(b, x, index, mask, dt, lanes)
