@@ -587,12 +587,24 @@ def _row_packer(mod: ir.Module, geo: Geometry, channels: int, nr: int, lanes: in
 
 
 def _load(b: ir.IRBuilder, x, col, q, stride: int, mask, dt: str, lanes: int):
-    """x[col + (q + lane) * stride] on the lanes of `mask`, 0 on the others: a masked load,
-    or a masked gather for a strided conv. Masked-off lanes may lie outside x (their
-    addresses are never read): no `inbounds`."""
+    """x[col + (q + lane) * stride] on the lanes of `mask`, 0 on the others: a masked load;
+    for stride 2, two masked loads of the lanes' span (odd elements masked off) and a
+    shuffle of the even ones (a gather of 16 lanes cost about twice as much); a masked
+    gather for other strides. Masked-off lanes may lie outside x (their addresses are
+    never read): no `inbounds`."""
+    el = S.REG[dt]
+    start = b.add(col, b.mul(q, i64(stride)))
     if stride == 1:
-        return masked_rt(b, "load", dt, lanes, mask,
-                         b.gep(x, [b.add(col, q)], source_etype=S.REG[dt]))
+        return masked_rt(b, "load", dt, lanes, mask, b.gep(x, [start], source_etype=el))
+    if stride == 2:
+        off = ir.Constant(ir.VectorType(I1, lanes), [0] * lanes)
+        halves = [b.shuffle_vector(mask, off, ir.Constant(
+            ir.VectorType(I32, lanes), [h * lanes // 2 + e // 2 + (lanes if e % 2 else 0)
+                                        for e in range(lanes)])) for h in (0, 1)]
+        lo, hi = (masked_rt(b, "load", dt, lanes, m,
+                            b.gep(x, [b.add(start, i64(h * lanes))], source_etype=el))
+                  for h, m in enumerate(halves))
+        return b.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(I32, lanes),
+                                                    list(range(0, 2 * lanes, 2))))
     step = ir.Constant(ir.VectorType(I64, lanes), [lane * stride for lane in range(lanes)])
-    index = b.add(splat(b, b.add(col, b.mul(q, i64(stride))), lanes), step)
-    return _gather(b, x, index, mask, dt, lanes)
+    return _gather(b, x, b.add(splat(b, start, lanes), step), mask, dt, lanes)
