@@ -208,8 +208,9 @@ def test_short_rows_reduce_across_vector_lanes(rows, n):
 def test_batchnorm_statistics_run_by_channel_across_threads(hw, monkeypatch):
     """BatchNorm's training statistics and normalization over [n, c, h*w], reduced over n
     and h*w per channel: run with the channels outermost (fused.py
-    `_reduced_dims_innermost`), a row kernel split across threads by channel; rows
-    shorter than SLAB_ROW keep the column kernel. The same values either way."""
+    `_reduced_dims_innermost`), a row kernel split across threads by channel, whose
+    short rows (up to SHORT_INNER) accumulate in a slot per column; rows shorter than
+    SLAB_ROW keep the column kernel. The same values either way."""
     monkeypatch.setattr(cpu_threads, "MIN_WORK", 1024)
     n, c = 5, 6
 
@@ -217,7 +218,8 @@ def test_batchnorm_statistics_run_by_channel_across_threads(hw, monkeypatch):
         mean = b.op("ember.mul", b.op("ember.reduce_sum", x, axes=[0, 2], keepdims=True), w)
         d = b.op("ember.sub", x, mean)
         var = b.op("ember.reduce_sum", b.op("ember.mul", d, d), axes=[0, 2], keepdims=True)
-        return [b.op("ember.relu", b.op("ember.mul", d, var))]
+        peak = b.op("ember.reduce_max", x, axes=[0, 2], keepdims=True)
+        return [b.op("ember.relu", b.op("ember.mul", d, b.op("ember.add", var, peak)))]
 
     f = four_ways(graph([(n, c, hw), (1, c, 1)], batchnorm), rand((n, c, hw), (1, c, 1)), 2)
     (op,) = [op for op in f.ops if op.name == "kernel.fused"]

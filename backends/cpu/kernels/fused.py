@@ -96,6 +96,8 @@ def _rows_across_lanes(shape: Shape, reductions: int) -> Shape:
 
 # the shortest innermost dim `_reduced_dims_innermost` moves parallel dims out for
 SLAB_ROW = 64
+# the longest innermost reduced dim of a row kernel that accumulates in a slot per position
+SHORT_INNER = 256
 
 
 def _reduced_dims_innermost(shape: Shape) -> Shape:
@@ -412,21 +414,25 @@ class FusedEmitter:
         loop_rq = [d for d in range(len(self.shape.space)) if d in self.R or d in self.Q]
         qsize = _prod([self.shape.space[d] for d in self.Q])
         base = base if base is not None else self.scratch
+        inner = self._short_inner_row(loop_rq)
+        slots = self.shape.space[inner] if inner is not None else 1
         for op in reds:
             t = S.REG[dt[op]]
+            init = S.identity(op.attributes["kind"], dt[op])
             if self.column:
                 arr = (stack_array(b, t, qsize, "acc") if base is None else
                        self._accumulators(b, base, op))
-                init = S.identity(op.attributes["kind"], dt[op])
                 loop(b, qsize, lambda i, arr=arr, init=init, t=t: b.store(
                     init, elem(b, arr, t, i)), name="ai")
             else:
-                arr = stack_array(b, t, 1, "acc")
-                b.store(S.identity(op.attributes["kind"], dt[op]), arr)
+                arr = stack_array(b, t, slots, "acc")
+                loop(b, slots, lambda i, arr=arr, init=init, t=t: b.store(
+                    init, elem(b, arr, t, i)), name="ai")
             self.acc[op] = arr
 
         def accumulate():
-            off = self.q_offset() if self.column else i64(0)
+            off = (self.q_offset() if self.column else
+                   self.idx[inner] if inner is not None else i64(0))
             for op in reds:
                 t = S.REG[dt[op]]
                 p = elem(b, self.acc[op], t, off)
@@ -437,7 +443,23 @@ class FusedEmitter:
         self.phase(loop_rq, accumulate, [op.operands[0] for op in reds], split)
         if not self.column:
             for op in reds:
-                self.scopes[-1][op.result] = b.load(self.acc[op], typ=S.REG[dt[op]])
+                t, kind = S.REG[dt[op]], op.attributes["kind"]
+                total = self.acc[op]  # the slots folded into the first
+                loop(b, slots - 1, lambda i, total=total, t=t, kind=kind, d=dt[op]: b.store(
+                    S.combine(b, kind, b.load(total, typ=t),
+                              b.load(elem(b, total, t, b.add(i, i64(1))), typ=t), d,
+                              flags=S.REASSOC), total), name="af")
+                self.scopes[-1][op.result] = b.load(total, typ=t)
+
+    def _short_inner_row(self, loop_rq: list[int]) -> int | None:
+        """A row kernel's innermost reduced dim, where it is short (`SHORT_INNER`) inside
+        another reduced dim: it then accumulates into a slot per position along it,
+        folded after, so that the vectorized inner loop's partial sums are not reduced
+        across lanes on every turn of the outer loop (a chain of shuffles and adds each
+        time: BatchNorm's statistics over [c, n, 8x8], in cache, 0.57 -> 0.36 ms)."""
+        if self.column or len(loop_rq) < 2 or loop_rq[-1] not in self.R:
+            return None
+        return loop_rq[-1] if self.shape.space[loop_rq[-1]] <= SHORT_INNER else None
 
     def q_offset(self) -> ir.Value:
         off, stride = i64(0), 1
