@@ -414,6 +414,17 @@ def packer(mod: ir.Module, geo: Geometry, channels: int, nr: int, lanes: int,
     return _row_packer(mod, geo, channels, nr, lanes, name)
 
 
+def _pack_function(mod: ir.Module, name: str, lanes: int) -> tuple:
+    """A `packer`'s function, `pack(x, buf, pos0, npos)`, a builder at its entry and the
+    lanes' indices (a vector of i64)."""
+    fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [PTR, PTR, I64, I64]), name)
+    fn.linkage = "internal"
+    for a in fn.args[:2]:
+        a.add_attribute("noalias")
+    return (fn, ir.IRBuilder(fn.append_basic_block("entry")),
+            ir.Constant(ir.VectorType(I64, lanes), list(range(lanes))))
+
+
 def _flat_packer(mod: ir.Module, geo: Geometry, channels: int, nr: int, lanes: int,
                  name: str) -> ir.Function:
     """`packer` of a stride-1 conv whose output is the input's size (3x3 with padding 1):
@@ -422,18 +433,13 @@ def _flat_packer(mod: ir.Module, geo: Geometry, channels: int, nr: int, lanes: i
     (oh, ow)), so each vector of `lanes` positions is one masked load per (channel, tap),
     the masks (the taps' inputs inside the image, per lane) computed once per vector;
     a vector across two images loads from each (images of fewer positions than lanes
-    gather). The row packer (`_row_packer`) splits vectors at
-    every output row: 4x4 images filled a quarter of each."""
+    gather). The row packer (`_row_packer`) splits vectors at every output row: 4x4
+    images filled a quarter of each."""
     dt = geo.dtype
     el = S.REG[dt]
-    fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [PTR, PTR, I64, I64]), name)
-    fn.linkage = "internal"
-    for a in fn.args[:2]:
-        a.add_attribute("noalias")
+    fn, b, iota = _pack_function(mod, name, lanes)
     x, buf, pos0, npos = fn.args
-    b = ir.IRBuilder(fn.append_basic_block("entry"))
-    vi = ir.VectorType(I64, lanes)
-    iota = ir.Constant(vi, list(range(lanes)))
+    vi = iota.type
     hw, image_elems = geo.h * geo.w, geo.c * geo.h * geo.w
 
     def const(v: int):
@@ -512,21 +518,17 @@ def _gather(b: ir.IRBuilder, x, index, mask, dt: str, lanes: int):
 
 def _row_packer(mod: ir.Module, geo: Geometry, channels: int, nr: int, lanes: int,
                 name: str) -> ir.Function:
-    """`packer` of any conv. Per output row the panel covers and
-    vector of its columns, each (channel, tap) is one masked load (a gather for strided
-    convs) and one masked store: the taps are unrolled, so which columns each reaches is a
-    constant mask, and whether its input row lies inside the image one test per row.
+    """`packer` of any conv. Per output row the panel covers and vector of its columns,
+    each (channel, tap) is one masked load (two and a shuffle, or a gather, for strided
+    convs: `_load`) and one masked store: the taps are unrolled, so which columns each
+    reaches is a constant mask, and whether its input row lies inside the image one test
+    per row.
     Columns past npos are left as they are: the micro-kernel stores none of their sums."""
     dt = geo.dtype
     el = S.REG[dt]
-    fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [PTR, PTR, I64, I64]), name)
-    fn.linkage = "internal"
-    for a in fn.args[:2]:
-        a.add_attribute("noalias")
+    fn, b, iota = _pack_function(mod, name, lanes)
     x, buf, pos0, npos = fn.args
-    b = ir.IRBuilder(fn.append_basic_block("entry"))
-    vi = ir.VectorType(I64, lanes)
-    iota = ir.Constant(vi, list(range(lanes)))
+    vi = iota.type
     all_lanes, no_lanes = (ir.Constant(ir.VectorType(I1, lanes), [on] * lanes) for on in (1, 0))
 
     end = b.add(pos0, npos)
