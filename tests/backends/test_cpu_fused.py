@@ -210,7 +210,8 @@ def test_batchnorm_statistics_run_by_channel_across_threads(hw, monkeypatch):
     and h*w per channel: run with the channels outermost (fused.py
     `_reduced_dims_innermost`), a row kernel split across threads by channel, whose
     short rows (up to SHORT_INNER) accumulate in a slot per column; rows shorter than
-    SLAB_ROW keep the column kernel. The same values either way."""
+    SLAB_ROW keep the column kernel, whose threads take shares of the channels. The same
+    values either way."""
     monkeypatch.setattr(cpu_threads, "MIN_WORK", 1024)
     n, c = 5, 6
 
@@ -227,7 +228,8 @@ def test_batchnorm_statistics_run_by_channel_across_threads(hw, monkeypatch):
     by_channel = hw >= cpu_fused.SLAB_ROW
     assert (shape.space, shape.reduce) == (([c, n, hw], {1, 2}) if by_channel else
                                            ([n, c, hw], {0, 2}))
-    assert (".chunk" in cpu.Executable(f, 2, use_cache=False).llvm_ir) == by_channel
+    llvm_ir = cpu.Executable(f, 2, use_cache=False).llvm_ir
+    assert (".columns.chunk" in llvm_ir) != by_channel and ".chunk" in llvm_ir
 
 
 @pytest.mark.parametrize("limit,columns", [(1024, 1000), (None, 700_000)])
@@ -257,7 +259,7 @@ def test_threads_split_the_rows_of_a_column_reduction(rows, monkeypatch):
     """A bias gradient and its update (a sum and a max over a [rows, 37] gradient's rows,
     then elementwise with a [37] input): each thread reduces a share of the rows into
     column accumulators of its own, in the kernel's scratch, added up before the update.
-    A kernel that also stores per row (x minus its column sums) stays on one thread."""
+    A kernel that also stores per row (x minus its column sums) splits its columns."""
     monkeypatch.setattr(cpu_threads, "MIN_WORK", 1024)
     cols = 37
 
@@ -274,6 +276,7 @@ def test_threads_split_the_rows_of_a_column_reduction(rows, monkeypatch):
         (op,) = [op for op in f.ops if op.name == "kernel.fused"]
         exe = cpu.Executable(f, 2, use_cache=False)
         assert (".rows.chunk" in exe.llvm_ir) == split
+        assert (".columns.chunk" in exe.llvm_ir) != split
         assert exe.plan.scratch_bytes(op) == (2 * 2 * cols * 8 if split else 0)
 
 

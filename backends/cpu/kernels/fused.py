@@ -13,7 +13,8 @@ first reduced dim (P), and the parallel dims after it (Q). For each point of P:
 Every value is computed in the loop of the innermost dim it varies along, so what a
 row shares is computed once per row. The outermost P loop is split across threads when
 the kernel is large; a column kernel without P (a bias gradient) splits its reduced rows
-instead, each thread into accumulators of its own (`split_rows`).
+instead, each thread into accumulators of its own (`split_rows`), or where it stores more
+than its sums, its columns (`_splits_columns`).
 """
 
 from __future__ import annotations
@@ -152,6 +153,8 @@ class FusedEmitter:
         self.column = bool(self.R) and bool(self.Q)
         self.reductions = {op: j for j, op in enumerate(reds)}  # each one's accumulators
         self.scratch: ir.Value | None = None  # where they are when the stack is too small
+        # (Q dim, lo, hi): a thread's share of the columns (`_emit_split_columns`)
+        self.split_q: tuple | None = None
         self.var = self._varying()
         self.level = self._reduce_levels(reds)
         # the results by the dims their stores vary along: the reduced ones, else Q, else P
@@ -233,6 +236,10 @@ class FusedEmitter:
             return
         if self.scratch_bytes():  # accumulators past the stack's share, on one thread
             self.scratch, t = scratch, 1
+        elif first is None and self._splits_columns():
+            self._emit_split_columns(b, ins, outs, parallel_chunks(work, sp[self.Q[0]],
+                                                                   threads))
+            return
         if t == 1:
             self.run(b, None)
             return
@@ -332,6 +339,32 @@ class FusedEmitter:
             self.acc[op] = acc[0]
         self.run_stores()
 
+    def _splits_columns(self) -> bool:
+        """Whether threads can take shares of a column kernel's first Q dim (its columns),
+        each reducing and storing its own: one without a parallel dim to split, storing
+        nothing outside Q (BatchNorm's statistics and normalization over [n, c, 4x4]
+        reduce n and the 4x4 per channel c; `_reduced_dims_innermost` leaves short rows
+        to the column kernel, which ran on one thread)."""
+        return self.column and not self.P and not self.stores_p
+
+    def _emit_split_columns(self, b: ir.IRBuilder, ins: list, outs: list, t: int) -> None:
+        """`_splits_columns`: the kernel, each thread over its share of the first Q dim's
+        points (`split_q`), its accumulators on its own stack."""
+        q = self.Q[0]
+        if t == 1:
+            self.run(b, None)
+            return
+
+        def chunk(cb, ptrs, lo, hi):
+            self.ins, self.outs = ptrs[:len(ins)], ptrs[len(ins):]
+            self.split_q = (q, lo, hi)
+            self.run(cb, None)
+            self.split_q = None
+
+        parallel_region(b, f"{self.name}.columns", list(ins) + list(outs),
+                        [False] * len(ins) + [True] * len(outs), self.shape.space[q], t,
+                        chunk)
+
     def _accumulators(self, b: ir.IRBuilder, base: ir.Value, op, offset: int = 0) -> ir.Value:
         """Where reduction `op`'s column accumulators are in a set of them at `base` +
         `offset` bytes (one set: a slot per column for each reduction in turn)."""
@@ -375,7 +408,8 @@ class FusedEmitter:
     def phase(self, dims: list[int], innermost, values, split=None) -> None:
         """A loop nest over dims that computes `values`' dependencies at the level of the
         innermost dim each varies along, then runs `innermost` at the innermost level.
-        `split` = (lo, hi): the first dim runs over [lo, hi) only (a thread's chunk)."""
+        `split` = (lo, hi): the first dim runs over [lo, hi) only (a thread's chunk); the
+        Q dim of `split_q` over its share only."""
         pos = {d: i for i, d in enumerate(dims)}
         levels: dict[int, list] = {}
         for v in self.deps(values):
@@ -401,6 +435,8 @@ class FusedEmitter:
 
             if j == 0 and split is not None:
                 for_range(self.b, split[0], split[1], body, name=f"p{d}")
+            elif self.split_q is not None and d == self.split_q[0]:
+                for_range(self.b, *self.split_q[1:], body, name=f"q{d}")
             else:
                 loop(self.b, self.shape.space[d], body, name=f"d{d}")
 
