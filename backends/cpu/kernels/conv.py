@@ -34,8 +34,8 @@ from .implicit_conv import (
     flip_weight,
     forward_weight_bytes,
     scratch_bytes,
-    valid_outputs,
 )
+from .implicit_pack import valid_outputs
 from .implicit_weight_grad import emit_weight_grad, weight_bytes, weight_grad_scratch
 from .loops import for_range, loop
 from .scalar import i64

@@ -23,7 +23,8 @@ from ..machine.host import Isa, host_caches
 from ..parallel.outline import chunk_index, parallel_region
 from . import implicit_weight_grad_blocks as by_blocks
 from . import scalar as S
-from .implicit_conv import Geometry, Panels, packer, panel_width, threads_for
+from .implicit_conv import Geometry, Panels, panel_width, threads_for
+from .implicit_pack import packer
 from .loops import for_range, loop
 from .scalar import i64
 
@@ -59,7 +60,7 @@ def _regions(geo: Geometry, isa: Isa) -> tuple[int, int, int]:
 
 
 def _copied(geo: Geometry) -> bool:
-    return geo.og * geo.k * S.size(geo.dtype) <= copied_weight_bytes()
+    return geo.weight_bytes <= copied_weight_bytes()
 
 
 def weight_grad_scratch(geo: Geometry, isa: Isa, threads: int) -> int:

@@ -25,7 +25,8 @@ from ..gemm.microkernel import I1, microkernel, transpose_lanes
 from ..machine.host import Isa, host_caches
 from ..parallel.outline import chunk_index, parallel_chunks, parallel_region
 from . import scalar as S
-from .implicit_conv import Geometry, Panels, packer
+from .implicit_conv import Geometry, Panels
+from .implicit_pack import packer
 from .loops import for_range, loop
 from .scalar import i64
 
