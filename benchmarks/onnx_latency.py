@@ -98,9 +98,10 @@ def graph_flops(graph) -> int:
             total += 2 * math.prod(a["space"])
         elif op.name == "ember.matmul":
             total += 2 * math.prod(op.result.type.shape) * op.operands[0].type.shape[-1]
-        elif op.name == "ember.conv2d":
+        elif op.name in ("ember.conv2d", "kernel.conv2d"):  # (with an epilogue: over space)
             _, cg, kh, kw = op.operands[1].type.shape
-            total += 2 * math.prod(op.result.type.shape) * cg * kh * kw
+            out = a["space"] if op.name == "kernel.conv2d" else op.result.type.shape
+            total += 2 * math.prod(out) * cg * kh * kw
         elif op.name == "kernel.attention":
             tq, tk, d, dv = a["sizes"]
             total += 2 * math.prod(a["batch"]) * tq * tk * (d + dv)

@@ -7,7 +7,8 @@ arithmetic, casts, shape ops, reductions). Dead pure ops are erased, as MLIR's
 canonicalizer does. The patterns autodiff output needs are here too: transposes of
 transposes, a sum of a broadcast, multiplying by ones and adding zeros (also when the
 ones or zeros are a broadcast or reshape of a splat constant), and the gradients of
-split pieces, zero-padded blocks added up, joined into one concat.
+split pieces, zero-padded blocks added up, joined into one concat. A conv of a
+symmetrically zero-padded input takes the padding as its own.
 """
 
 from __future__ import annotations
@@ -189,6 +190,25 @@ def unslice(op: Operation, rw: Rewriter) -> bool:
     return _whole(op, tensor_type(op.result).shape) and same(op, x) and rw.replace(op, x)
 
 
+def conv_of_padding(op: Operation, rw: Rewriter) -> bool:
+    """A conv of x zero-padded by an unslice (spatial dims only, as much before as after)
+    is the conv of x with that much more padding: ONNX's Pad before a Conv (Keras'
+    ZeroPadding2D) then copies nothing."""
+    pad = op.operands[0].op
+    if pad is None or pad.name != "ember.unslice" or set(pad.attributes["step"]) != {1}:
+        return False
+    x = pad.operands[0]
+    inner, full, start = tensor_type(x).shape, tensor_type(pad.result).shape, \
+        pad.attributes["start"]
+    if start[:2] != [0, 0] or inner[:2] != full[:2] or any(
+            full[d] - inner[d] != 2 * start[d] for d in (2, 3)):
+        return False
+    a = op.attributes
+    padding = [p + s for p, s in zip(a["padding"], start[2:])]
+    return rw.replace(op, rw.op(op, "ember.conv2d", x, op.operands[1], stride=a["stride"],
+                                padding=padding, dilation=a["dilation"], groups=a["groups"]))
+
+
 def _block(v: Value) -> tuple[int, int, int] | None:
     """(axis, start, end) of an unslice that places v's operand as a block along one axis
     (step 1, the whole of every other dim); None otherwise."""
@@ -256,6 +276,7 @@ PATTERNS: dict[str, list[Pattern]] = {
     "ember.slice": [slice_],
     "ember.unslice": [unslice],
     "ember.concat": [concat],
+    "ember.conv2d": [conv_of_padding],
     "ember.reduce_sum": [reduce_of_broadcast],
     "ember.reduce_mean": [reduce_of_broadcast],
     "*": [fold_constants, erase_dead],

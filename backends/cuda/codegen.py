@@ -28,6 +28,7 @@ from . import launch as L
 from .fused import Body, epilogue_kernel, fused_kernel
 from .program import Gemm, KernelInfo, Launch, Program, Slot, View, plan_arena
 from .scalar import CTYPE, ELEMENTWISE, PRELUDE, composed_definitions, expr
+from .spatial import conv_into
 from .templates import Kernel, Operand, map_kernel, out_operands, reduce_kernels, transpose_kernel
 
 LOWERINGS = {**windows.LOWERINGS, **indexing.LOWERINGS, **dropout.LOWERINGS,
@@ -164,6 +165,8 @@ class Lowering:
             self.launch(k, outs + [self.where[v] for v in op.operands])
         elif n == "kernel.matmul":
             self.kernel_matmul(op)
+        elif n == "kernel.conv2d":
+            self.kernel_conv2d(op)
         else:
             raise UnsupportedOpError(
                 f"the cuda backend has no kernel for '{n}': it runs core ember.* ops and "
@@ -266,7 +269,21 @@ class Lowering:
             return
         acc = outs[0] if single else self.scratch(out_space, a.type.dtype)
         self.gemm(View(acc, out_space, contiguous), av, bv)
-        k = epilogue_kernel(self.name(op, "_epilogue"), op, contiguous, restrict=not single,
+        self.epilogue(op, outs, acc, single)
+
+    def kernel_conv2d(self, op: Operation) -> None:
+        """The conv into the first result (where it is the conv's own layout and the only
+        one) or scratch, then the epilogue as one map kernel."""
+        space = op.attributes["space"]
+        outs = [self.result(r) for r in op.results]
+        single = (len(outs) == 1 and op.attributes["out_maps"][0] == contiguous_strides(space)
+                  and op.attributes["out_types"][0].dtype == op.operands[0].type.dtype)
+        acc = outs[0] if single else self.scratch(space, op.operands[0].type.dtype)
+        conv_into(self, op, acc)
+        self.epilogue(op, outs, acc, single)
+
+    def epilogue(self, op: Operation, outs: list[int], acc: int, in_place: bool) -> None:
+        k = epilogue_kernel(self.name(op, "_epilogue"), op, restrict=not in_place,
                             sm_count=self.sm)
         self.launch(k, outs + [acc] + [self.where[v] for v in op.operands[2:]])
 

@@ -18,9 +18,9 @@ import math
 from collections.abc import Callable, Sequence
 
 from ...ir import Operation, Value
-from ...ir.dialects.kernel import varying
+from ...ir.dialects.kernel import epilogue_maps, varying
 from ..errors import UnsupportedOpError
-from ..strides import collapse
+from ..strides import collapse, contiguous_strides
 from . import launch as L
 from .scalar import ITEMSIZE, cast, combine, ctype, dropout, expr, literal
 from .templates import (
@@ -114,16 +114,16 @@ def fused_kernel(name: str, op: Operation, restrict: bool = True,
                       sm_count=sm_count)
 
 
-def epilogue_kernel(name: str, op: Operation, acc_strides: Sequence[int], restrict: bool,
+def epilogue_kernel(name: str, op: Operation, restrict: bool,
                     sm_count: int = L.DEFAULT_SMS) -> Kernel:
-    """The epilogue of a `kernel.matmul` over space [batch..., M, N]: `in0` is the GEMM
-    result (read through `acc_strides`), `in1...` the epilogue operands."""
-    at = op.attributes
-    space, body = at["space"][:-1], Body(op)
+    """The epilogue of a `kernel.matmul` (over space [batch..., M, N]) or `kernel.conv2d`:
+    `in0` is the product (contiguous), `in1...` the epilogue operands."""
+    space, maps, out_maps = epilogue_maps(op)
+    body = Body(op)
     dt = op.operands[0].type.dtype
-    ins = [Operand(dt, tuple(acc_strides))] + [
-        Operand(v.type.dtype, tuple(m[:-1])) for v, m in zip(op.operands[2:], at["maps"][2:])]
-    outs = [Operand(t.dtype, tuple(m[:-1])) for t, m in zip(at["out_types"], at["out_maps"])]
+    ins = [Operand(dt, tuple(contiguous_strides(space)))] + [
+        Operand(v.type.dtype, tuple(m)) for v, m in zip(op.operands[2:], maps)]
+    outs = [Operand(t.dtype, tuple(m)) for t, m in zip(op.attributes["out_types"], out_maps)]
     return map_kernel(name, space, outs, ins, map_body(body, space), restrict=restrict,
                       sm_count=sm_count)
 

@@ -46,16 +46,20 @@ def _im2col(lw, op: Operation, x: Value, win, g, layout: str, suffix: str) -> in
 
 
 def _conv2d(lw, op: Operation) -> None:
-    x, w = op.operands
+    conv_into(lw, op, lw.result(op.result))
+
+
+def conv_into(lw, op: Operation, out: int) -> None:
+    """conv2d(x, w) of an `ember.conv2d` or `kernel.conv2d` into slot `out`."""
+    x, w = op.operands[:2]
     win, g, n, c, co, kk, pointwise = _conv_geometry(op, x.type.shape, w.type.shape)
     p = win.oh * win.ow
-    lw.result(op.result)
     if pointwise:
         cols = View(lw.where[x], (n, g, kk, p), tuple(contiguous_strides((n, g, kk, p))))
     else:
         slot = _im2col(lw, op, x, win, g, "ngkp", "_im2col")
         cols = View(slot, (n, g, kk, p), tuple(contiguous_strides((n, g, kk, p))))
-    lw.gemm(lw.view(op.result, (n, g, co // g, p)),
+    lw.gemm(View(out, (n, g, co // g, p), tuple(contiguous_strides((n, g, co // g, p)))),
             lw.view(w, (1, g, co // g, kk)), cols)
 
 

@@ -14,6 +14,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from ...ir import Operation, TensorType, numpy_dtype
+from ...ir.dialects.kernel import epilogue_maps
 from ...ir.dialects.kernel_attention import logical_shapes, result_maps
 from ...ir.precision import rounded, widened
 from . import rng
@@ -101,11 +102,18 @@ def matmul(op: Operation, *args: np.ndarray) -> list[np.ndarray]:
     batch, (M, N, K) = space[:nb], space[nb:]
     a = view(args[0], [*batch, M, K], maps[0][:nb] + [maps[0][nb], maps[0][nb + 2]])
     b = view(args[1], [*batch, K, N], maps[1][:nb] + [maps[1][nb + 2], maps[1][nb + 1]])
-    acc = np.matmul(a, b)
-    out_space = space[:-1]
-    extras = [view(x, out_space, m[:-1]) for x, m in zip(args[2:], maps[2:])]
-    return store(run_body(op, [acc, *extras], out_space), op,
-                 [m[:-1] for m in at["out_maps"]])
+    return _epilogue(op, np.matmul(a, b), args[2:])
+
+
+def conv2d(op: Operation, *args: np.ndarray) -> list[np.ndarray]:
+    return _epilogue(op, KERNELS["ember.conv2d"](op.attributes, *args[:2]), args[2:])
+
+
+def _epilogue(op: Operation, product: np.ndarray, extras) -> list[np.ndarray]:
+    """A kernel.matmul's or kernel.conv2d's results: its body over the product."""
+    space, maps, out_maps = epilogue_maps(op)
+    return store(run_body(op, [product, *(view(x, space, m) for x, m in zip(extras, maps))],
+                          space), op, out_maps)
 
 
 def _attention_views(op: Operation, names, args) -> list[np.ndarray]:
@@ -147,5 +155,5 @@ def attention_grad(op: Operation, *args: np.ndarray) -> list[np.ndarray]:
     return _results(op, [ds @ k, np.swapaxes(ds, -1, -2) @ q, np.swapaxes(p, -1, -2) @ do])
 
 
-FUSED = {"kernel.fused": fused, "kernel.matmul": matmul, "kernel.attention": attention,
-         "kernel.attention_grad": attention_grad}
+FUSED = {"kernel.fused": fused, "kernel.matmul": matmul, "kernel.conv2d": conv2d,
+         "kernel.attention": attention, "kernel.attention_grad": attention_grad}

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from ..opdef import SHAPE, InferenceError, OpDef, fmt_shape, register, same_dtype
 from ..types import TensorType, Type
@@ -30,7 +30,7 @@ def window_out(size: int, k: int, stride: int, pad: int, dilation: int = 1) -> i
 
 class ConvBase(OpDef):
     traits = frozenset({"pure", "compute_bound"})
-    arity = (2, 2)
+    arity: ClassVar[tuple[int, int | None]] = (2, 2)  # (kernel.conv2d: more)
     attrs = {"stride": list, "padding": list, "dilation": list, "groups": int}
 
     @classmethod

@@ -31,6 +31,12 @@ the other operands and every result have stride 0 on K. Its body is the epilogue
 arguments are the accumulated `sum_k a*b` (first: of a's dtype, or f32 on bf16/f16
 operands) and one scalar per epilogue operand.
 Transposed operands are transposed strides, so backward matmuls need no copies.
+
+`kernel.conv2d` (operands: x, w, epilogue inputs...; `ember.conv2d`'s stride, padding,
+dilation and groups, and the attributes above): the space is the conv's output
+[N, O, OH, OW]; x and w are read as the conv reads them, so `maps` holds one map per
+epilogue operand only. Its body is the epilogue (bias, activation, residual) as for
+`kernel.matmul`, its first block argument the conv's value at each output point.
 """
 
 from __future__ import annotations
@@ -52,11 +58,14 @@ from ..opdef import (
 )
 from ..types import LOW_PRECISION, ScalarType, TensorType, Type
 from . import ember  # noqa: F401  (registers the ops whose twins this dialect derives)
+from .ember_windows import ConvBase
 
 if TYPE_CHECKING:
     from ..core import Operation, Value
 
 SCALAR = frozenset({"pure", "scalar_operands"})
+# kernels whose body is the epilogue of a product they compute first (its first argument)
+EPILOGUE_KERNELS = ("kernel.matmul", "kernel.conv2d")
 REDUCE_KINDS = ("add", "max", "min", "mul")
 
 
@@ -280,17 +289,44 @@ class Matmul(KernelOp):
         return out
 
 
+@register
+class Conv2d(KernelOp, ConvBase):
+    name = "kernel.conv2d"
+    traits = frozenset({"pure", "compute_bound", "kernel"})
+    arity = (2, None)
+    attrs = {**KernelOp.attrs, **ConvBase.attrs}
+
+    @classmethod
+    def infer(cls, operand_types: list[TensorType], attrs: dict[str, Any]) -> list[Type]:
+        cls.check_operands(operand_types[:2], ("input", "weight"))
+        x, w = operand_types[:2]
+        conv = list(cls.conv_out(x.shape, w.shape, attrs))
+        if attrs["space"] != conv:
+            raise InferenceError(f"kernel.conv2d: space must be the conv's output {conv}, "
+                                 f"got {attrs['space']}")
+        return super().infer(operand_types[2:], attrs)  # the epilogue operands' maps
+
+
 # -- helpers shared by the pass and the backends ----------------------------------------
 
 def accumulator_dtype(op: Operation) -> str:
-    """The dtype of a kernel.matmul's product (its body's first argument): its operands',
-    or f32 on bf16/f16 operands where the body says so (an `ember.matmul {dtype = "f32"}`
-    fused)."""
+    """The dtype of a kernel.matmul's or kernel.conv2d's product (its body's first
+    argument): its operands', or f32 on bf16/f16 operands where the body says so (an
+    `ember.matmul {dtype = "f32"}` fused)."""
     dtype = op.operands[0].type.dtype
     args = op.regions[0].blocks[0].args if op.regions and op.regions[0].blocks else []
     if dtype in LOW_PRECISION and args and args[0].type == ScalarType("f32"):
         return "f32"
     return dtype
+
+
+def epilogue_maps(op: Operation) -> tuple[list[int], list[list[int]], list[list[int]]]:
+    """(space, epilogue operand maps, out maps) of a `kernel.matmul`'s or `kernel.conv2d`'s
+    body, over the product's points: a matmul's without its K dim."""
+    a = op.attributes
+    if op.name == "kernel.conv2d":
+        return a["space"], a["maps"], a["out_maps"]
+    return a["space"][:-1], [m[:-1] for m in a["maps"][2:]], [m[:-1] for m in a["out_maps"]]
 
 
 def body(op: Operation) -> list[Operation]:
@@ -303,7 +339,10 @@ def varying(op: Operation) -> dict[Value, frozenset[int]]:
     block = op.regions[0].blocks[0]
     maps = op.attributes["maps"]
     out: dict[Value, frozenset[int]] = {}
-    if op.name == "kernel.matmul":
+    if op.name == "kernel.conv2d":
+        out[block.args[0]] = frozenset(range(len(op.attributes["space"])))
+        args = zip(block.args[1:], maps)
+    elif op.name == "kernel.matmul":
         rank = len(op.attributes["space"]) - 1
         mn = {rank - 2, rank - 1}
         out[block.args[0]] = frozenset(d for d in mn) | frozenset(
@@ -334,7 +373,7 @@ def check_kernel(op: Operation) -> None:
         raise InferenceError(f"{name} needs one region with one block")
     block = op.regions[0].blocks[0]
     space = attrs["space"]
-    if name == "kernel.matmul":
+    if name in EPILOGUE_KERNELS:
         want = [ScalarType(accumulator_dtype(op))] + [
             ScalarType(v.type.dtype) for v in op.operands[2:]]
     else:
@@ -353,8 +392,8 @@ def check_kernel(op: Operation) -> None:
                              f"({', '.join(map(str, types))})")
     rank = len(space) - (name == "kernel.matmul")
     dims = {tuple(sorted(s.attributes["dims"])) for s in block.ops if s.name == "kernel.reduce"}
-    if name == "kernel.matmul" and dims:
-        raise InferenceError("kernel.matmul: an epilogue cannot reduce")
+    if name in EPILOGUE_KERNELS and dims:
+        raise InferenceError(f"{name}: an epilogue cannot reduce")
     if len(dims) > 1:
         raise InferenceError(f"{name}: every kernel.reduce must reduce the same dims, got "
                              f"{sorted(dims)}")

@@ -15,7 +15,9 @@ with those dims matching (the other dims are matched by size). That one rule fus
 - a matmul with elementwise consumers of its output (bias, activation, residual, the
   optimizer's update), which become its epilogue; a Linear on [B, T, C] (decomposed as a
   matmul on [B*T, C] and a reshape back) first gets a matmul of [B, T] rows, so its
-  consumers join it like a Linear on rows (`unflatten_matmuls`).
+  consumers join it like a Linear on rows (`unflatten_matmuls`);
+- a conv with elementwise consumers of its output, in a graph without a backward
+  (inference: bias, activation, residual add).
 Where to cut follows from the cost rules: a kernel reduces over one set of dims (a value
 reduced along another axis is materialized and read by a second kernel); an epilogue
 never reduces; two matmuls never share a kernel; nothing is recomputed — a value that
@@ -44,7 +46,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from ...ir import Graph
-from ...ir.memory_plan import forward_ops
+from ...ir.memory_plan import backward_result_count, forward_ops
 from ..manager import Pass, register_pass
 from .attention import AttentionFuser
 from .building import emit
@@ -67,7 +69,9 @@ class Fuse(Pass):
             AttentionFuser(graph.body).run()
         unflatten_matmuls(graph.body)
         duplicate_views(graph.body)
-        groups = Grouper(graph.body, forward_ops(graph), self.epilogues, self.reductions).run()
+        inference = backward_result_count(graph) == 0
+        groups = Grouper(graph.body, forward_ops(graph), self.epilogues, self.reductions,
+                         conv_epilogues=inference).run()
         emit(graph.body, groups)
         return graph
 

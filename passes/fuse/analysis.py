@@ -17,6 +17,8 @@ from ..narrow import tensor_type
 
 RECOMPUTE = "ember.recompute"  # the recompute pass's mark on recomputed copies
 VIEWS = ("ember.transpose", "ember.broadcast", "ember.reshape")
+# ops a kernel computes first, its body then their epilogue (kernel.matmul, kernel.conv2d)
+CORES = {"ember.matmul": "kernel.matmul", "ember.conv2d": "kernel.conv2d"}
 REDUCTIONS = {"ember.reduce_sum": "add", "ember.reduce_mean": "add", "ember.reduce_max": "max"}
 # one entry per dim of a value: the space dim it runs along, None for size 1
 Dims = tuple[int | None, ...]
@@ -67,7 +69,7 @@ def describe(op: Operation) -> Description | None:
     if len(op.results) != 1 or any(tensor_type(v).size == 0 for v in (*op.operands, op.result)):
         return None
     out = tensor_type(op.result).shape
-    if name == "ember.matmul":
+    if name in CORES:
         if not op.result.type.is_float or op.result.type.dtype not in ("f32", "f64"):
             return None
         space, pos = _space(out)

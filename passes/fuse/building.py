@@ -1,7 +1,7 @@
 """Replaces each group of ops with its kernel op: `kernel.fused` (a scalar body over the
-group's iteration space) or `kernel.matmul` (a GEMM with the group's other ops as its
-epilogue), with index maps for every operand and result, in an order where every value is
-defined before use.
+group's iteration space), `kernel.matmul` (a GEMM with the group's other ops as its
+epilogue) or `kernel.conv2d` (a conv and its epilogue), with index maps for every
+operand and result, in an order where every value is defined before use.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from ...ir import Block, Operation, Region, ScalarType, Value, lookup
 from ...ir.dialects.kernel import check_kernel
 from ...ir.opdef import normalize_axes
 from ..narrow import tensor_type
-from .analysis import REDUCTIONS, VIEWS, Dims, contiguous, kernel_op, splat_value, strided
+from .analysis import CORES, REDUCTIONS, VIEWS, Dims, contiguous, kernel_op, splat_value, strided
 from .grouping import Group
 
 
@@ -96,9 +96,10 @@ def emit(block: Block, groups: list[Group]) -> None:
 
 
 def _trivial(g: Group) -> bool:
-    """A lone view or a lone matmul-less reshape is left as it is (the backends alias a
-    reshape of a contiguous buffer; a lone transpose or broadcast is a copy kernel)."""
-    return len(g.ops) == 1 and g.ops[0].name == "ember.reshape"
+    """A lone reshape or conv is left as it is (the backends alias a reshape of a
+    contiguous buffer; a conv without an epilogue is the plain op; a lone transpose or
+    broadcast is a copy kernel)."""
+    return len(g.ops) == 1 and g.ops[0].name in ("ember.reshape", "ember.conv2d")
 
 
 class _Kernel:
@@ -115,12 +116,14 @@ class _Kernel:
         self.args: dict[tuple[int, tuple[int, ...]], int] = {}
         self.block = Block()
         self.scalar: dict[Value, Value] = {}
-        mm = g.matmul
+        core = g.core
         self.rank = len(g.space)
-        if mm is not None:  # kernel space [batch..., M, N, K]; group dims map into it
-            out = tensor_type(mm.result).shape
-            dims = g.vdims[mm.result]
-            self.kspace = list(out) + [tensor_type(mm.operands[0]).shape[-1]]
+        if core is not None:  # kernel space [batch..., M, N, K] or [N, O, OH, OW]
+            out = tensor_type(core.result).shape
+            dims = g.vdims[core.result]
+            self.kspace = list(out)
+            if core.name == "ember.matmul":
+                self.kspace.append(tensor_type(core.operands[0]).shape[-1])
             self.to_k = {d: i for i, d in enumerate(dims) if d is not None}
         else:
             self.kspace = list(g.space)
@@ -168,7 +171,7 @@ class _Kernel:
     def member(self, op: Operation) -> None:
         g, name = self.g, op.name
         dims = g.odims[op]
-        if name == "ember.matmul":
+        if name in CORES:
             self.scalar[op.result] = self.block.args[0]
             return
         ins = [self.read(v, d) for v, d in zip(op.operands, dims)]
@@ -210,9 +213,13 @@ class _Kernel:
 
     def build(self) -> Operation:
         g = self.g
-        mm = g.matmul
+        core = g.core
+        mm = core if core is not None and core.name == "ember.matmul" else None
+        if core is not None:
+            self.block.add_arg(ScalarType(core.result.type.dtype))  # the product
+        if core is not None and mm is None:
+            self.operands += core.operands  # read as the conv reads them: no maps
         if mm is not None:
-            self.block.add_arg(ScalarType(mm.result.type.dtype))  # the accumulator
             a, sa = strided(mm.operands[0])
             b, sb = strided(mm.operands[1])
             nb = len(self.kspace) - 3
@@ -233,9 +240,9 @@ class _Kernel:
         yields = [self.scalar[v] for v in self.outputs]
         self.block.append(Operation("kernel.yield", yields, []))
         out_maps = [self.stride_map(v, g.vdims[v]) for v in self.outputs]
-        if mm is not None:
+        if core is not None:
             # the raw product first when it is stored, so the GEMM can accumulate there
-            at = next((i for i, v in enumerate(self.outputs) if v is mm.result), None)
+            at = next((i for i, v in enumerate(self.outputs) if v is core.result), None)
             if at:
                 self.outputs.insert(0, self.outputs.pop(at))
                 out_maps.insert(0, out_maps.pop(at))
@@ -244,9 +251,12 @@ class _Kernel:
                 term.drop_operands()
                 for y in yields:
                     term.add_operand(y)
-        name = "kernel.matmul" if mm is not None else "kernel.fused"
+        name = CORES[core.name] if core is not None else "kernel.fused"
         attrs = {"space": self.kspace, "maps": self.maps, "out_maps": out_maps,
                  "out_types": [v.type for v in self.outputs]}
+        if core is not None and mm is None:
+            attrs.update({k: core.attributes[k] for k in ("stride", "padding", "dilation",
+                                                          "groups")})
         op = Operation(name, self.operands, [v.type for v in self.outputs], attrs,
                        [Region([self.block])], loc=g.ops[-1].loc)
         check_kernel(op)

@@ -1,7 +1,7 @@
 """Which ops of a block share a kernel: each fusible op starts as a `Group` of its own and
 merges with the groups producing its operands when one iteration space embeds into the
 other, subject to the cost rules (one reduced dim set per kernel, no reducing epilogue,
-one matmul per kernel, no forward/backward mixing, no cycle between kernels, no epilogue
+one matmul or conv per kernel, no forward/backward mixing, no cycle between kernels, no epilogue
 result that only adds a store (`only_adds_a_result`), and on a recomputed graph
 recomputed copies grouped as their originals and no input kept alive at a cost). Before
 that, a matmul whose rows a reshape splits (a Linear on [B, T, C]) is rewritten to
@@ -21,7 +21,7 @@ from typing import Any
 from ...ir import Block, Operation, TensorType, Value
 from ...ir.memory_plan import RESIDENT_OPS, nbytes
 from ..narrow import producer, tensor_type
-from .analysis import RECOMPUTE, REDUCTIONS, VIEWS, Description, Dims, describe, originals
+from .analysis import CORES, RECOMPUTE, REDUCTIONS, VIEWS, Description, Dims, describe, originals
 
 # an input of a group: (its last use, a tie breaker, the value, the ops on the way to it)
 InputEntry = tuple[int, int, Value, list[Operation]]
@@ -37,7 +37,7 @@ class Group:
     vdims: dict[Value, Dims] = field(default_factory=dict)  # results of members
     odims: dict[Operation, list[Dims]] = field(default_factory=dict)  # members' operands
     reduce: frozenset[int] = frozenset()
-    matmul: Operation | None = None
+    core: Operation | None = None  # the matmul or conv2d whose epilogue the rest is
     backward: bool = False  # members run in the backward part (recomputed copies included)
     origin: Operation | None = None  # the forward op a recomputed member repeats, if any
     # ops outside the group that read its values / define values it reads: the group's
@@ -152,10 +152,16 @@ def duplicate_views(block: Block) -> None:
 
 
 class Grouper:
-    """The groups of `block`'s ops; `epilogues` and `reductions` are the pass's options."""
+    """The groups of `block`'s ops; `epilogues` and `reductions` are the pass's options.
+    Convs take epilogues only in a graph without a backward (`conv_epilogues`): in
+    training a conv feeds BatchNorm's statistics, and a bias that joined it would be
+    stored rather than added where the statistics read it (the recompute strategies'
+    planned peaks rose past the unfused graph's)."""
 
-    def __init__(self, block: Block, forward: set[Operation], epilogues: bool, reductions: bool):
+    def __init__(self, block: Block, forward: set[Operation], epilogues: bool, reductions: bool,
+                 conv_epilogues: bool = True):
         self.block, self.epilogues, self.reductions = block, epilogues, reductions
+        self.conv_epilogues = conv_epilogues
         self.forward = forward
         self.pos = {op: i for i, op in enumerate(block.ops)}
         # in a recomputed graph a backward kernel must not keep its inputs alive longer
@@ -177,7 +183,7 @@ class Grouper:
             return None
         space, odims, rdims, red = d
         g = Group(len(self.groups), space, [op], {op.result: rdims},
-                  {op: odims}, red, op if op.name == "ember.matmul" else None,
+                  {op: odims}, red, op if op.name in CORES else None,
                   self.in_backward(op), self.original.get(op))
         self.groups.append(g)
         self.group[op] = g
@@ -210,9 +216,9 @@ class Grouper:
         for op in list(self.block.ops):
             self.now = self.pos[op]
             g = self.new_group(op)
-            if g is not None and g.matmul is not None:
+            if g is not None and g.core is not None and op.name == "ember.matmul":
                 self.absorb_views(op)
-            if g is None or g.matmul is not None:
+            if g is None or g.core is not None:
                 continue
             self.merge_producers(op)
         groups = [g for g in self.groups if g.ops]
@@ -364,7 +370,7 @@ class Grouper:
         yield False
 
     def try_merge(self, cons: Group, prod: Group) -> bool:
-        if cons.matmul is not None and prod.matmul is not None:
+        if cons.core is not None and prod.core is not None:
             return False
         if cons.backward != prod.backward:
             return False  # forward and backward (recomputed) ops never share a kernel
@@ -375,9 +381,9 @@ class Grouper:
             return False
         pairs: list[tuple[int, int]] = []
         for op in cons.ops:
-            if op.name == "ember.matmul":
+            if op.name in CORES:
                 if any(v in prod.vdims for v in op.operands):
-                    return False  # a GEMM reads materialized operands
+                    return False  # a GEMM or conv reads materialized operands
                 continue
             for i, v in enumerate(op.operands):
                 if v in prod.vdims:
@@ -404,7 +410,7 @@ class Grouper:
             host.reduce = host.reduce | small.reduce
             host.vdims.update(small.vdims)
             host.odims.update(small.odims)
-            host.matmul = host.matmul or small.matmul
+            host.core = host.core or small.core
             host.origin = host.origin or small.origin
             for forward in (True, False):
                 self.join_links(host, small, forward)
@@ -427,20 +433,20 @@ class Grouper:
         (GPT B: 0.97x the step's time). Not on a recomputed graph, whose backward
         kernels follow the forward's and repeat layer after layer (an op moved to its
         readers there made kernels as deep as the model)."""
-        if self.recomputed or prod.matmul is None or cons.matmul is not None or cons.reduce \
+        if self.recomputed or prod.core is None or cons.core is not None or cons.reduce \
                 or len(cons.ops) != 1 or cons.ops[0].name in VIEWS:
             return False
         (op,) = cons.ops
         readers = [u for u, _ in op.result.uses]
         inside = [v for v in op.operands if v in prod.vdims]
         return bool(inside) and any(u.name in REDUCTIONS for u in readers) \
-            and all(self.fusible(u) and u.name != "ember.matmul" for u in readers) \
+            and all(self.fusible(u) and u.name not in CORES for u in readers) \
             and all(map(self.stored_anyway, inside))
 
     def stored_anyway(self, v: Value) -> bool:
         """Whether v is read where no epilogue can go: by a reduction, a GEMM, an op of
         the other phase (forward / backward) or an op no kernel fuses (the return)."""
-        return any(u.name in REDUCTIONS or u.name == "ember.matmul" or not self.fusible(u)
+        return any(u.name in REDUCTIONS or u.name in CORES or not self.fusible(u)
                    or self.in_backward(u) != self.in_backward(producer(v)) for u, _ in v.uses)
 
     def description(self, op: Operation) -> Description | None:
@@ -499,7 +505,9 @@ class Grouper:
         red = frozenset(phi[d] for d in small.reduce)
         if host.reduce and red and red != host.reduce:
             return False
-        if host.matmul is not None or small.matmul is not None:
-            if not self.epilogues or host.matmul is None or red or host.reduce:
+        if host.core is not None or small.core is not None:
+            if not self.epilogues or host.core is None or red or host.reduce:
+                return False
+            if host.core.name == "ember.conv2d" and not self.conv_epilogues:
                 return False
         return True

@@ -148,6 +148,7 @@ case("gather", [R((7, 3)), R((2, 4), "i64", 0, 6), R((9,), "f64"), R((5,), "i32"
 case("scatter_add", [R((2, 4), "i64", 0, 6), R((2, 4, 3)), R((6,), "i32", 0, 3), R((6,), "f64")],
      lambda b, i, u, j, v: [b.op("ember.scatter_add", i, u, shape=[7, 3]),
                             b.op("ember.scatter_add", j, v, shape=[4])])
+_CONV_ATTRS = dict(stride=[1, 1], padding=[1, 1], dilation=[1, 1], groups=1)
 _CONVS = [((2, 3, 7, 6), (4, 3, 3, 3), [1, 1], [1, 1], [1, 1], 1),
           ((2, 4, 9, 8), (6, 2, 3, 2), [2, 1], [1, 0], [1, 2], 2),
           ((1, 2, 5, 5), (3, 2, 1, 1), [1, 1], [0, 0], [1, 1], 1),
@@ -159,6 +160,13 @@ for _k, (_xs, _ws, _st, _pd, _dl, _g) in enumerate(_CONVS):
         y, b.op("ember.conv2d_grad_input", y, w, input_shape=list(x.type.shape), **_a),
         b.op("ember.conv2d_grad_weight", x, y, weight_shape=list(w.type.shape), **_a)])(
         b.op("ember.conv2d", x, w, **_a)))
+# fused: a kernel.conv2d whose epilogue writes in place (bias, ReLU), and one writing a mask
+# beside it (its product in scratch)
+case("conv_epilogue", [R((2, 3, 7, 6)), R((4, 3, 3, 3)), R((4,))], lambda b, x, w, c: (
+    lambda y: [b.op("ember.relu", b.op("ember.add", y, b.op("ember.reshape", c,
+                                                            shape=[1, 4, 1, 1]))),
+               b.op("ember.cmp", b.op("ember.neg", y), y, predicate="gt")])(
+    b.op("ember.conv2d", x, w, **_CONV_ATTRS)))
 for _k, (_xs, _kn, _st, _pd) in enumerate([((2, 3, 8, 8), [2, 2], [2, 2], [0, 0]),
                                           ((1, 2, 7, 6), [3, 3], [2, 1], [1, 1])]):
     _a = dict(kernel=_kn, stride=_st, padding=_pd)

@@ -79,6 +79,22 @@ def test_neg_neg_and_transposes():
     assert canon(three, (2, 3, 4)) == ["ember.transpose", "func.return"]
 
 
+@pytest.mark.parametrize("start,shape,folds", [
+    ([0, 0, 1, 2], [2, 4, 9, 11], True),     # as much before as after each spatial dim
+    ([0, 0, 0, 0], [2, 4, 8, 8], False),     # only after: not a conv's padding
+    ([0, 0, 2, 2], [2, 4, 10, 10], False),   # more before than after
+    ([0, 1, 1, 1], [2, 5, 9, 9], False),     # padding channels
+])
+def test_a_conv_of_a_padded_input_pads_itself(start, shape, folds):
+    def fn(b, x, w):
+        padded = b.op("ember.unslice", x, start=start, step=[1] * 4, shape=shape)
+        return b.op("ember.conv2d", padded, w, stride=[2, 1], padding=[1, 0],
+                    dilation=[1, 1], groups=1)
+    ops = canon(fn, (2, 4, 7, 7), (3, shape[1], 3, 3))
+    assert ops == (["ember.conv2d", "func.return"] if folds else
+                   ["ember.unslice", "ember.conv2d", "func.return"])
+
+
 def test_a_cube_is_multiplies():
     """x ** 3 becomes x * x * x (the tanh GELU's cube: multiplies vectorize, a float power
     is a libm call per element); other exponents, or one that broadcasts x, keep the power."""

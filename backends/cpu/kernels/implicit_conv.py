@@ -27,6 +27,7 @@ from ..gemm.microkernel import microkernel
 from ..machine.host import Isa, host_caches
 from ..parallel.outline import chunk_index, parallel_chunks, parallel_region
 from . import scalar as S
+from .conv_epilogue import Finish
 from .implicit_pack import packer
 from .loops import for_range, loop
 from .scalar import i64
@@ -119,10 +120,11 @@ class Geometry:
         return min(self.cg, max(1, KC // self.taps))
 
 
-def fits(geo: Geometry | None, weight_bytes: int) -> bool:
+def fits(geo: Geometry | None, weight_bytes: int, pointwise: bool = False) -> bool:
     """Whether `geo` runs as an implicit GEMM: f32/f64, taps to gather (a pointwise conv's
-    columns are its input already), a group's weight within `weight_bytes`."""
-    if geo is None or geo.dtype not in S.FLOATS or geo.taps == 1:
+    columns are its input already, unless `pointwise`), a group's weight within
+    `weight_bytes`."""
+    if geo is None or geo.dtype not in S.FLOATS or (geo.taps == 1 and not pointwise):
         return False
     return geo.weight_bytes <= weight_bytes
 
@@ -273,10 +275,11 @@ def flip_weight(b: ir.IRBuilder, cv, w, out) -> None:
 
 
 def emit_implicit(b: ir.IRBuilder, geo: Geometry, x, w, y, scratch, isa: Isa, threads: int,
-                  name: str) -> None:
+                  name: str, finish: Finish | None = None) -> None:
     """y = conv(x, w) of `geo`, its `Units` split across threads, each with its own
     scratch (`scratch_bytes`): a chunk's packed slices, and where panels cross images
-    (`_gathers`), the chunk's product, put in place after."""
+    (`_gathers`), the chunk's product, put in place after; then `finish` (a forward's
+    epilogue, conv_epilogue.py) on the unit's spans of y."""
     dt, el = geo.dtype, S.REG[geo.dtype]
     lanes = isa.lanes(dt)
     blk = blocking(isa, dt, 1 << 20)
@@ -297,10 +300,16 @@ def emit_implicit(b: ir.IRBuilder, geo: Geometry, x, w, y, scratch, isa: Isa, th
     def at(bb, ptr, offset):
         return bb.gep(ptr, [offset], inbounds=True, source_etype=el)
 
-    def unit(bb, xp, wp, yp, buf, u):
+    extra = finish.ptrs if finish is not None else []
+
+    def unit(bb, xp, wp, yp, buf, eptrs, u):
         g, pos0, npos, tile0 = un.locate(bb, u)
         tile_end = bb.add(tile0, i64(un.per_block))
         tile_end = bb.select(bb.icmp_signed("<", tile_end, i64(tiles)), tile_end, i64(tiles))
+        row0 = bb.mul(tile0, i64(blk.mr))
+        rows_end = bb.mul(tile_end, i64(blk.mr))
+        rows_end = bb.select(bb.icmp_signed("<", rows_end, i64(geo.og)), rows_end,
+                             i64(geo.og))
         panels = bb.udiv(bb.add(npos, i64(nr - 1)), i64(nr))
         xg = at(bb, xp, bb.mul(g, i64(geo.cg * geo.h * geo.w)))
         wg = at(bb, wp, bb.mul(g, i64(geo.og * geo.k)))
@@ -364,11 +373,6 @@ def emit_implicit(b: ir.IRBuilder, geo: Geometry, x, w, y, scratch, isa: Isa, th
         if rest:
             k_slice(i64(full * cs), rest)
         if gathers:
-            row0 = bb.mul(tile0, i64(blk.mr))
-            rows_end = bb.mul(tile_end, i64(blk.mr))
-            rows_end = bb.select(bb.icmp_signed("<", rows_end, i64(geo.og)), rows_end,
-                                 i64(geo.og))
-
             def put(q):  # column q of the product: position pos0 + q of some image
                 image, p = (f(bb.add(pos0, q), i64(geo.p)) for f in (bb.udiv, bb.urem))
                 out = bb.add(bb.mul(bb.add(bb.mul(image, i64(geo.o)), bb.mul(g, i64(geo.og))),
@@ -378,23 +382,67 @@ def emit_implicit(b: ir.IRBuilder, geo: Geometry, x, w, y, scratch, isa: Isa, th
                     S.load(bb, product, dt, bb.add(bb.mul(bb.sub(o, row0), i64(ldc)), q))),
                     "o")
             for_range(bb, i64(0), npos, put, "q")
+        if finish is not None and not batched:
+            _finish_unit(bb, geo, finish, yp, eptrs, g, pos0, npos, row0, rows_end)
 
-    def run(bb, xp, wp, yp, own, lo, hi):
+    # units of all rows, one after another along the positions: their epilogue runs on a
+    # batch of them at a time (a unit of ResNet's or MobileNet's first conv is one panel,
+    # and a call per unit and row cost as much as the conv)
+    batched = un.blocks == 1 and geo.g == 1
+    per_batch = max(1, chunk_bytes() // (un.span * nr * geo.og * S.size(dt)))
+    positions = geo.n * geo.p
+
+    def run(bb, xp, wp, yp, own, eptrs, lo, hi):
         # zeros in the columns past the last panel's (which the micro-kernel reads, and
         # left from other kernels could be slow subnormals)
         loop(bb, un.span * slice_elems, lambda i: S.store(bb, own, dt, i, S.const(dt, 0)), "z")
-        for_range(bb, lo, hi, lambda u: unit(bb, xp, wp, yp, own, u), "unit")
+        if finish is None or not batched:
+            for_range(bb, lo, hi, lambda u: unit(bb, xp, wp, yp, own, eptrs, u), "unit")
+            return
+
+        def batch(k):
+            u0 = bb.add(lo, bb.mul(k, i64(per_batch)))
+            u1 = bb.add(u0, i64(per_batch))
+            u1 = bb.select(bb.icmp_signed("<", u1, hi), u1, hi)
+            for_range(bb, u0, u1, lambda u: unit(bb, xp, wp, yp, own, eptrs, u), "unit")
+            pos0 = bb.mul(u0, i64(un.span * nr))
+            pos1 = bb.mul(u1, i64(un.span * nr))
+            pos1 = bb.select(bb.icmp_signed("<", pos1, i64(positions)), pos1, i64(positions))
+            _finish_unit(bb, geo, finish, yp, eptrs, i64(0), pos0, bb.sub(pos1, pos0),
+                         i64(0), i64(geo.og))
+
+        batches = bb.udiv(bb.add(bb.sub(hi, lo), i64(per_batch - 1)), i64(per_batch))
+        for_range(bb, i64(0), batches, batch, "batch")
 
     if t == 1:
-        run(b, x, w, y, scratch, i64(0), i64(un.count))
+        run(b, x, w, y, scratch, extra, i64(0), i64(un.count))
         return
 
     def share(bb, ptrs, lo, hi):
         own = byte_offset(bb, ptrs[3], bb.mul(chunk_index(bb, lo, un.count, t), i64(per)))
-        run(bb, *ptrs[:3], own, lo, hi)
+        run(bb, *ptrs[:3], own, ptrs[4:], lo, hi)
 
-    parallel_region(b, f"{name}.units", [x, w, y, scratch], [False, False, True, True],
-                    un.count, t, share)
+    parallel_region(b, f"{name}.units", [x, w, y, scratch, *extra],
+                    [False, False, True, True] + [False] * len(extra), un.count, t, share)
+
+
+def _finish_unit(b: ir.IRBuilder, geo: Geometry, finish: Finish, y, eptrs: list, g, pos0,
+                 npos, row0, rows_end) -> None:
+    """`finish` on a unit's output: rows [row0, rows_end) of group g at positions
+    [pos0, pos0 + npos) of the images one after another, a span per image and row."""
+    p = i64(geo.p)
+    first, last = b.udiv(pos0, p), b.udiv(b.add(pos0, b.sub(npos, i64(1))), p)
+
+    def image(n):
+        start = b.mul(n, p)
+        lo = b.sub(pos0, start)
+        lo = b.select(b.icmp_signed("<", lo, i64(0)), i64(0), lo)
+        hi = b.sub(b.add(pos0, npos), start)
+        hi = b.select(b.icmp_signed("<", hi, p), hi, p)
+        finish.span(b, y, eptrs, n, b.add(b.mul(g, i64(geo.og)), row0), lo, hi,
+                    b.sub(rows_end, row0))
+
+    for_range(b, first, b.add(last, i64(1)), image, "image")
 
 
 def _gathers(geo: Geometry, isa: Isa) -> bool:
