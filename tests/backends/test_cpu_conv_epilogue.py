@@ -1,8 +1,8 @@
 """Conv epilogues (`kernel.conv2d`) on the cpu, against the interpreter: the body run on
-each span the conv finishes — after each depthwise plane, each implicit unit or batch of
-units (panels across images included), each im2col chunk's GEMM, a pointwise conv's
-panels — in place over the first result or from scratch (a mask as the only result), and
-after the whole conv where an operand's strides do not walk a plane as one run."""
+each span an implicit conv finishes (a unit, or a batch of units; panels across images
+included), or after the whole conv (depthwise, pointwise and im2col convs, and an operand
+whose strides do not walk a plane as one run), in place over the first result or from
+scratch (a mask as the only result)."""
 
 from __future__ import annotations
 
@@ -39,11 +39,11 @@ def _bias_residual_relu(o: int, stride: int, pad: int, groups: int, raw: bool):
 @pytest.mark.parametrize("n,c,o,h,k,stride,pad,groups,raw", [
     (2, 8, 8, 10, 3, 1, 1, 1, False),    # implicit, a panel per unit
     (3, 16, 16, 7, 3, 1, 1, 1, False),   # implicit, panels across images
-    (2, 8, 8, 10, 3, 1, 1, 8, False),    # depthwise, per plane
-    (2, 16, 32, 9, 1, 1, 0, 1, False),   # pointwise, as an implicit GEMM
-    (2, 16, 32, 9, 1, 2, 0, 1, False),   # pointwise stride 2: im2col, per chunk
+    (2, 8, 8, 10, 3, 1, 1, 8, False),    # depthwise: after the conv
+    (2, 16, 32, 9, 1, 1, 0, 1, False),   # pointwise: after the GEMM
+    (2, 16, 32, 9, 1, 2, 0, 1, False),   # pointwise stride 2: after im2col and GEMM
     (2, 6, 8, 11, 3, 2, 1, 2, False),    # grouped, by units of each group
-    (4, 128, 128, 4, 1, 2, 0, 1, False),  # im2col of 4 images a GEMM, per chunk
+    (4, 128, 128, 4, 1, 2, 0, 1, False),  # im2col of 4 images a GEMM
     (4, 64, 64, 4, 3, 1, 1, 1, True),    # the raw conv stored too
     (1, 8, 8, 3, 3, 1, 0, 1, False),     # one output position
 ])

@@ -20,7 +20,7 @@ from __future__ import annotations
 from llvmlite import ir
 
 from ..call.buffers import regions
-from ..gemm.emit import GemmProblem, RowsDone, finishes_rows
+from ..gemm.emit import GemmProblem
 from ..gemm.matmul import byte_offset, engine_for, gemm_call, gemm_scratch
 from ..machine.host import Isa
 from ..parallel.outline import chunk_index, parallel_chunks, parallel_region
@@ -47,7 +47,6 @@ class Conv:
     def __init__(self, op):
         a = op.attributes
         self.name = "ember.conv2d" if op.name == "kernel.conv2d" else op.name
-        self.epilogue = op.name == "kernel.conv2d"
         self.g = a["groups"]
         (self.sh, self.sw), (self.ph, self.pw) = a["stride"], a["padding"]
         self.dh, self.dw = a["dilation"]
@@ -82,9 +81,8 @@ class Conv:
     def problem(self) -> GemmProblem:
         """The GEMM of one (group, chunk of nb images)."""
         k, q, og = self.k, self.q, self.og
-        if self.name == "ember.conv2d":  # an epilogue follows the rows of one image's
-            return GemmProblem(og, q, k, k, 1, q, 1, q, self.dtype,
-                               finish_rows=self.epilogue and self.nb == 1)
+        if self.name == "ember.conv2d":
+            return GemmProblem(og, q, k, k, 1, q, 1, q, self.dtype)
         if self.name == "ember.conv2d_grad_weight":  # B: the columns, Q x K
             ks, ps = self.cols_strides
             return GemmProblem(og, k, q, q, 1, ps, ks, k, self.dtype)
@@ -98,10 +96,7 @@ class Conv:
                else None if self.depthwise else Geometry.forward(self))
         limit = (weight_bytes() if self.name == "ember.conv2d_grad_weight"
                  else forward_weight_bytes())
-        # a pointwise conv's epilogue follows a batch of panels in cache (conv_epilogue.py):
-        # 16 -> 96 channels at 112x112 with a bias and ReLU6, 0.83 -> 0.60 ms
-        pointwise = self.epilogue and (self.sh, self.sw) == (1, 1)
-        return geo if fits(geo, limit, pointwise) else None
+        return geo if fits(geo, limit) else None
 
     @property
     def flipped_bytes(self) -> int:
@@ -301,7 +296,11 @@ def emit_conv(b: ir.IRBuilder, op, outs, ins, scratch, isa: Isa, threads: int,
     epi = ConvEpilogue(op, name)
     y = outs[0] if epi.in_place else scratch
     own = byte_offset(b, scratch, _product_bytes(op))
-    finish = epi.finish(b, ins[2:], outs)
+    # after each implicit unit; other convs run it after, in place: after each depthwise
+    # plane, or per chunk on the blocks of rows the GEMM finished, it was slower (a 32-channel
+    # depthwise conv at 112x112 with bias and ReLU6, 0.42 -> 0.63 ms; a pointwise conv 16 ->
+    # 96 at 112x112, 1.14 -> 1.86 ms)
+    finish = epi.finish(b, ins[2:], outs) if cv.implicit(isa) else None
     _emit(b, cv, y, ins[:2], own, isa, threads, name, finish)
     if finish is None:
         epi.emit_after(b, y, ins[2:], outs, threads)
@@ -312,7 +311,7 @@ def _emit(b: ir.IRBuilder, cv: Conv, y, ins, scratch, isa: Isa, threads: int, na
     """The conv into y, `finish` called on each span of y it completes (forward only)."""
     dt = cv.dtype
     if cv.depthwise:
-        _emit_depthwise(b, cv, ins, y, threads, name, finish)
+        _emit_depthwise(b, cv, ins, y, threads, name)
         return
     geo = cv.implicit(isa)
     if geo is not None and cv.name == "ember.conv2d_grad_weight":
@@ -331,12 +330,11 @@ def _emit(b: ir.IRBuilder, cv: Conv, y, ins, scratch, isa: Isa, threads: int, na
         loop(b, total, lambda i: S.store(b, y, dt, i, S.const(dt, 0)), "z")
     t = cv.chunk_threads(threads)
     per, offsets = cv.scratch(isa, threads)
-    extra = finish.ptrs if finish is not None else []
-    args = [*ins, y, scratch, *extra]
+    args = [*ins, y, scratch]
     chunks = cv.n // cv.nb
     if t == 1:
-        loop(b, chunks, lambda ci: _conv_chunk(b, cv, args, offsets, ci, isa, threads, name,
-                                               finish), "chunk")
+        loop(b, chunks, lambda ci: _conv_chunk(b, cv, args, offsets, ci, isa, threads, name),
+             "chunk")
         return
 
     copies = cv.name == "ember.conv2d_grad_weight"
@@ -350,12 +348,10 @@ def _emit(b: ir.IRBuilder, cv: Conv, y, ins, scratch, isa: Isa, threads: int, na
             dw = bb.select(bb.icmp_signed("==", index, i64(0)), dw, copy)
             with bb.if_then(bb.icmp_signed("!=", index, i64(0))):
                 loop(bb, weights, lambda i: S.store(bb, copy, dt, i, S.const(dt, 0)), "z")
-        for_range(bb, lo, hi, lambda ci: _conv_chunk(
-            bb, cv, [*ptrs[:2], dw, own, *ptrs[4:]], offsets, ci, isa, 1, name, finish),
-            "chunk")
+        for_range(bb, lo, hi, lambda ci: _conv_chunk(bb, cv, [*ptrs[:2], dw, own], offsets,
+                                                       ci, isa, 1, name), "chunk")
 
-    parallel_region(b, f"{name}.chunks", args, [False, False, True, True] + [False] * len(extra),
-                    chunks, t, share)
+    parallel_region(b, f"{name}.chunks", args, [False, False, True, True], chunks, t, share)
     if copies:
         def add(i):
             total = S.load(b, y, dt, i)
@@ -367,15 +363,14 @@ def _emit(b: ir.IRBuilder, cv: Conv, y, ins, scratch, isa: Isa, threads: int, na
 
 
 def _emit_depthwise(b: ir.IRBuilder, cv: Conv, ins: list, y, threads: int,
-                    name: str, finish: Finish | None) -> None:
+                    name: str) -> None:
     """Each plane (image, channel) of a depthwise conv on its own, planes split across
-    threads, row by row (`interior` and `edge` rows), then `finish` on the plane."""
+    threads, row by row (`interior` and `edge` rows)."""
     x, w = ins
     dt = cv.dtype
     planes = cv.n * cv.c
-    extra = finish.ptrs if finish is not None else []
 
-    def plane(bb, xp, wp, yp, eptrs, pl):
+    def plane(bb, xp, wp, yp, pl):
         xbase, ybase = bb.mul(pl, i64(cv.h * cv.w)), bb.mul(pl, i64(cv.p))
         wbase = bb.mul(bb.urem(pl, i64(cv.c)), i64(cv.kh * cv.kw))
         taps = [[S.load(bb, wp, dt, bb.add(wbase, i64(i * cv.kw + j))) for j in range(cv.kw)]
@@ -444,26 +439,21 @@ def _emit_depthwise(b: ir.IRBuilder, cv: Conv, ins: list, y, threads: int,
                     edge(oh)
 
         loop(bb, cv.oh, row, "oh")
-        if finish is not None:
-            finish.span(bb, yp, eptrs, bb.udiv(pl, i64(cv.c)), bb.urem(pl, i64(cv.c)),
-                        i64(0), i64(cv.p))
 
     t = parallel_chunks(2 * planes * cv.p * cv.k, planes, threads)
     if t == 1:
-        loop(b, planes, lambda pl: plane(b, x, w, y, extra, pl), "plane")
+        loop(b, planes, lambda pl: plane(b, x, w, y, pl), "plane")
         return
-    parallel_region(b, f"{name}.planes", [x, w, y, *extra],
-                    [False, False, True] + [False] * len(extra), planes, t,
+    parallel_region(b, f"{name}.planes", [x, w, y], [False, False, True], planes, t,
                     lambda bb, ptrs, lo, hi: for_range(
-                        bb, lo, hi, lambda pl: plane(bb, *ptrs[:3], ptrs[3:], pl), "plane"))
+                        bb, lo, hi, lambda pl: plane(bb, *ptrs, pl), "plane"))
 
 
 def _conv_chunk(b: ir.IRBuilder, cv: Conv, ptrs: list, offsets: list[int], ci, isa: Isa,
-                threads: int, name: str, finish: Finish | None = None) -> None:
-    """The GEMMs of chunk ci (images ci*nb ..), each group's, on `threads`, then `finish`
-    on the planes of a forward's; `ptrs`: the op's two operands, its result, this chunk
-    thread's scratch and finish's pointers."""
-    a_in, b_in, out, scratch = ptrs[:4]
+                threads: int, name: str) -> None:
+    """The GEMMs of chunk ci (images ci*nb ..), each group's, on `threads`; `ptrs`: the
+    op's two operands, its result and this chunk thread's scratch."""
+    a_in, b_in, out, scratch = ptrs
     cols, side, gscr = (byte_offset(b, scratch, o) for o in offsets[:3])
     el, nb, p = S.REG[cv.dtype], cv.nb, cv.problem()
     engine = engine_for(p, isa, threads)
@@ -490,18 +480,9 @@ def _conv_chunk(b: ir.IRBuilder, cv: Conv, ptrs: list, offsets: list[int], ci, i
             if not cv.direct:
                 images(lambda n, pos0: _im2col(b, cv, a_in, n, g, cols, pos0))
             product = side if nb > 1 else at(out, rows(g))
-            rows_done = None
-            if finish is not None and p.finish_rows and engine == "own" and finishes_rows(
-                    p, isa, threads):  # the epilogue on each block of channels done
-                first = finish.at_plane(b, out, ptrs[4:], n0, b.mul(g, i64(cv.og)))
-                rows_done = RowsDone(first, lambda bb, q, r0, r1: finish.span(
-                    bb, q[0], q[1:], i64(0), r0, i64(0), i64(cv.p), bb.sub(r1, r0)))
-            gemm_call(b, p, engine, weight, columns, product, gscr, isa, threads, f"{name}.g",
-                      rows_done=rows_done)
+            gemm_call(b, p, engine, weight, columns, product, gscr, isa, threads, f"{name}.g")
             if nb > 1:
                 _side_by_side(b, cv, out, side, n0, g, gather=False)
-            if finish is not None and rows_done is None:
-                _finish_planes(b, cv, finish, out, ptrs[4:], n0, g, threads, name)
             return
         grads = a_in if cv.name == "ember.conv2d_grad_input" else b_in
         if nb > 1:
@@ -518,26 +499,6 @@ def _conv_chunk(b: ir.IRBuilder, cv: Conv, ptrs: list, offsets: list[int], ci, i
                 images(lambda n, pos0: _col2im(b, cv, cols, out, n, g, pos0))
 
     loop(b, cv.g, group, "grp")
-
-
-def _finish_planes(b: ir.IRBuilder, cv: Conv, finish: Finish, y, eptrs: list, n0, g,
-                   threads: int, name: str) -> None:
-    """`finish` on the planes of group g of the chunk's images, split across threads where
-    the GEMM was (one chunk at a time)."""
-    planes = cv.nb * cv.og
-    first = finish.at_plane(b, y, eptrs, n0, b.mul(g, i64(cv.og)))
-
-    def plane(bb, ptrs, i):
-        nl, o = bb.udiv(i, i64(cv.og)), bb.urem(i, i64(cv.og))
-        finish.span(bb, ptrs[0], ptrs[1:], nl, o, i64(0), i64(cv.p))
-
-    t = parallel_chunks(planes * cv.p, planes, threads)
-    if t == 1:
-        loop(b, planes, lambda i: plane(b, first, i), "plane")
-        return
-    parallel_region(b, f"{name}.finish", first, [False] * len(first), planes, t,
-                    lambda bb, ptrs, lo, hi: for_range(
-                        bb, lo, hi, lambda i: plane(bb, ptrs, i), "plane"))
 
 
 def _side_by_side(b, cv: Conv, tensor, side, n0, g, gather: bool) -> None:

@@ -1,8 +1,9 @@
-"""The epilogue of a `kernel.conv2d` (its body: bias, activation, residual) on each span of
-output the conv kernel has just finished, while it is still in cache, instead of a second
-pass over the whole output: a depthwise conv after each plane, an implicit conv after each
-unit (a block of channels over a chunk of positions), an im2col conv after each chunk's
-GEMM. A span is positions [lo, hi) of one plane (image n, channel o).
+"""The epilogue of a `kernel.conv2d` (its body: bias, activation, residual). An implicit
+conv runs it on each span of output it has just finished, while still in cache: after
+each unit (a block of channels over a chunk of positions) or batch of units; a span is
+positions [lo, hi) of planes (image n, channels o0..o1). Other convs (depthwise,
+pointwise, im2col) run it after, over the whole output (`emit_after`): after each
+depthwise plane or each block of a GEMM's rows it was slower (conv.py says by how much).
 
 The conv writes its product into the first result where that is the product's own layout
 (the raw conv, or a value of its dtype the body computes from it), and the body then runs
@@ -34,20 +35,12 @@ class Finish:
 
     fn: ir.Function
     ptrs: list
-    maps: list[list[int]]  # over [N, O, OH, OW]: the product's, then ptrs'
-    dtypes: list[str]
 
     def span(self, b: ir.IRBuilder, y, ptrs: list, n, o, lo, hi, rows=None) -> None:
         """The epilogue on positions [lo, hi) of planes (n, o) .. (n, o + rows - 1) of the
         product at y (`rows`: 1 unless given)."""
         b.call(self.fn, [y, *ptrs, n, o, b.add(o, i64(1)) if rows is None else b.add(o, rows),
                          lo, hi])
-
-    def at_plane(self, b: ir.IRBuilder, y, ptrs: list, n, o) -> list:
-        """[y, *ptrs] moved to plane (n, o): the planes after it are then numbered from 0
-        (a parallel region's code sees pointers, not the values around it)."""
-        return [at_plane(b, ptr, m, dt, n, o)
-                for ptr, m, dt in zip([y, *ptrs], self.maps, self.dtypes)]
 
 
 def at_plane(b: ir.IRBuilder, ptr, m: list[int], dtype: str, n, o):
@@ -80,11 +73,10 @@ class ConvEpilogue:
 
     def finish(self, b: ir.IRBuilder, ins: list, outs: list) -> Finish | None:
         """The span function and its pointers (the epilogue operands', the results'), or
-        None where the epilogue runs after the conv (`flat` False)."""
+        None where the epilogue must run after the conv (`flat` False)."""
         if not self.flat:
             return None
-        return Finish(self._span_function(b.module), [*ins, *outs],
-                      self.in_maps + self.out_maps, self.in_dtypes + self.out_dtypes)
+        return Finish(self._span_function(b.module), [*ins, *outs])
 
     def _span_function(self, module: ir.Module) -> ir.Function:
         """`f(product, epilogue operands..., results..., n, o0, o1, lo, hi)`: positions

@@ -120,11 +120,10 @@ class Geometry:
         return min(self.cg, max(1, KC // self.taps))
 
 
-def fits(geo: Geometry | None, weight_bytes: int, pointwise: bool = False) -> bool:
+def fits(geo: Geometry | None, weight_bytes: int) -> bool:
     """Whether `geo` runs as an implicit GEMM: f32/f64, taps to gather (a pointwise conv's
-    columns are its input already, unless `pointwise`), a group's weight within
-    `weight_bytes`."""
-    if geo is None or geo.dtype not in S.FLOATS or (geo.taps == 1 and not pointwise):
+    columns are its input already), a group's weight within `weight_bytes`."""
+    if geo is None or geo.dtype not in S.FLOATS or geo.taps == 1:
         return False
     return geo.weight_bytes <= weight_bytes
 
