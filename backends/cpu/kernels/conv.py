@@ -286,7 +286,8 @@ def _col2im(b, cv: Conv, cols, dx, n, g, pos0):
 
 def emit_conv(b: ir.IRBuilder, op, outs, ins, scratch, isa: Isa, threads: int,
               name: str) -> None:
-    """A conv op, or a `kernel.conv2d` with its epilogue on each span the conv finishes."""
+    """A conv op, or a `kernel.conv2d`: the conv, its epilogue (conv_epilogue.py) on each
+    span an implicit conv finishes or else after the conv."""
     cv = Conv(op)
     if 0 in (cv.n, cv.o, cv.p, cv.c):
         return

@@ -36,11 +36,10 @@ class Finish:
     fn: ir.Function
     ptrs: list
 
-    def span(self, b: ir.IRBuilder, y, ptrs: list, n, o, lo, hi, rows=None) -> None:
+    def span(self, b: ir.IRBuilder, y, ptrs: list, n, o, rows, lo, hi) -> None:
         """The epilogue on positions [lo, hi) of planes (n, o) .. (n, o + rows - 1) of the
-        product at y (`rows`: 1 unless given)."""
-        b.call(self.fn, [y, *ptrs, n, o, b.add(o, i64(1)) if rows is None else b.add(o, rows),
-                         lo, hi])
+        product at y."""
+        b.call(self.fn, [y, *ptrs, n, o, b.add(o, rows), lo, hi])
 
 
 def at_plane(b: ir.IRBuilder, ptr, m: list[int], dtype: str, n, o):
@@ -116,4 +115,3 @@ class ConvEpilogue:
         FusedEmitter(self.op.regions[0].blocks[0], self.space, self.in_maps, self.out_maps,
                      self.in_dtypes, self.out_dtypes, f"{self.name}.epilogue").emit(
             b, [product, *ins], outs, threads)
-

@@ -438,8 +438,8 @@ def _finish_unit(b: ir.IRBuilder, geo: Geometry, finish: Finish, y, eptrs: list,
         lo = b.select(b.icmp_signed("<", lo, i64(0)), i64(0), lo)
         hi = b.sub(b.add(pos0, npos), start)
         hi = b.select(b.icmp_signed("<", hi, p), hi, p)
-        finish.span(b, y, eptrs, n, b.add(b.mul(g, i64(geo.og)), row0), lo, hi,
-                    b.sub(rows_end, row0))
+        finish.span(b, y, eptrs, n, b.add(b.mul(g, i64(geo.og)), row0),
+                    b.sub(rows_end, row0), lo, hi)
 
     for_range(b, first, b.add(last, i64(1)), image, "image")
 
