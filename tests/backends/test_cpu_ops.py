@@ -132,3 +132,26 @@ def test_erf_and_gelu_vectorized():
 
     x = np.linspace(-6, 6, 1001, dtype=np.float32)
     run_both(graph([((1001,), "f32")], fn), [x])
+
+
+@pytest.mark.parametrize("part,start,full,dtype", [
+    ((2, 3, 4, 5), [0, 0, 1, 1], (2, 3, 6, 7), "f32"),   # padded on both sides
+    ((2, 3, 4, 5), [0, 0, 0, 0], (2, 3, 5, 6), "f32"),   # at the end only (TF's "same")
+    ((3, 4), [2, 3], (6, 9), "i64"),                     # every row of another dim padded
+    ((5,), [2], (9,), "f64"),                            # one row
+    ((2, 0, 3), [0, 1, 0], (2, 2, 3), "f32"),            # an empty input: all zeros
+])
+def test_unslice_writes_each_row_once(part, start, full, dtype):
+    """A step-1 unslice, row by row: zeros, the input's row, zeros; zeros where the window
+    misses a row (the input's values at the window, every other element zero)."""
+    g = Graph("f", [TensorType(part, dtype)])
+    b = Builder(g.body)
+    b.create("func.return", [b.op("ember.unslice", g.args[0], start=start,
+                                  step=[1] * len(part), shape=list(full))])
+    x = (np.arange(np.prod(part)) + 1).reshape(part).astype(
+        {"f32": np.float32, "f64": np.float64, "i64": np.int64}[dtype])
+    (got,) = cpu.Executable(verify(g), use_cache=False)([x])
+    want = np.zeros(full, x.dtype)
+    want[tuple(slice(s, s + n) for s, n in zip(start, part))] = x
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(interpreter.run(g, [x])[0], want)

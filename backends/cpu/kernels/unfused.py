@@ -91,9 +91,54 @@ def _zero(b, out, t: TensorType) -> None:
 
 
 def unslice(b, out, ins, op):
+    if set(op.attributes["step"]) <= {1} and op.result.type.rank:
+        _unslice_rows(b, out, ins[0], op)
+        return
     _zero(b, out, op.result.type)
     strides, start = _window(op.result.type.shape, op.attributes)
     _copy(b, out, ins, op.operands[0].type, strides, [start, 0])
+
+
+def _unslice_rows(b, out, x, op) -> None:
+    """A step-1 unslice (zero padding) written once, row by row (along the last dim): zeros
+    where the window misses the row, else zeros, the input's row, zeros. Zeroing all of
+    it first wrote the output twice (MobileNet's padded inputs: 1.4 of its 8 ms)."""
+    full, part = op.result.type.shape, op.operands[0].type.shape
+    start, dt = op.attributes["start"], op.result.type.dtype
+    el, size = S.REG[dt], S.size(dt)
+    width, inner, at = full[-1], part[-1], start[-1]
+    memset = S.declare(b.module, "llvm.memset.p0.i64", ir.VoidType(),
+                       [PTR, ir.IntType(8), S.I64, ir.IntType(1)])
+    memcpy = S.declare(b.module, "llvm.memcpy.p0.p0.i64", ir.VoidType(),
+                       [PTR, PTR, S.I64, ir.IntType(1)])
+    no = ir.Constant(ir.IntType(1), 0)
+
+    def zero(ptr, at_elem, n: int):
+        if n:
+            b.call(memset, [b.gep(ptr, [at_elem], source_etype=el), ir.Constant(ir.IntType(8), 0),
+                            S.i64(n * size), no])
+
+    outer, part_strides = full[:-1], contiguous_strides(part)
+
+    def row(r):
+        base = b.mul(r, S.i64(width))
+        inside, src, rest = ir.Constant(ir.IntType(1), 1), S.i64(0), r
+        for d in reversed(range(len(outer))):
+            c = b.urem(rest, S.i64(outer[d]))
+            rest = b.udiv(rest, S.i64(outer[d]))
+            k = b.sub(c, S.i64(start[d]))
+            inside = b.and_(inside, b.icmp_unsigned("<", k, S.i64(part[d])))
+            src = b.add(src, b.mul(k, S.i64(part_strides[d])))
+        with b.if_else(inside) as (copy, blank):
+            with copy:
+                zero(out, base, at)
+                b.call(memcpy, [b.gep(out, [b.add(base, S.i64(at))], source_etype=el),
+                                b.gep(x, [src], source_etype=el), S.i64(inner * size), no])
+                zero(out, b.add(base, S.i64(at + inner)), width - at - inner)
+            with blank:
+                zero(out, base, width)
+
+    loop(b, op.result.type.size // width if width else 0, row, "row")
 
 
 def concat(b, out, ins, op):
