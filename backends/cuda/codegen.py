@@ -19,6 +19,7 @@ import re
 import numpy as np
 
 from ...ir import Graph, Operation, TensorType, Value, numpy_dtype, verify
+from ...ir.dialects.kernel import holds_product
 from ...ir.memory_plan import in_place_operands
 from ...ir.printer import GraphPrinter
 from ..errors import CodegenError, UnsupportedOpError
@@ -274,11 +275,10 @@ class Lowering:
     def kernel_conv2d(self, op: Operation) -> None:
         """The conv into the first result (where it is the conv's own layout and the only
         one) or scratch, then the epilogue as one map kernel."""
-        space = op.attributes["space"]
         outs = [self.result(r) for r in op.results]
-        single = (len(outs) == 1 and op.attributes["out_maps"][0] == contiguous_strides(space)
-                  and op.attributes["out_types"][0].dtype == op.operands[0].type.dtype)
-        acc = outs[0] if single else self.scratch(space, op.operands[0].type.dtype)
+        single = len(outs) == 1 and holds_product(op)
+        acc = outs[0] if single else self.scratch(op.attributes["space"],
+                                                  op.operands[0].type.dtype)
         conv_into(self, op, acc)
         self.epilogue(op, outs, acc, single)
 

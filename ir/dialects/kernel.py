@@ -329,6 +329,16 @@ def epilogue_maps(op: Operation) -> tuple[list[int], list[list[int]], list[list[
     return a["space"][:-1], [m[:-1] for m in a["maps"][2:]], [m[:-1] for m in a["out_maps"]]
 
 
+def holds_product(op: Operation) -> bool:
+    """Whether a kernel.conv2d's first result is laid out as its product (its dtype,
+    contiguous over the space, size-1 dims aside): a backend may compute the conv there
+    and run the body in place over it."""
+    space, _, out_maps = epilogue_maps(op)
+    product = [math.prod(space[d + 1:]) for d in range(len(space))]
+    return op.attributes["out_types"][0].dtype == accumulator_dtype(op) and all(
+        m == p for m, p, n in zip(out_maps[0], product, space) if n > 1)
+
+
 def body(op: Operation) -> list[Operation]:
     """The scalar ops of a kernel's body, terminator included."""
     return op.regions[0].blocks[0].ops

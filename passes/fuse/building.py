@@ -11,6 +11,7 @@ import math
 from typing import Any
 
 from ...ir import Block, Operation, Region, ScalarType, Value, lookup
+from ...ir.dialects.ember_windows import ConvBase
 from ...ir.dialects.kernel import check_kernel
 from ...ir.opdef import normalize_axes
 from ..narrow import tensor_type
@@ -255,8 +256,7 @@ class _Kernel:
         attrs = {"space": self.kspace, "maps": self.maps, "out_maps": out_maps,
                  "out_types": [v.type for v in self.outputs]}
         if core is not None and mm is None:
-            attrs.update({k: core.attributes[k] for k in ("stride", "padding", "dilation",
-                                                          "groups")})
+            attrs.update({k: core.attributes[k] for k in ConvBase.attrs})
         op = Operation(name, self.operands, [v.type for v in self.outputs], attrs,
                        [Region([self.block])], loc=g.ops[-1].loc)
         check_kernel(op)

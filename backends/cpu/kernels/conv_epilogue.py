@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from llvmlite import ir
 
-from ....ir.dialects.kernel import accumulator_dtype, epilogue_maps
+from ....ir.dialects.kernel import accumulator_dtype, epilogue_maps, holds_product
 from ...strides import contiguous_strides
 from . import scalar as S
 from .fused import FusedEmitter
@@ -60,8 +60,7 @@ class ConvEpilogue:
         self.out_maps = out_maps
         self.in_dtypes = [self.dtype] + [v.type.dtype for v in op.operands[2:]]
         self.out_dtypes = [t.dtype for t in op.attributes["out_types"]]
-        self.in_place = self.out_dtypes[0] == self.dtype and all(
-            a == b for a, b, d in zip(out_maps[0], product, space) if d > 1)
+        self.in_place = holds_product(op)
         ow = space[3]
         self.flat = all(m[2] == m[3] * ow for m in self.in_maps + out_maps)
 

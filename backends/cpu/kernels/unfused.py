@@ -85,9 +85,13 @@ def slice_(b, out, ins, op):
 
 def _zero(b, out, t: TensorType) -> None:
     if t.size:
-        b.call(S.declare(b.module, "llvm.memset.p0.i64", ir.VoidType(),
-                         [PTR, ir.IntType(8), S.I64, ir.IntType(1)]),
-               [out, ir.Constant(ir.IntType(8), 0), S.i64(t.nbytes), ir.Constant(ir.IntType(1), 0)])
+        _zero_bytes(b, out, t.nbytes)
+
+
+def _zero_bytes(b, ptr, nbytes: int) -> None:
+    b.call(S.declare(b.module, "llvm.memset.p0.i64", ir.VoidType(),
+                     [PTR, ir.IntType(8), S.I64, ir.IntType(1)]),
+           [ptr, ir.Constant(ir.IntType(8), 0), S.i64(nbytes), ir.Constant(ir.IntType(1), 0)])
 
 
 def unslice(b, out, ins, op):
@@ -107,16 +111,12 @@ def _unslice_rows(b, out, x, op) -> None:
     start, dt = op.attributes["start"], op.result.type.dtype
     el, size = S.REG[dt], S.size(dt)
     width, inner, at = full[-1], part[-1], start[-1]
-    memset = S.declare(b.module, "llvm.memset.p0.i64", ir.VoidType(),
-                       [PTR, ir.IntType(8), S.I64, ir.IntType(1)])
     memcpy = S.declare(b.module, "llvm.memcpy.p0.p0.i64", ir.VoidType(),
                        [PTR, PTR, S.I64, ir.IntType(1)])
-    no = ir.Constant(ir.IntType(1), 0)
 
     def zero(ptr, at_elem, n: int):
         if n:
-            b.call(memset, [b.gep(ptr, [at_elem], source_etype=el), ir.Constant(ir.IntType(8), 0),
-                            S.i64(n * size), no])
+            _zero_bytes(b, b.gep(ptr, [at_elem], source_etype=el), n * size)
 
     outer, part_strides = full[:-1], contiguous_strides(part)
 
@@ -133,7 +133,8 @@ def _unslice_rows(b, out, x, op) -> None:
             with copy:
                 zero(out, base, at)
                 b.call(memcpy, [b.gep(out, [b.add(base, S.i64(at))], source_etype=el),
-                                b.gep(x, [src], source_etype=el), S.i64(inner * size), no])
+                                b.gep(x, [src], source_etype=el), S.i64(inner * size),
+                                ir.Constant(ir.IntType(1), 0)])
                 zero(out, b.add(base, S.i64(at + inner)), width - at - inner)
             with blank:
                 zero(out, base, width)
