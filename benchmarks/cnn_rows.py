@@ -2,7 +2,9 @@
 against PyTorch eager and torch.compile (benchmarks/resnet.py), and inference of ONNX
 exports of ResNet-18 at 224 (batch 1 and 8) and MobileNetV2 (standing in for
 MobileNetV3-small, which needs torchvision) against onnxruntime, PyTorch eager and
-torch.compile (benchmarks/onnx_latency.py); each also as % of the FMA peak."""
+torch.compile (benchmarks/onnx_latency.py); each also as % of the FMA peak. Then
+MobileNetV2's depthwise convs channels last (the layout pass's form) and in NCHW, as the
+bytes they move per second against the bandwidth of a copy far past the caches."""
 
 from __future__ import annotations
 
@@ -11,11 +13,16 @@ import importlib.util
 import onnx_latency
 import resnet
 
+# MobileNetV2's depthwise convs: (size, channels, stride), 3x3, padded as TF pads
+DEPTHWISE = [(112, 32, 1), (112, 96, 2), (56, 144, 1), (28, 192, 1), (14, 576, 1),
+             (7, 960, 1)]
+
 
 def bench_cnn(rows: list, peak: float, cores: int) -> None:
     if importlib.util.find_spec("torch") is None:
         rows.append(("CNN rows", "skipped", "no torch", "", ""))
         return
+    bench_depthwise(rows)
     times = resnet.step_times(32, 32)
     _rows(rows, "ResNet-18 CIFAR b32 SGD step", times, resnet.conv_flops(32, 32), peak)
     missing = [m for m in ("transformers", "onnx", "onnxruntime")
@@ -27,6 +34,47 @@ def bench_cnn(rows: list, peak: float, cores: int) -> None:
         _, times, gflops, _ = onnx_latency.bench(name, cores, torch_too=True)
         times["onnxruntime"] = times.pop("ort")
         _rows(rows, f"{name} 224 inference", times, gflops * times["ember"] * 1e9, peak)
+
+
+def bench_depthwise(rows: list) -> None:
+    """Each conv's kernel time inside one native call (so no result is allocated), its
+    bytes (input, weight and output, once each) per second, as % of the copy bandwidth."""
+    bandwidth = copy_bandwidth()
+    rows.append(("copy past the caches", f"{bandwidth / 1e9:10.1f} GB/s", "", "", ""))
+    for size, c, stride in DEPTHWISE:
+        out = (size - 1) // stride + 1
+        pad = [0, 0, 1, 1] if stride == 2 else [1, 1]
+        t = _kernel_time(_conv("ember.conv2d_nhwc", stride, pad, c),
+                         [(1, size, size, c), (3, 3, 1, c)], "conv2d_nhwc")
+        edge = size + 1 if stride == 2 else size  # (NCHW: the end padding copied in)
+        t_nchw = _kernel_time(_conv("ember.conv2d", stride, [2 - stride] * 2, c),
+                              [(1, c, edge, edge), (c, 1, 3, 3)], "conv2d")
+        moved = 4 * (size * size * c + 9 * c + out * out * c)
+        rows.append((f"depthwise {size}x{size}x{c} s{stride}", f"{t * 1e3:10.3f} ms",
+                     f"NCHW {t_nchw * 1e3:8.3f}", f"x{t_nchw / t:5.2f}",
+                     f"{moved / t / 1e9:5.1f} GB/s = {100 * moved / t / bandwidth:3.0f}% "
+                     "of copy"))
+
+
+def _conv(name: str, stride: int, padding: list[int], groups: int):
+    return lambda b, x, w: [b.op(name, x, w, stride=[stride] * 2, padding=padding,
+                                 dilation=[1, 1], groups=groups)]
+
+
+def copy_bandwidth() -> float:
+    """Bytes read and written per second by an elementwise kernel (negation, on every
+    thread) over 256 MB, far past any cache."""
+    n = 1 << 26
+    return 2 * 4 * n / _kernel_time(lambda b, x: [b.op("ember.neg", x)], [(n,)], "fused")
+
+
+def _kernel_time(graph_fn, shapes, kind: str) -> float:
+    import numpy as np
+    from run import compiled  # (run.py imports this file)
+
+    exe = compiled(graph_fn, shapes)
+    inputs = [np.random.default_rng(0).standard_normal(s, dtype=np.float32) for s in shapes]
+    return min(t for name, t in exe.profile(inputs) if name.endswith(kind))
 
 
 def _rows(rows: list, label: str, times: dict, flops: float, peak: float) -> None:

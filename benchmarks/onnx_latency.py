@@ -102,6 +102,9 @@ def graph_flops(graph) -> int:
             _, cg, kh, kw = op.operands[1].type.shape
             out = a["space"] if op.name == "kernel.conv2d" else op.result.type.shape
             total += 2 * math.prod(out) * cg * kh * kw
+        elif op.name == "ember.conv2d_nhwc":  # (weight [kh, kw, c/groups, o])
+            total += 2 * math.prod(op.result.type.shape) * math.prod(
+                op.operands[1].type.shape[:3])
         elif op.name == "kernel.attention":
             tq, tk, d, dv = a["sizes"]
             total += 2 * math.prod(a["batch"]) * tq * tk * (d + dv)

@@ -374,6 +374,7 @@ NO_RULE = {  # core ops without a rule, and why an inference graph does without 
     "ember.conv2d_grad_weight": _GRADIENT,
     "ember.max_pool2d_grad": _GRADIENT,
     "ember.avg_pool2d_grad": _GRADIENT,
+    "ember.conv2d_nhwc": "made by a backend's layout pass, which an export does not run",
 }
 
 

@@ -9,6 +9,7 @@ from . import (  # noqa: F401
     dce,
     decompose,
     fuse,
+    layout,
     low_precision_gemm,
     memory,
     optimizer,

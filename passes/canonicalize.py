@@ -20,6 +20,7 @@ import numpy as np
 
 from ..ir import Graph, Operation, TensorType, Value
 from ..ir.dense import splat_element
+from ..ir.dialects.ember_windows import sides
 from ..ir.precision import rounded
 from ..ir.rewriter import Pattern, Rewriter, apply_patterns
 from .dce import is_dead
@@ -191,21 +192,30 @@ def unslice(op: Operation, rw: Rewriter) -> bool:
 
 
 def conv_of_padding(op: Operation, rw: Rewriter) -> bool:
-    """A conv of x zero-padded by an unslice (spatial dims only, as much before as after)
-    is the conv of x with that much more padding: ONNX's Pad before a Conv (Keras'
-    ZeroPadding2D) then copies nothing."""
+    """A conv of x zero-padded by an unslice (spatial dims only) is the conv of x with that
+    much more padding: ONNX's Pad before a Conv (Keras' ZeroPadding2D) then copies nothing.
+    ember.conv2d pads as much after as before, so only such a padding folds into it;
+    ember.conv2d_nhwc pads each side by its own amount, so any does."""
     pad = op.operands[0].op
     if pad is None or pad.name != "ember.unslice" or set(pad.attributes["step"]) != {1}:
         return False
     x = pad.operands[0]
     inner, full, start = tensor_type(x).shape, tensor_type(pad.result).shape, \
         pad.attributes["start"]
-    if start[:2] != [0, 0] or inner[:2] != full[:2] or any(
-            full[d] - inner[d] != 2 * start[d] for d in (2, 3)):
+    dims = (1, 2) if op.name == "ember.conv2d_nhwc" else (2, 3)
+    if any(inner[d] != full[d] or start[d] for d in range(4) if d not in dims):
         return False
+    before = [start[d] for d in dims]
+    after = [full[d] - inner[d] - start[d] for d in dims]
     a = op.attributes
-    padding = [p + s for p, s in zip(a["padding"], start[2:])]
-    return rw.replace(op, rw.op(op, "ember.conv2d", x, op.operands[1], stride=a["stride"],
+    if op.name == "ember.conv2d_nhwc":
+        top, left, bottom, right = sides(op.name, a["padding"])
+        padding = [top + before[0], left + before[1], bottom + after[0], right + after[1]]
+    elif before == after:
+        padding = [p + s for p, s in zip(a["padding"], before)]
+    else:
+        return False
+    return rw.replace(op, rw.op(op, op.name, x, op.operands[1], stride=a["stride"],
                                 padding=padding, dilation=a["dilation"], groups=a["groups"]))
 
 
@@ -277,6 +287,7 @@ PATTERNS: dict[str, list[Pattern]] = {
     "ember.unslice": [unslice],
     "ember.concat": [concat],
     "ember.conv2d": [conv_of_padding],
+    "ember.conv2d_nhwc": [conv_of_padding],
     "ember.reduce_sum": [reduce_of_broadcast],
     "ember.reduce_mean": [reduce_of_broadcast],
     "*": [fold_constants, erase_dead],

@@ -391,7 +391,7 @@ class CompiledFunction(Compiled):
         return self.model
 
     def pipeline(self):
-        return inference_pipeline(self.linear)
+        return inference_pipeline(self.linear, getattr(self.backend, "LAYOUT", None))
 
     @one_call_at_a_time
     def __call__(self, *inputs: np.ndarray):

@@ -25,8 +25,11 @@ from ..settings import PASS_TIMING
 SIMPLIFY = ["canonicalize", "cse", "dce"]
 
 
-def inference_pipeline(linear: str = "split") -> list[str]:
-    return [f"decompose{{linear={linear}}}", *SIMPLIFY, "fuse"]
+def inference_pipeline(linear: str = "split", layout: str | None = None) -> list[str]:
+    """`layout`: a backend's pass choosing tensor layouts (its `LAYOUT`), on the
+    decomposed graph, before the simplification that cancels its transposes."""
+    return [f"decompose{{linear={linear}}}", *([layout] if layout else []), *SIMPLIFY,
+            "fuse"]
 
 
 def grad_pipeline(linear: str = "split", recompute: str = "none",

@@ -45,6 +45,8 @@ MACS: dict[str, Callable[[Operation], int]] = {
     "nn.linear": lambda op: _size(op.results[0].type.shape) * op.operands[1].type.shape[0],
     "ember.conv2d": _conv_macs,
     "nn.conv2d": _conv_macs,
+    "ember.conv2d_nhwc": lambda op: (_size(op.results[0].type.shape)  # weight [kh, kw, c/g, o]
+                                     * _size(op.operands[1].type.shape[:3])),
     "ember.conv2d_grad_input": lambda op: (_size(op.operands[0].type.shape)
                                            * _size(op.operands[1].type.shape[1:])),
     "ember.conv2d_grad_weight": lambda op: (_size(op.operands[1].type.shape)

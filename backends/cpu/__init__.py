@@ -33,6 +33,10 @@ from .call.executable import Executable
 from .codegen import lower
 from .machine.host import host_isa
 
+# the inference pipeline's layout pass (passes/layout.py): depthwise conv chains run
+# channels last (kernels/depthwise_nhwc.py) with their pointwise convs as GEMMs
+LAYOUT = "layout"
+
 
 def __getattr__(name: str) -> str:
     """`LEGALIZE_LOW_PRECISION`, the passes the runtime's pipeline runs on bf16/f16
@@ -69,5 +73,5 @@ def emit_llvm(graph: Graph) -> str:
     return str(lower(graph).module)
 
 
-__all__ = ["LEGALIZE_LOW_PRECISION", "Executable", "KernelCompileError", "UnsupportedOpError",
-           "compile", "emit_llvm"]
+__all__ = ["LAYOUT", "LEGALIZE_LOW_PRECISION", "Executable", "KernelCompileError",
+           "UnsupportedOpError", "compile", "emit_llvm"]

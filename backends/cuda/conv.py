@@ -151,6 +151,39 @@ def max_pool_body(c: int, win: Window, itype: str, dtype: str):
     return body
 
 
+def conv_nhwc_body(op, itype: str):
+    """y[n, oy, ox, o] of a channels-last conv (`ember.conv2d_nhwc`: x [n, h, w, c] `ex0`,
+    weight [kh, kw, c/groups, o] `ex1`): its window's sum over the taps and the group's
+    input channels, padded by `top` and `left` (the bottom and right by what oh, ow leave)."""
+    (_, h, w, c), (kh, kw, cg, o) = (v.type.shape for v in op.operands)
+    oh, ow, dtype = *op.result.type.shape[1:3], op.result.type.dtype
+    a = op.attributes
+    (sh, sw), (dh, dw), (top, left) = a["stride"], a["dilation"], a["padding"][:2]
+    og = o // (c // cg)
+    acc = "double" if dtype == "f64" else "float"
+
+    def body(vals, i):
+        lines = _unravel(i, [("n", 0), ("oy", oh), ("ox", ow), ("o", o)], itype)
+        lines += [
+            f"const {itype} c0 = (o / {og}) * {cg};",
+            f"{acc} s = 0;",
+            f"for (int ki = 0; ki < {kh}; ++ki) {{",
+            f"  const {itype} y = oy * {sh} - {top} + ki * {dh};",
+            f"  if (y < 0 || y >= {h}) continue;",
+            f"  for (int kj = 0; kj < {kw}; ++kj) {{",
+            f"    const {itype} x = ox * {sw} - {left} + kj * {dw};",
+            f"    if (x < 0 || x >= {w}) continue;",
+            f"    for (int ci = 0; ci < {cg}; ++ci)",
+            f"      s += ({acc})ex0[((n * {h} + y) * {w} + x) * {c} + c0 + ci] * "
+            f"({acc})ex1[((ki * {kw} + kj) * {cg} + ci) * {o} + o];",
+            "  }",
+            "}",
+        ]
+        return lines, [f"({ctype(dtype)})s"]
+
+    return body
+
+
 def avg_pool_body(c: int, win: Window, itype: str, dtype: str):
     """The mean of each window, zero padding counted (count_include_pad)."""
     t = ctype(dtype)

@@ -107,6 +107,18 @@ def _conv2d_grad_weight(lw, op: Operation) -> None:
     lw.gemm(lw.view(op.result, (g, co // g, kk)), gt, cols_t)
 
 
+def _conv2d_nhwc(lw, op: Operation) -> None:
+    """One thread per output element (the layout pass makes this op for the cpu only, so
+    here it is hand-written IR's: correct, not tuned)."""
+    t = op.result.type
+    itype = L.index_type(t.size, op.operands[0].type.size)
+    k = map_kernel(lw.name(op), t.shape, out_operands([t.dtype], t.shape), [],
+                   C.conv_nhwc_body(op, itype),
+                   extras=[Extra(v.type.dtype, v.type.size) for v in op.operands],
+                   sm_count=lw.sm)
+    lw.launch(k, [lw.result(op.result)] + [lw.where[v] for v in op.operands])
+
+
 def _pool(lw, op: Operation) -> None:
     x = op.operands[0]
     t, a = op.result.type, op.attributes
@@ -127,6 +139,7 @@ def _pool(lw, op: Operation) -> None:
 
 LOWERINGS = {
     "ember.conv2d": _conv2d,
+    "ember.conv2d_nhwc": _conv2d_nhwc,
     "ember.conv2d_grad_input": _conv2d_grad_input,
     "ember.conv2d_grad_weight": _conv2d_grad_weight,
     "ember.max_pool2d": _pool,

@@ -8,6 +8,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from ...ir.dialects.ember import erf
+from ...ir.dialects.ember_windows import sides
 from ...ir.semantics import SIMPLE_OPS
 from .. import collectives
 from . import rng
@@ -89,6 +90,14 @@ def _conv2d(a, x, w):
     wg = _f64(w).reshape(g, w.shape[0] // g, *w.shape[1:])
     y = np.einsum("ngcijhw,gocij->ngohw", cols, wg, optimize=True)
     return y.reshape(x.shape[0], w.shape[0], *y.shape[-2:])
+
+
+def _conv2d_nhwc(a, x, w):
+    """The NCHW conv of the channels-last operands (padded per side first), its result
+    channels last again."""
+    top, left, bottom, right = sides("ember.conv2d_nhwc", a["padding"])
+    x = np.pad(x.transpose(0, 3, 1, 2), ((0, 0), (0, 0), (top, bottom), (left, right)))
+    return _conv2d({**a, "padding": [0, 0]}, x, w.transpose(3, 2, 0, 1)).transpose(0, 2, 3, 1)
 
 
 def _col2im(a, dcols: np.ndarray, x_shape) -> np.ndarray:
@@ -231,6 +240,7 @@ KERNELS = {
     "ember.gather": _gather,
     "ember.scatter_add": _scatter_add,
     "ember.conv2d": _conv2d,
+    "ember.conv2d_nhwc": _conv2d_nhwc,
     "ember.conv2d_grad_input": _conv2d_grad_input,
     "ember.conv2d_grad_weight": _conv2d_grad_weight,
     "ember.max_pool2d": _max_pool2d,

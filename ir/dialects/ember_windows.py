@@ -21,7 +21,9 @@ def _pair(op: str, attrs: dict[str, Any], key: str, lo: int) -> tuple[int, int]:
 
 def _rank4(op: str, what: str, t: TensorType) -> None:
     if t.rank != 4:
-        raise InferenceError(f"{op}: {what} must be NCHW (rank 4), got {fmt_shape(t.shape)}")
+        layout = "NHWC" if op.endswith("_nhwc") else "NCHW"
+        raise InferenceError(f"{op}: {what} must be {layout} (rank 4), got "
+                             f"{fmt_shape(t.shape)}")
 
 
 def window_out(size: int, k: int, stride: int, pad: int, dilation: int = 1) -> int:
@@ -73,6 +75,45 @@ class Conv2d(ConvBase):
         cls.check_operands(operand_types, ("input", "weight"))
         x, w = operand_types
         return [x.with_shape(cls.conv_out(x.shape, w.shape, attrs))]
+
+
+def nchw_of_nhwc(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """An NHWC shape's NCHW twin."""
+    return (shape[0], shape[3], shape[1], shape[2])
+
+
+def oihw_of_hwio(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """An HWIO conv weight's shape as ember.conv2d's [c_out, c_in/groups, kh, kw]."""
+    return (shape[3], shape[2], shape[0], shape[1])
+
+
+@register
+class Conv2dNhwc(ConvBase):
+    """`conv2d_nhwc(x, w)`: conv2d with the channels last: x [N, H, W, C], weight
+    [kh, kw, c_in/groups, c_out] (HWIO), result [N, OH, OW, c_out]. The layout pass makes
+    it (passes/layout.py) where a backend runs a conv faster that way."""
+
+    name = "ember.conv2d_nhwc"
+
+    @classmethod
+    def infer(cls, operand_types: list[TensorType], attrs: dict[str, Any]) -> list[Type]:
+        cls.check_operands(operand_types, ("input", "weight"))
+        x, w = operand_types
+        top, left, bottom, right = sides(cls.name, attrs["padding"])
+        # (the conv of x padded by the extra bottom and right rows, its padding symmetric)
+        grown = (x.shape[0], x.shape[3], x.shape[1] + bottom - top, x.shape[2] + right - left)
+        n, o, oh, ow = cls.conv_out(grown, oihw_of_hwio(w.shape),
+                                    {**attrs, "padding": [top, left]})
+        return [x.with_shape((n, oh, ow, o))]
+
+
+def sides(op: str, padding: list[int]) -> tuple[int, int, int, int]:
+    """A conv2d_nhwc's padding [top, left, bottom, right] (ONNX's order), or [ph, pw]
+    for as much after as before."""
+    if len(padding) not in (2, 4) or min(padding) < 0:
+        raise InferenceError(f"{op}: 'padding' must be [ph, pw] or [top, left, bottom, "
+                             f"right], integers >= 0, got {padding}")
+    return (*padding, *padding) if len(padding) == 2 else tuple(padding)
 
 
 @register

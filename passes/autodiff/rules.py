@@ -257,7 +257,8 @@ def _no_gradient(b: Builder, op: Operation, gs: Grads, needs: list[bool]) -> Gra
 # Ops left without a rule on purpose, and why: a gradient that must flow through one is an
 # AutodiffError naming it. tests/ir/test_registry.py holds every other op to having a rule.
 NO_RULE = {"ember.max_pool2d_grad": "second order through max pooling is not supported",
-           "ember.grads_ready": "placed after the backward (bucket-grads), which it ends"}
+           "ember.grads_ready": "placed after the backward (bucket-grads), which it ends",
+           "ember.conv2d_nhwc": "made by the layout pass, in inference graphs only"}
 
 
 # --- reductions and shapes -------------------------------------------------------------

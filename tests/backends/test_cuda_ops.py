@@ -160,6 +160,14 @@ for _k, (_xs, _ws, _st, _pd, _dl, _g) in enumerate(_CONVS):
         y, b.op("ember.conv2d_grad_input", y, w, input_shape=list(x.type.shape), **_a),
         b.op("ember.conv2d_grad_weight", x, y, weight_shape=list(w.type.shape), **_a)])(
         b.op("ember.conv2d", x, w, **_a)))
+# channels last (passes/layout.py's form on the cpu): depthwise padded at the end only, and
+# grouped with two input channels a group and dilation
+case("conv2d_nhwc", [R((2, 7, 7, 6)), R((3, 3, 1, 6)), R((1, 6, 5, 4)), R((3, 2, 2, 6))],
+     lambda b, x, w, u, v: [
+         b.op("ember.conv2d_nhwc", x, w, stride=[2, 2], padding=[0, 0, 1, 1],
+              dilation=[1, 1], groups=6),
+         b.op("ember.conv2d_nhwc", u, v, stride=[1, 1], padding=[1, 0], dilation=[2, 1],
+              groups=2)])
 # fused: a kernel.conv2d whose epilogue writes in place (bias, ReLU), and one writing a mask
 # beside it (its product in scratch)
 case("conv_epilogue", [R((2, 3, 7, 6)), R((4, 3, 3, 3)), R((4,))], lambda b, x, w, c: (

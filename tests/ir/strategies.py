@@ -167,6 +167,9 @@ def _examples() -> dict[str, Any]:
                                              axis=-1),
         "ember.conv2d": lambda b, x, l: b.op("ember.conv2d", _named(b, "x", 1, 2, 5, 5),
                                              _named(b, "w", 4, 2, 3, 3), **CONV),
+        "ember.conv2d_nhwc": lambda b, x, l: b.op(  # (depthwise: what the cpu runs)
+            "ember.conv2d_nhwc", _named(b, "x", 1, 5, 5, 4), _named(b, "w", 3, 3, 1, 4),
+            **{**CONV, "groups": 4}),
         "nn.conv2d": lambda b, x, l: b.op("nn.conv2d", _named(b, "x", 1, 2, 5, 5),
                                           _named(b, "w", 4, 2, 3, 3), _named(b, "b", 4), **CONV),
         "ember.conv2d_grad_input": lambda b, x, l: b.op(

@@ -125,7 +125,8 @@ PAD_MASK_NONE = {
     "ember.max_pool2d_grad": _MADE_BY_AUTODIFF,
     "ember.avg_pool2d_grad": _MADE_BY_AUTODIFF,
     "ember.grads_ready": "made by bucket-grads, the last pass of a data-parallel step",
-    **dict.fromkeys(["ember.conv2d", "ember.conv2d_grad_input", "ember.max_pool2d",
+    **dict.fromkeys(["ember.conv2d", "ember.conv2d_nhwc", "ember.conv2d_grad_input",
+                     "ember.max_pool2d",
                      "ember.avg_pool2d", "nn.conv2d"], _WINDOWS),
 }
 

@@ -1,0 +1,69 @@
+"""Channels-last depthwise convs on the cpu (backends/cpu/kernels/depthwise_nhwc.py)
+against the interpreter, and a MobileNet's chain laid out by the layout pass
+(passes/layout.py) and fused, four ways."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conv_chains import mobilenet
+from fused_checks import close, four_ways, graph, rand
+
+from ember.backends import cpu, interpreter
+from ember.backends.errors import UnsupportedOpError
+from ember.passes import PassManager, parse_pipeline
+
+CASES = [  # n, channels, size, kernel, stride, padding, dilation
+    (2, 16, 10, 3, 1, [1, 1], 1),        # interior and border positions, one vector
+    (1, 20, 9, 3, 2, [1, 1], 1),         # a vector and a 4-channel rest, stride 2
+    (2, 35, 8, 5, 1, [2, 2], 1),         # 5x5, two vectors and a rest of 3
+    (1, 48, 7, 3, 2, [0, 0, 1, 1], 1),   # padding only at the end (TF's "same")
+    (1, 16, 12, 3, 1, [2, 2], 2),        # dilation
+    (1, 16, 3, 5, 1, [2, 2], 1),         # no position with every tap inside
+    (3, 8, 6, 3, 1, [0, 0], 1),          # every position inside
+]
+
+
+@pytest.mark.parametrize("threads", [1, 2, 4])
+@pytest.mark.parametrize("dtype", ["f32", "f64"])
+@pytest.mark.parametrize("n,c,h,k,s,padding,d", CASES)
+def test_depthwise_nhwc_equals_the_interpreter(n, c, h, k, s, padding, d, dtype, threads):
+    def fn(b, x, w):
+        return [b.op("ember.conv2d_nhwc", x, w, stride=[s, s], padding=padding,
+                     dilation=[d, d], groups=c)]
+    g = graph([(n, h, h, c), (k, k, 1, c)], fn, dtype=dtype)
+    inputs = [a.astype(dtype.replace("f", "float")) for a in rand((n, h, h, c), (k, k, 1, c))]
+    close(cpu.Executable(g, threads, use_cache=False)(inputs), interpreter.run(g, inputs))
+
+
+def test_a_padded_tap_reads_zero_not_the_clamped_input():
+    """A border tap loads from a clamped address and selects zero: an inf there must not
+    turn the border outputs into NaN (0 * inf)."""
+    def fn(b, x, w):
+        return [b.op("ember.conv2d_nhwc", x, w, stride=[1, 1], padding=[1, 1],
+                     dilation=[1, 1], groups=16)]
+    g = graph([(1, 4, 4, 16), (3, 3, 1, 16)], fn)
+    x, w = rand((1, 4, 4, 16), (3, 3, 1, 16))
+    x[0, 0, 0, :] = np.inf
+    got = cpu.Executable(g, 1, use_cache=False)([x, w])[0]
+    assert not np.isnan(got[0, 3, 3]).any()  # (its taps all miss the inf)
+    np.testing.assert_allclose(got, interpreter.run(g, [x, w])[0], rtol=1e-5, atol=1e-5)
+
+
+def test_a_channels_last_conv_that_is_not_depthwise_is_refused_by_name():
+    def fn(b, x, w):
+        return [b.op("ember.conv2d_nhwc", x, w, stride=[1, 1], padding=[1, 1],
+                     dilation=[1, 1], groups=1)]
+    g = graph([(1, 5, 5, 4), (3, 3, 4, 8)], fn)
+    with pytest.raises(UnsupportedOpError, match=r"only when depthwise .* weight \[3, 3, 4, 8\]"):
+        cpu.Executable(g, 1, use_cache=False)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_laid_out_mobilenet_fuses_and_runs_four_ways(threads):
+    g, shapes = mobilenet(2, 16, 16)
+    laid = PassManager(parse_pipeline("layout,canonicalize,cse,dce")).run(g)
+    inputs = rand(*shapes)
+    f = four_ways(laid, inputs, threads)
+    close(interpreter.run(f, inputs), interpreter.run(g, inputs))
+    assert "ember.conv2d_nhwc" in [op.name for op in f.ops]

@@ -1,0 +1,78 @@
+"""The layout pass (passes/layout.py): which convs go channels last, that the values stay
+the interpreter's, and that the transposes left are where a chain meets NCHW."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conv_chains import CONV, conv, mobilenet
+from fused_checks import close, graph, rand
+
+from ember.backends import interpreter
+from ember.ir import InferenceError
+from ember.passes import PassManager, parse_pipeline
+
+
+def laid_out(g):
+    return PassManager(parse_pipeline("layout,canonicalize,cse,dce"), verify_each=True).run(g)
+
+
+def names(g) -> list[str]:
+    return [op.name for op in g.ops]
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_a_mobilenet_runs_channels_last_with_the_same_values(n):
+    g, shapes = mobilenet(n, 8, 16)
+    inputs = rand(*shapes)
+    want = interpreter.run(g, inputs)
+    out = laid_out(g)
+    ops = names(out)
+    assert ops.count("ember.conv2d_nhwc") == 2 and ops.count("ember.matmul") == 4
+    assert ops.count("ember.conv2d") == 1  # the stem, a full conv
+    assert "ember.unslice" not in ops  # each padding went into its depthwise conv
+    perms = [op.attributes["perm"] for op in out.ops if op.name == "ember.transpose"]
+    # the stem's output into the chain, the residual sum back out; the weights' own
+    assert sorted(perms) == sorted([[0, 2, 3, 1], [0, 3, 1, 2]] + [[2, 3, 1, 0]] * 2
+                                   + [[1, 0]] * 4), perms
+    close(interpreter.run(out, inputs), want)
+
+
+def test_a_chain_without_a_depthwise_conv_stays_nchw():
+    def fn(b, x, w1, w3):
+        return [conv(b, conv(b, x, w1), w3, pad=1)]
+    g = graph([(2, 8, 6, 6), (8, 8, 1, 1), (8, 8, 3, 3)], fn)
+    before = str(g)
+    assert str(laid_out(g)) == before
+
+
+def test_a_graph_with_a_backward_stays_nchw():
+    g, _ = mobilenet(1, 8, 16)
+    g.attributes["ember.grads"] = ["p"]
+    before = str(g)
+    assert str(PassManager(parse_pipeline("layout")).run(g)) == before
+
+
+@pytest.mark.parametrize("padding,out", [([1, 2], (2, 7, 9, 4)), ([0, 1, 2, 0], (2, 7, 6, 4))])
+def test_conv2d_nhwc_pads_each_side(padding, out):
+    """[ph, pw] pads as much after as before; [top, left, bottom, right] each side its own."""
+    def fn(b, x, w):
+        return [b.op("ember.conv2d_nhwc", x, w, stride=[1, 1], padding=padding, groups=4,
+                     **CONV)]
+    g = graph([(2, 7, 7, 4), (3, 3, 1, 4)], fn)
+    assert g.ops[0].result.type.shape == out
+    x, w = rand((2, 7, 7, 4), (3, 3, 1, 4))
+    top, left, bottom, right = padding * 2 if len(padding) == 2 else padding
+    xp = np.pad(x, ((0, 0), (top, bottom), (left, right), (0, 0)))
+    want = sum(xp[:, i:i + out[1], j:j + out[2], :] * w[i, j, 0]
+               for i in range(3) for j in range(3))
+    np.testing.assert_allclose(interpreter.run(g, [x, w])[0], want, rtol=1e-6, atol=1e-6)
+
+
+def test_conv2d_nhwc_names_a_bad_padding():
+    def fn(b, x, w):
+        return [b.op("ember.conv2d_nhwc", x, w, stride=[1, 1], padding=[1, 1, 1],
+                     groups=4, **CONV)]
+    with pytest.raises(InferenceError, match=r"'padding' must be \[ph, pw\] or \[top, left, "
+                                             r"bottom, right\]"):
+        graph([(1, 5, 5, 4), (3, 3, 1, 4)], fn)
