@@ -9,6 +9,7 @@ import pytest
 from conv_chains import mobilenet
 from fused_checks import close, four_ways, graph, rand
 
+import ember as em
 from ember.backends import cpu, interpreter
 from ember.backends.errors import UnsupportedOpError
 from ember.passes import PassManager, parse_pipeline
@@ -67,3 +68,41 @@ def test_a_laid_out_mobilenet_fuses_and_runs_four_ways(threads):
     f = four_ways(laid, inputs, threads)
     close(interpreter.run(f, inputs), interpreter.run(g, inputs))
     assert "ember.conv2d_nhwc" in [op.name for op in f.ops]
+
+
+class _InvertedResidual(em.nn.Module):
+    """Stem, pointwise expand, depthwise, pointwise project, residual, pooled head."""
+
+    def __init__(self):
+        super().__init__()
+        nn = em.nn
+        self.stem = nn.Conv2d(3, 16, 3, stride=2, padding=1)
+        self.expand = nn.Conv2d(16, 32, 1)
+        self.dw = nn.Conv2d(32, 32, 3, padding=1, groups=32)
+        self.project = nn.Conv2d(32, 16, 1)
+        self.head = nn.Linear(16, 10)
+
+    def forward(self, x):
+        relu = em.nn.functional.relu
+        y = relu(self.stem(x))
+        z = self.project(relu(self.dw(relu(self.expand(y))))) + y
+        return self.head(z.mean(axis=(2, 3)))
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_a_compiled_model_runs_its_depthwise_chain_channels_last(dtype):
+    """em.compile on the cpu lays the chain out channels last (its inference pipeline
+    runs the layout pass); the result is the interpreter's, which runs it NCHW."""
+    from small_models import ToDtype
+
+    em.seed(0)
+    model = _InvertedResidual()
+    x = np.random.default_rng(0).standard_normal((2, 3, 16, 16)).astype(np.float32)
+    if dtype != "f32":
+        model = model.map(ToDtype(dtype))
+        x = x.astype(em.ir.numpy_dtype(dtype))
+    f = em.compile(model, x, backend="cpu")
+    assert "ember.conv2d_nhwc" in [op.name for op in f.graph.ops]
+    want = em.compile(model, x, backend="interpreter")(x)
+    np.testing.assert_allclose(np.asarray(f(x), np.float64), np.asarray(want, np.float64),
+                               rtol=1e-5, atol=1e-5)

@@ -46,6 +46,16 @@ def test_a_chain_without_a_depthwise_conv_stays_nchw():
     assert str(laid_out(g)) == before
 
 
+def test_a_depthwise_conv_with_more_outputs_than_inputs_stays_nchw():
+    """A channel multiplier of 2 (groups = c_in, c_out = 2 c_in) is not what the cpu's
+    channels-last kernel runs: that chain keeps NCHW."""
+    def fn(b, x, w):
+        return [conv(b, x, w, pad=1, groups=8)]
+    g = graph([(1, 8, 6, 6), (16, 1, 3, 3)], fn)
+    before = str(g)
+    assert str(laid_out(g)) == before
+
+
 def test_a_graph_with_a_backward_stays_nchw():
     g, _ = mobilenet(1, 8, 16)
     g.attributes["ember.grads"] = ["p"]
