@@ -23,6 +23,8 @@ CASES = [  # x shape, w shape, stride, padding, dilation, groups
     ((6, 3, 2, 2), (5, 3, 3, 3), [1, 1], [1, 1], [1, 1], 1),  # vectors over 4+ images
     # dW^T of two panels of O, the second short, and transposed by blocks of lanes
     ((2, 16, 6, 6), (80, 16, 3, 3), [1, 1], [1, 1], [1, 1], 1),
+    # the input gradient's flip by tiles of 16 x 16 (o, c) pairs, both sides with a tail
+    ((2, 20, 5, 5), (40, 20, 3, 3), [1, 1], [1, 1], [1, 1], 1),
 ]
 
 

@@ -321,7 +321,7 @@ def _emit(b: ir.IRBuilder, cv: Conv, y, ins, scratch, isa: Isa, threads: int, na
     if geo is not None:
         x, w = ins
         if cv.flipped_bytes:
-            flip_weight(b, cv, w, scratch)
+            flip_weight(b, cv, w, scratch, threads, name)
             w, scratch = scratch, byte_offset(b, scratch, cv.flipped_bytes)
         emit_implicit(b, geo, x, w, y, scratch, isa, threads, name, finish)
         return

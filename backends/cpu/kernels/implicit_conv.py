@@ -258,19 +258,45 @@ def _thread_bytes(geo: Geometry, isa: Isa, threads: int) -> int:
     return (un.span * nr * geo.slice_channels * geo.taps + product) * S.size(geo.dtype)
 
 
-def flip_weight(b: ir.IRBuilder, cv, w, out) -> None:
-    """out[g, c, o, kh-1-i, kw-1-j] = w[g, o, c, i, j] per group (`input_gradient`)."""
-    dt, taps = cv.dtype, cv.kh * cv.kw
+FLIP_TILE = 16  # (o, c) pairs a side of each tile `flip_weight` moves
 
-    def pair(g, o, c):
-        src = b.add(b.mul(b.add(b.mul(g, i64(cv.og)), o), i64(cv.k)), b.mul(c, i64(taps)))
-        dst = b.add(b.mul(b.add(b.mul(g, i64(cv.cg)), c), i64(cv.og * taps)),
-                    b.mul(o, i64(taps)))
-        loop(b, taps, lambda t: S.store(b, out, dt, b.sub(b.add(dst, i64(taps - 1)), t),
-                                        S.load(b, w, dt, b.add(src, t))), "t")
 
-    loop(b, cv.g, lambda g: loop(b, cv.og, lambda o: loop(
-        b, cv.cg, lambda c: pair(g, o, c), "c"), "o"), "g")
+def flip_weight(b: ir.IRBuilder, cv, w, out, threads: int, name: str) -> None:
+    """out[g, c, o, kh-1-i, kw-1-j] = w[g, o, c, i, j] per group (`input_gradient`), a tile
+    of 16 x 16 (o, c) pairs at a time, so reads and writes both walk runs of 16 x taps
+    elements, tiles of a group's input channels split across threads. (Pair by pair on
+    one thread, its writes a whole weight row apart, it took 1.7 ms of a 512-channel
+    3x3 input gradient's 10 at 4x4 positions and batch 32.)"""
+    dt, taps, t = cv.dtype, cv.kh * cv.kw, FLIP_TILE
+    c_tiles = cdiv(cv.cg, t)
+
+    def pair(bb, wp, op, g, o, c):
+        src = bb.add(bb.mul(bb.add(bb.mul(g, i64(cv.og)), o), i64(cv.k)), bb.mul(c, i64(taps)))
+        dst = bb.add(bb.mul(bb.add(bb.mul(g, i64(cv.cg)), c), i64(cv.og * taps)),
+                     bb.mul(o, i64(taps)))
+        loop(bb, taps, lambda k: S.store(bb, op, dt, bb.sub(bb.add(dst, i64(taps - 1)), k),
+                                         S.load(bb, wp, dt, bb.add(src, k))), "t")
+
+    def tile(bb, wp, op, u, o0):
+        g, c0 = bb.udiv(u, i64(c_tiles)), bb.mul(bb.urem(u, i64(c_tiles)), i64(t))
+        c1 = _at_most(bb, bb.add(c0, i64(t)), cv.cg)
+        for_range(bb, o0, _at_most(bb, bb.add(o0, i64(t)), cv.og), lambda o: for_range(
+            bb, c0, c1, lambda c: pair(bb, wp, op, g, o, c), "c"), "o")
+
+    def units(bb, ptrs, lo, hi):
+        for_range(bb, lo, hi, lambda u: loop(
+            bb, cdiv(cv.og, t), lambda k: tile(bb, *ptrs, u, bb.mul(k, i64(t))), "ot"), "u")
+
+    n = cv.g * c_tiles
+    chunks = parallel_chunks(cv.weight_bytes // S.size(dt), n, threads)
+    if chunks == 1:
+        units(b, [w, out], i64(0), i64(n))
+        return
+    parallel_region(b, f"{name}.flip", [w, out], [False, True], n, chunks, units)
+
+
+def _at_most(b: ir.IRBuilder, v, limit: int):
+    return b.select(b.icmp_signed("<", v, i64(limit)), v, i64(limit))
 
 
 def emit_implicit(b: ir.IRBuilder, geo: Geometry, x, w, y, scratch, isa: Isa, threads: int,
