@@ -36,11 +36,12 @@ from .scalar import i64
 # nr = 64) stays in L1 while the tiles of W multiply it. A slice is whole channels (all
 # their taps), so each tap's place in it, and the output columns it reaches, are constants
 KC = 128
-# an input gradient flips its weight (`flip_weight`, 3 memory passes over it) for the
-# implicit GEMM where the batch has this many positions: ResNet-18's 512-channel 3x3 at
-# 4x4, batch 32 (512 positions), ran 12.6 ms flipped against 9.5 through im2col, its
-# 256-channel one at 8x8 (2048) 8.3 against 8.8
-FLIP_POSITIONS = 1024
+# an input gradient flips its weight (`flip_weight`, a pass over it) for the implicit GEMM
+# where the batch has this many positions; with the flip by tiles on every thread,
+# 512-channel 3x3 input gradients at 4x4 ran 7.96 ms flipped against 9.62 through im2col
+# at batch 32 (512 positions), 2.22 against 2.39 at batch 8 (128), but 1.41 against 1.21
+# at 7x7, batch 1 (49); a 256-channel one at 8x8, batch 4 (256), 0.95 against 1.15
+FLIP_POSITIONS = 128
 
 
 @dataclass(frozen=True)
