@@ -26,7 +26,7 @@ from ..ir.core import Operation, Value
 from ..ir.memory_plan import backward_result_count
 from ..ir.opdef import OPS
 from .manager import Pass, register_pass
-from .narrow import tensor_type
+from .narrow import producer, tensor_type
 
 TO_NHWC, TO_NCHW = [0, 2, 3, 1], [0, 3, 1, 2]
 HWIO = [2, 3, 1, 0]  # an [O, I, kh, kw] conv weight as [kh, kw, I, O]
@@ -139,11 +139,23 @@ def _sink(op: Operation) -> Value | None:
         return b.op("ember.transpose", y, perm=TO_NCHW)
     if not _is_elementwise(op) or len(shape) != 4:
         return None
-    operands = [_channels_last(b, v, shape) for v in op.operands]
-    if None in operands:
+    operands = _all_channels_last(b, op.operands, shape, {})
+    if operands is None:
         return None  # (reshapes made before giving up go with dce)
     y = b.create(op.name, operands, attrs=dict(op.attributes)).result
     return b.op("ember.transpose", y, perm=TO_NCHW)
+
+
+def _all_channels_last(b: Builder, values: list[Value], shape: tuple[int, ...],
+                       known: dict[Value, Value]) -> list[Value] | None:
+    """`_channels_last` of each value (`known`'s where it has one), or None."""
+    out = []
+    for v in values:
+        last = known.get(v) or _channels_last(b, v, shape)
+        if last is None:
+            return None
+        out.append(last)
+    return out
 
 
 def _sink_all(back: list[Value]) -> None:
@@ -179,14 +191,14 @@ def _raise(t: Operation) -> list[Operation] | None:
         y = b.op("ember.unslice", xt, start=[a["start"][i] for i in TO_NHWC], step=[1] * 4,
                  shape=[shape[i] for i in TO_NHWC])
     else:
-        operands = [xt if v is full[0] else _channels_last(b, v, shape) for v in p.operands]
-        if None in operands:
+        operands = _all_channels_last(b, p.operands, shape, {full[0]: xt})
+        if operands is None:
             return None
         y = b.create(p.name, operands, attrs=dict(p.attributes)).result
     t.result.replace_all_uses_with(y)
     t.erase()
     p.erase()
-    return [xt.op]
+    return [producer(xt)]
 
 
 def _raise_all(fronts: list[Operation]) -> None:

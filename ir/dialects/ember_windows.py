@@ -113,7 +113,9 @@ def sides(op: str, padding: list[int]) -> tuple[int, int, int, int]:
     if len(padding) not in (2, 4) or min(padding) < 0:
         raise InferenceError(f"{op}: 'padding' must be [ph, pw] or [top, left, bottom, "
                              f"right], integers >= 0, got {padding}")
-    return (*padding, *padding) if len(padding) == 2 else tuple(padding)
+    if len(padding) == 2:
+        return padding[0], padding[1], padding[0], padding[1]
+    return padding[0], padding[1], padding[2], padding[3]
 
 
 @register
