@@ -8,7 +8,9 @@ MobileNet's inverted residual blocks); in a chain that holds a depthwise conv, e
 depthwise conv becomes `ember.conv2d_nhwc` and each pointwise conv a matmul, between a
 transpose to NHWC and one back. Each transpose back then sinks through the elementwise
 ops and paddings below it until it meets the next conv's transpose to NHWC, which
-canonicalize cancels, or a reader that needs NCHW (a full conv, a reshape, a result):
+canonicalize cancels, or a reader that needs NCHW (a full conv, a reshape, a result);
+each transpose to NHWC rises above a padding or elementwise op that only it reads (a
+stem conv's bias and activation then run channels last, in the kernel that transposes):
 the transposes left are where a chain starts and ends. Graph inputs and results keep
 their NCHW layout. A chain without a depthwise conv (a ResNet's) stays NCHW: its 3x3
 convs are the cpu's implicit GEMMs, and NHWC pointwise convs between them would cost two

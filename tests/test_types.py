@@ -5,8 +5,9 @@ reported.
 
 The repository root is the `ember` package (setuptools' package-dir) and an editable
 install is an import hook mypy cannot follow, so mypy runs from a folder holding a link
-`ember -> <checkout>`; it and mypy's cache live in pytest's cache folder (.pytest_cache),
-so a second run takes about a second instead of the first's 15 to 20.
+`ember -> <checkout>`; it and mypy's cache live in pytest's cache folder (.pytest_cache,
+a folder per xdist worker), so a second run takes about a second instead of the first's
+15 to 20.
 
 `python tests/test_types.py` runs the same check and prints mypy's report.
 """
@@ -71,7 +72,10 @@ def run_mypy(work: Path) -> Report:
 @pytest.fixture(scope="module")
 def report(request: pytest.FixtureRequest) -> Report:
     pytest.importorskip("mypy")
-    work = Path(request.config.cache.mkdir("mypy"))
+    # one folder per xdist worker: two mypy runs on one cache at once crash mypy
+    # ("INTERNAL ERROR"), and each re-links the shim the other is reading through
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    work = Path(request.config.cache.mkdir("mypy")) / worker
     try:
         return run_mypy(work)
     except OSError as e:  # no symlinks (Windows without developer mode)

@@ -41,7 +41,7 @@ from .gemm.emit import pack_function
 from .gemm.matmul import as_kernel, emit_matmul, packed_b, packed_bytes, scratch_bytes
 from .kernels import scalar as S
 from .kernels.conv import conv_scratch, emit_conv
-from .kernels.depthwise_nhwc import emit_depthwise_nhwc
+from .kernels.depthwise_nhwc import depthwise_scratch, emit_depthwise_nhwc
 from .kernels.dropout import emit_dropout
 from .kernels.fused import emit_fused, fused_scratch
 from .kernels.scalar import I64, PTR, REG, i64
@@ -183,10 +183,6 @@ def _with_scratch(emit) -> EmitBody:
     return body
 
 
-def _depthwise_nhwc(b, st, p, outs, ins, scratch) -> None:
-    emit_depthwise_nhwc(b, st.op, outs, ins, p.isa, p.threads, st.name)
-
-
 def _pool(b, st, p, outs, ins, scratch) -> None:
     emit_pool(b, st.op, outs, ins, st.name)
 
@@ -207,7 +203,8 @@ LOWERINGS: dict[str, Lowering] = {
     **dict.fromkeys(("ember.conv2d", "ember.conv2d_grad_input", "ember.conv2d_grad_weight",
                      "kernel.conv2d"),
                     Lowering(_with_scratch(emit_conv), conv_scratch)),
-    "ember.conv2d_nhwc": Lowering(_depthwise_nhwc),
+    **dict.fromkeys(("ember.conv2d_nhwc", "kernel.conv2d_nhwc"),
+                    Lowering(_with_scratch(emit_depthwise_nhwc), depthwise_scratch)),
     **dict.fromkeys(ATTENTION_OPS, Lowering(_with_scratch(emit_attention), attention_scratch)),
     **dict.fromkeys(("ember.max_pool2d", "ember.max_pool2d_grad", "ember.avg_pool2d",
                      "ember.avg_pool2d_grad"), Lowering(_pool)),

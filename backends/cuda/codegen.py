@@ -19,7 +19,7 @@ import re
 import numpy as np
 
 from ...ir import Graph, Operation, TensorType, Value, numpy_dtype, verify
-from ...ir.dialects.kernel import holds_product
+from ...ir.dialects.kernel import CONV_KERNELS, holds_product
 from ...ir.memory_plan import in_place_operands
 from ...ir.printer import GraphPrinter
 from ..errors import CodegenError, UnsupportedOpError
@@ -29,7 +29,7 @@ from . import launch as L
 from .fused import Body, epilogue_kernel, fused_kernel
 from .program import Gemm, KernelInfo, Launch, Program, Slot, View, plan_arena
 from .scalar import CTYPE, ELEMENTWISE, PRELUDE, composed_definitions, expr
-from .spatial import conv_into
+from .spatial import conv_into, conv_nhwc_into
 from .templates import Kernel, Operand, map_kernel, out_operands, reduce_kernels, transpose_kernel
 
 LOWERINGS = {**windows.LOWERINGS, **indexing.LOWERINGS, **dropout.LOWERINGS,
@@ -166,7 +166,7 @@ class Lowering:
             self.launch(k, outs + [self.where[v] for v in op.operands])
         elif n == "kernel.matmul":
             self.kernel_matmul(op)
-        elif n == "kernel.conv2d":
+        elif n in CONV_KERNELS:
             self.kernel_conv2d(op)
         else:
             raise UnsupportedOpError(
@@ -279,7 +279,7 @@ class Lowering:
         single = len(outs) == 1 and holds_product(op)
         acc = outs[0] if single else self.scratch(op.attributes["space"],
                                                   op.operands[0].type.dtype)
-        conv_into(self, op, acc)
+        (conv_into if op.name == "kernel.conv2d" else conv_nhwc_into)(self, op, acc)
         self.epilogue(op, outs, acc, single)
 
     def epilogue(self, op: Operation, outs: list[int], acc: int, in_place: bool) -> None:

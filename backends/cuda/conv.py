@@ -152,12 +152,14 @@ def max_pool_body(c: int, win: Window, itype: str, dtype: str):
 
 
 def conv_nhwc_body(op, itype: str):
-    """y[n, oy, ox, o] of a channels-last conv (`ember.conv2d_nhwc`: x [n, h, w, c] `ex0`,
+    """y[n, oy, ox, o] of a channels-last conv (`ember.conv2d_nhwc`, or a
+    `kernel.conv2d_nhwc`'s conv: x [n, h, w, c] `ex0`,
     weight [kh, kw, c/groups, o] `ex1`): its window's sum over the taps and the group's
     input channels, padded by `top` and `left` (the bottom and right by what oh, ow leave)."""
-    (_, h, w, c), (kh, kw, cg, o) = (v.type.shape for v in op.operands)
-    oh, ow, dtype = *op.result.type.shape[1:3], op.result.type.dtype
+    (_, h, w, c), (kh, kw, cg, o) = (v.type.shape for v in op.operands[:2])
     a = op.attributes
+    oh, ow = (a["space"] if op.name == "kernel.conv2d_nhwc" else op.result.type.shape)[1:3]
+    dtype = op.operands[0].type.dtype
     (sh, sw), (dh, dw), (top, left) = a["stride"], a["dilation"], a["padding"][:2]
     og = o // (c // cg)
     acc = "double" if dtype == "f64" else "float"

@@ -108,15 +108,19 @@ def _conv2d_grad_weight(lw, op: Operation) -> None:
 
 
 def _conv2d_nhwc(lw, op: Operation) -> None:
-    """One thread per output element (the layout pass makes this op for the cpu only, so
-    here it is hand-written IR's: correct, not tuned)."""
-    t = op.result.type
-    itype = L.index_type(t.size, op.operands[0].type.size)
-    k = map_kernel(lw.name(op), t.shape, out_operands([t.dtype], t.shape), [],
-                   C.conv_nhwc_body(op, itype),
-                   extras=[Extra(v.type.dtype, v.type.size) for v in op.operands],
-                   sm_count=lw.sm)
-    lw.launch(k, [lw.result(op.result)] + [lw.where[v] for v in op.operands])
+    conv_nhwc_into(lw, op, lw.result(op.result))
+
+
+def conv_nhwc_into(lw, op: Operation, out: int) -> None:
+    """An `ember.conv2d_nhwc`'s or `kernel.conv2d_nhwc`'s conv into slot `out`, one thread
+    per output element (the layout pass makes this op for the cpu only, so here it is
+    hand-written IR's: correct, not tuned)."""
+    x, w = op.operands[:2]
+    shape = op.attributes["space"] if op.name.startswith("kernel.") else op.result.type.shape
+    k = map_kernel(lw.name(op), shape, out_operands([x.type.dtype], shape), [],
+                   C.conv_nhwc_body(op, L.index_type(math.prod(shape), x.type.size)),
+                   extras=[Extra(v.type.dtype, v.type.size) for v in (x, w)], sm_count=lw.sm)
+    lw.launch(k, [out, lw.where[x], lw.where[w]])
 
 
 def _pool(lw, op: Operation) -> None:

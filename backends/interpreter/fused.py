@@ -106,7 +106,9 @@ def matmul(op: Operation, *args: np.ndarray) -> list[np.ndarray]:
 
 
 def conv2d(op: Operation, *args: np.ndarray) -> list[np.ndarray]:
-    return _epilogue(op, KERNELS["ember.conv2d"](op.attributes, *args[:2]), args[2:])
+    """A kernel.conv2d or kernel.conv2d_nhwc: its ember twin's conv, then the body."""
+    conv = KERNELS["ember." + op.name.removeprefix("kernel.")]
+    return _epilogue(op, conv(op.attributes, *args[:2]), args[2:])
 
 
 def _epilogue(op: Operation, product: np.ndarray, extras) -> list[np.ndarray]:
@@ -156,4 +158,5 @@ def attention_grad(op: Operation, *args: np.ndarray) -> list[np.ndarray]:
 
 
 FUSED = {"kernel.fused": fused, "kernel.matmul": matmul, "kernel.conv2d": conv2d,
+         "kernel.conv2d_nhwc": conv2d,
          "kernel.attention": attention, "kernel.attention_grad": attention_grad}

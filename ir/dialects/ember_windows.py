@@ -99,12 +99,17 @@ class Conv2dNhwc(ConvBase):
     def infer(cls, operand_types: list[TensorType], attrs: dict[str, Any]) -> list[Type]:
         cls.check_operands(operand_types, ("input", "weight"))
         x, w = operand_types
+        return [x.with_shape(cls.nhwc_out(x.shape, w.shape, attrs))]
+
+    @classmethod
+    def nhwc_out(cls, x: tuple[int, ...], w: tuple[int, ...], attrs: dict[str, Any]
+                 ) -> tuple[int, ...]:
+        """The output shape [N, OH, OW, O], checking that x and w fit these attributes."""
         top, left, bottom, right = sides(cls.name, attrs["padding"])
         # (the conv of x padded by the extra bottom and right rows, its padding symmetric)
-        grown = (x.shape[0], x.shape[3], x.shape[1] + bottom - top, x.shape[2] + right - left)
-        n, o, oh, ow = cls.conv_out(grown, oihw_of_hwio(w.shape),
-                                    {**attrs, "padding": [top, left]})
-        return [x.with_shape((n, oh, ow, o))]
+        grown = (x[0], x[3], x[1] + bottom - top, x[2] + right - left)
+        n, o, oh, ow = cls.conv_out(grown, oihw_of_hwio(w), {**attrs, "padding": [top, left]})
+        return (n, oh, ow, o)
 
 
 def sides(op: str, padding: list[int]) -> tuple[int, int, int, int]:

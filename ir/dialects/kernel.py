@@ -37,6 +37,7 @@ dilation and groups, and the attributes above): the space is the conv's output
 [N, O, OH, OW]; x and w are read as the conv reads them, so `maps` holds one map per
 epilogue operand only. Its body is the epilogue (bias, activation, residual) as for
 `kernel.matmul`, its first block argument the conv's value at each output point.
+`kernel.conv2d_nhwc` is the same for `ember.conv2d_nhwc`, its space [N, OH, OW, O].
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ from ..opdef import (
 )
 from ..types import LOW_PRECISION, ScalarType, TensorType, Type
 from . import ember  # noqa: F401  (registers the ops whose twins this dialect derives)
+from .ember_windows import Conv2dNhwc as CoreConv2dNhwc
 from .ember_windows import ConvBase
 
 if TYPE_CHECKING:
@@ -65,7 +67,8 @@ if TYPE_CHECKING:
 
 SCALAR = frozenset({"pure", "scalar_operands"})
 # kernels whose body is the epilogue of a product they compute first (its first argument)
-EPILOGUE_KERNELS = ("kernel.matmul", "kernel.conv2d")
+CONV_KERNELS = ("kernel.conv2d", "kernel.conv2d_nhwc")
+EPILOGUE_KERNELS = ("kernel.matmul", *CONV_KERNELS)
 REDUCE_KINDS = ("add", "max", "min", "mul")
 
 
@@ -307,6 +310,24 @@ class Conv2d(KernelOp, ConvBase):
         return super().infer(operand_types[2:], attrs)  # the epilogue operands' maps
 
 
+@register
+class Conv2dNhwc(KernelOp, ConvBase):
+    name = "kernel.conv2d_nhwc"
+    traits = frozenset({"pure", "compute_bound", "kernel"})
+    arity = (2, None)
+    attrs = {**KernelOp.attrs, **ConvBase.attrs}
+
+    @classmethod
+    def infer(cls, operand_types: list[TensorType], attrs: dict[str, Any]) -> list[Type]:
+        cls.check_operands(operand_types[:2], ("input", "weight"))
+        x, w = operand_types[:2]
+        conv = list(CoreConv2dNhwc.nhwc_out(x.shape, w.shape, attrs))
+        if attrs["space"] != conv:
+            raise InferenceError(f"kernel.conv2d_nhwc: space must be the conv's output "
+                                 f"{conv}, got {attrs['space']}")
+        return super().infer(operand_types[2:], attrs)  # the epilogue operands' maps
+
+
 # -- helpers shared by the pass and the backends ----------------------------------------
 
 def accumulator_dtype(op: Operation) -> str:
@@ -324,7 +345,7 @@ def epilogue_maps(op: Operation) -> tuple[list[int], list[list[int]], list[list[
     """(space, epilogue operand maps, out maps) of a `kernel.matmul`'s or `kernel.conv2d`'s
     body, over the product's points: a matmul's without its K dim."""
     a = op.attributes
-    if op.name == "kernel.conv2d":
+    if op.name in CONV_KERNELS:
         return a["space"], a["maps"], a["out_maps"]
     return a["space"][:-1], [m[:-1] for m in a["maps"][2:]], [m[:-1] for m in a["out_maps"]]
 
@@ -349,7 +370,7 @@ def varying(op: Operation) -> dict[Value, frozenset[int]]:
     block = op.regions[0].blocks[0]
     maps = op.attributes["maps"]
     out: dict[Value, frozenset[int]] = {}
-    if op.name == "kernel.conv2d":
+    if op.name in CONV_KERNELS:
         out[block.args[0]] = frozenset(range(len(op.attributes["space"])))
         args = zip(block.args[1:], maps)
     elif op.name == "kernel.matmul":

@@ -16,8 +16,9 @@ with those dims matching (the other dims are matched by size). That one rule fus
   optimizer's update), which become its epilogue; a Linear on [B, T, C] (decomposed as a
   matmul on [B*T, C] and a reshape back) first gets a matmul of [B, T] rows, so its
   consumers join it like a Linear on rows (`unflatten_matmuls`);
-- a conv with elementwise consumers of its output, in a graph without a backward
-  (inference: bias, activation, residual add).
+- a conv (NCHW, or channels last: `kernel.conv2d_nhwc`) with elementwise consumers of its
+  output, in a graph without a backward (inference: bias, activation, residual add), that
+  read it in its own dim order (a consumer that transposes it runs as a kernel of its own).
 Where to cut follows from the cost rules: a kernel reduces over one set of dims (a value
 reduced along another axis is materialized and read by a second kernel); an epilogue
 never reduces; two matmuls never share a kernel; nothing is recomputed — a value that

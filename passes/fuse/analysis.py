@@ -18,7 +18,9 @@ from ..narrow import tensor_type
 RECOMPUTE = "ember.recompute"  # the recompute pass's mark on recomputed copies
 VIEWS = ("ember.transpose", "ember.broadcast", "ember.reshape")
 # ops a kernel computes first, its body then their epilogue (kernel.matmul, kernel.conv2d)
-CORES = {"ember.matmul": "kernel.matmul", "ember.conv2d": "kernel.conv2d"}
+CORES = {"ember.matmul": "kernel.matmul", "ember.conv2d": "kernel.conv2d",
+         "ember.conv2d_nhwc": "kernel.conv2d_nhwc"}
+CONVS = ("ember.conv2d", "ember.conv2d_nhwc")
 REDUCTIONS = {"ember.reduce_sum": "add", "ember.reduce_mean": "add", "ember.reduce_max": "max"}
 # one entry per dim of a value: the space dim it runs along, None for size 1
 Dims = tuple[int | None, ...]

@@ -15,7 +15,17 @@ from ...ir.dialects.ember_windows import ConvBase
 from ...ir.dialects.kernel import check_kernel
 from ...ir.opdef import normalize_axes
 from ..narrow import tensor_type
-from .analysis import CORES, REDUCTIONS, VIEWS, Dims, contiguous, kernel_op, splat_value, strided
+from .analysis import (
+    CONVS,
+    CORES,
+    REDUCTIONS,
+    VIEWS,
+    Dims,
+    contiguous,
+    kernel_op,
+    splat_value,
+    strided,
+)
 from .grouping import Group
 
 
@@ -100,7 +110,7 @@ def _trivial(g: Group) -> bool:
     """A lone reshape or conv is left as it is (the backends alias a reshape of a
     contiguous buffer; a conv without an epilogue is the plain op; a lone transpose or
     broadcast is a copy kernel)."""
-    return len(g.ops) == 1 and g.ops[0].name in ("ember.reshape", "ember.conv2d")
+    return len(g.ops) == 1 and g.ops[0].name in ("ember.reshape", *CONVS)
 
 
 class _Kernel:

@@ -21,7 +21,17 @@ from typing import Any
 from ...ir import Block, Operation, TensorType, Value
 from ...ir.memory_plan import RESIDENT_OPS, nbytes
 from ..narrow import producer, tensor_type
-from .analysis import CORES, RECOMPUTE, REDUCTIONS, VIEWS, Description, Dims, describe, originals
+from .analysis import (
+    CONVS,
+    CORES,
+    RECOMPUTE,
+    REDUCTIONS,
+    VIEWS,
+    Description,
+    Dims,
+    describe,
+    originals,
+)
 
 # an input of a group: (its last use, a tie breaker, the value, the ops on the way to it)
 InputEntry = tuple[int, int, Value, list[Operation]]
@@ -508,8 +518,7 @@ class Grouper:
         if host.core is not None or small.core is not None:
             if not self.epilogues or host.core is None or red or host.reduce:
                 return False
-            if host.core.name == "ember.conv2d" and not (self.conv_epilogues
-                                                          and _in_order(phi)):
+            if host.core.name in CONVS and not (self.conv_epilogues and _in_order(phi)):
                 return False
         return True
 

@@ -37,6 +37,36 @@ def test_depthwise_nhwc_equals_the_interpreter(n, c, h, k, s, padding, d, dtype,
     close(cpu.Executable(g, threads, use_cache=False)(inputs), interpreter.run(g, inputs))
 
 
+def _epilogue(kind: str):
+    """conv2d_nhwc (depthwise, 20 channels: a vector and a rest) and what reads it."""
+    def fn(b, x, w, bias, r, s):
+        y = b.op("ember.conv2d_nhwc", x, w, stride=[1, 1], padding=[1, 1], dilation=[1, 1],
+                 groups=20)
+        z = b.op("ember.add", y, bias)
+        if kind == "bias_relu6":
+            six = b.op("ember.constant", value=np.array(6.0, np.float32))
+            return [b.op("ember.min", b.op("ember.relu", z), six)]
+        if kind == "residual_scale":  # r along every element, s one per image
+            return [b.op("ember.mul", b.op("ember.sub", z, r), s)]
+        if kind == "raw_too":  # the conv itself is a result as well
+            return [b.op("ember.neg", z), y]
+        return [b.op("ember.exp", z)]  # (no vector form here: the loop after the conv)
+    return fn
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("kind", ["bias_relu6", "residual_scale", "raw_too", "exp"])
+def test_the_epilogue_runs_on_the_accumulators(kind, threads):
+    shapes = [(2, 6, 6, 20), (3, 3, 1, 20), (20,), (2, 6, 6, 20), (2, 1, 1, 1)]
+    g = graph(shapes, _epilogue(kind))
+    f = four_ways(g, rand(*shapes), threads)
+    assert [op.name for op in f.ops if "conv" in op.name] == ["kernel.conv2d_nhwc"]
+    run = cpu.Executable(f, threads, use_cache=False)
+    for seed in (1, 2):  # (a result left unwritten would hold the unfused run's values)
+        other = rand(*shapes, seed=seed)
+        close(run(other), interpreter.run(g, other), f"seed {seed}")
+
+
 def test_a_padded_tap_reads_zero_not_the_clamped_input():
     """A border tap loads from a clamped address and selects zero: an inf there must not
     turn the border outputs into NaN (0 * inf)."""
@@ -67,7 +97,7 @@ def test_a_laid_out_mobilenet_fuses_and_runs_four_ways(threads):
     inputs = rand(*shapes)
     f = four_ways(laid, inputs, threads)
     close(interpreter.run(f, inputs), interpreter.run(g, inputs))
-    assert "ember.conv2d_nhwc" in [op.name for op in f.ops]
+    assert "kernel.conv2d_nhwc" in [op.name for op in f.ops]
 
 
 class _InvertedResidual(em.nn.Module):
@@ -102,7 +132,7 @@ def test_a_compiled_model_runs_its_depthwise_chain_channels_last(dtype):
         model = model.map(ToDtype(dtype))
         x = x.astype(em.ir.numpy_dtype(dtype))
     f = em.compile(model, x, backend="cpu")
-    assert "ember.conv2d_nhwc" in [op.name for op in f.graph.ops]
+    assert {"ember.conv2d_nhwc", "kernel.conv2d_nhwc"} & {op.name for op in f.graph.ops}
     want = em.compile(model, x, backend="interpreter")(x)
     np.testing.assert_allclose(np.asarray(f(x), np.float64), np.asarray(want, np.float64),
                                rtol=1e-5, atol=1e-5)

@@ -168,6 +168,10 @@ case("conv2d_nhwc", [R((2, 7, 7, 6)), R((3, 3, 1, 6)), R((1, 6, 5, 4)), R((3, 2,
               dilation=[1, 1], groups=6),
          b.op("ember.conv2d_nhwc", u, v, stride=[1, 1], padding=[1, 0], dilation=[2, 1],
               groups=2)])
+case("conv_nhwc_epilogue", [R((1, 5, 5, 8)), R((3, 3, 1, 8)), R((8,))], lambda b, x, w, c: [
+    b.op("ember.relu", b.op("ember.add", b.op(
+        "ember.conv2d_nhwc", x, w, stride=[1, 1], padding=[1, 1], dilation=[1, 1], groups=8),
+        c))])
 # fused: a kernel.conv2d whose epilogue writes in place (bias, ReLU), and one writing a mask
 # beside it (its product in scratch)
 case("conv_epilogue", [R((2, 3, 7, 6)), R((4, 3, 3, 3)), R((4,))], lambda b, x, w, c: (

@@ -162,10 +162,23 @@ def attention_backward() -> Graph:
     return verify(Decompose().apply(verify(Autodiff().apply(g))))
 
 
+def conv_nhwc_with_bias() -> Graph:
+    """A channels-last depthwise conv and its bias: what fuses to kernel.conv2d_nhwc (the
+    layout pass makes the conv; no single-op example has an epilogue)."""
+    g = Graph("f", [TensorType((1, 5, 5, 4), "f32"), TensorType((3, 3, 1, 4), "f32"),
+                    TensorType((4,), "f32")])
+    b = Builder(g.body)
+    x, w, bias = g.args
+    y = b.op("ember.conv2d_nhwc", x, w, stride=[1, 1], padding=[1, 1], dilation=[1, 1],
+             groups=4)
+    b.create("func.return", [b.op("ember.add", y, bias)])
+    return verify(g)
+
+
 def test_fused_examples_reach_every_kernel_op():
     """So the lowering test above covers the kernel dialect too."""
     seen = set()
-    for graph in [*map(example, OURS), attention_backward()]:
+    for graph in [*map(example, OURS), attention_backward(), conv_nhwc_with_bias()]:
         for op in lowered(graph).ops:
             seen |= {op.name} | {s.name for s in (body(op) if op.regions else [])}
     assert not {n for n in OPS if n.startswith("kernel.")} - seen
