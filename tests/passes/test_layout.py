@@ -46,12 +46,21 @@ def test_a_chain_without_a_depthwise_conv_stays_nchw():
     assert str(laid_out(g)) == before
 
 
+def test_a_lone_depthwise_conv_stays_nchw():
+    """Its two transposes would cost more than channels last saves it."""
+    def fn(b, x, w):
+        return [b.op("ember.relu", conv(b, x, w, pad=1, groups=8))]
+    g = graph([(1, 8, 6, 6), (8, 1, 3, 3)], fn)
+    before = str(g)
+    assert str(laid_out(g)) == before
+
+
 def test_a_depthwise_conv_with_more_outputs_than_inputs_stays_nchw():
     """A channel multiplier of 2 (groups = c_in, c_out = 2 c_in) is not what the cpu's
     channels-last kernel runs: that chain keeps NCHW."""
-    def fn(b, x, w):
-        return [conv(b, x, w, pad=1, groups=8)]
-    g = graph([(1, 8, 6, 6), (16, 1, 3, 3)], fn)
+    def fn(b, x, w, p):
+        return [conv(b, conv(b, x, w, pad=1, groups=8), p)]
+    g = graph([(1, 8, 6, 6), (16, 1, 3, 3), (8, 16, 1, 1)], fn)
     before = str(g)
     assert str(laid_out(g)) == before
 
