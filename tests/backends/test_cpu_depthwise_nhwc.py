@@ -90,8 +90,10 @@ def test_a_channels_last_conv_that_is_not_depthwise_is_refused_by_name():
         cpu.Executable(g, 1, use_cache=False)
 
 
-@pytest.mark.parametrize("threads", [1, 2])
-def test_a_laid_out_mobilenet_fuses_and_runs_four_ways(threads):
+@pytest.mark.parametrize("threads,engine", [(1, "own"), (2, "own"), (4, "own"), (2, "blas")])
+def test_a_laid_out_mobilenet_fuses_and_runs_four_ways(threads, engine, monkeypatch):
+    """Its pointwise convs are GEMMs: ember's own or OpenBLAS (EMBER_GEMM)."""
+    monkeypatch.setenv("EMBER_GEMM", engine)
     g, shapes = mobilenet(2, 16, 16)
     laid = PassManager(parse_pipeline("layout,canonicalize,cse,dce")).run(g)
     inputs = rand(*shapes)
