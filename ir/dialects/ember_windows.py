@@ -64,17 +64,27 @@ class ConvBase(OpDef):
         _float(cls.name, operand_types[0])
 
 
-@register
-class Conv2d(ConvBase):
-    """`conv2d(x, w)`: NCHW x, weight [c_out, c_in/groups, kh, kw], zero padding, no bias."""
-
-    name = "ember.conv2d"
+class ForwardConv(ConvBase):
+    """A conv of x by w, its result shape `output_shape` (kernel.py's conv kernels check
+    their space by it too)."""
 
     @classmethod
     def infer(cls, operand_types: list[TensorType], attrs: dict[str, Any]) -> list[Type]:
         cls.check_operands(operand_types, ("input", "weight"))
         x, w = operand_types
-        return [x.with_shape(cls.conv_out(x.shape, w.shape, attrs))]
+        return [x.with_shape(cls.output_shape(x.shape, w.shape, attrs))]
+
+    @classmethod
+    def output_shape(cls, x: tuple[int, ...], w: tuple[int, ...], attrs: dict[str, Any]
+                     ) -> tuple[int, ...]:
+        return cls.conv_out(x, w, attrs)
+
+
+@register
+class Conv2d(ForwardConv):
+    """`conv2d(x, w)`: NCHW x, weight [c_out, c_in/groups, kh, kw], zero padding, no bias."""
+
+    name = "ember.conv2d"
 
 
 def nchw_of_nhwc(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -88,7 +98,7 @@ def oihw_of_hwio(shape: tuple[int, ...]) -> tuple[int, ...]:
 
 
 @register
-class Conv2dNhwc(ConvBase):
+class Conv2dNhwc(ForwardConv):
     """`conv2d_nhwc(x, w)`: conv2d with the channels last: x [N, H, W, C], weight
     [kh, kw, c_in/groups, c_out] (HWIO), result [N, OH, OW, c_out]. The layout pass makes
     it (passes/layout.py) where a backend runs a conv faster that way."""
@@ -96,14 +106,8 @@ class Conv2dNhwc(ConvBase):
     name = "ember.conv2d_nhwc"
 
     @classmethod
-    def infer(cls, operand_types: list[TensorType], attrs: dict[str, Any]) -> list[Type]:
-        cls.check_operands(operand_types, ("input", "weight"))
-        x, w = operand_types
-        return [x.with_shape(cls.nhwc_out(x.shape, w.shape, attrs))]
-
-    @classmethod
-    def nhwc_out(cls, x: tuple[int, ...], w: tuple[int, ...], attrs: dict[str, Any]
-                 ) -> tuple[int, ...]:
+    def output_shape(cls, x: tuple[int, ...], w: tuple[int, ...], attrs: dict[str, Any]
+                     ) -> tuple[int, ...]:
         """The output shape [N, OH, OW, O], checking that x and w fit these attributes."""
         top, left, bottom, right = sides(cls.name, attrs["padding"])
         # (the conv of x padded by the extra bottom and right rows, its padding symmetric)

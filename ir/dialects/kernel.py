@@ -58,9 +58,11 @@ from ..opdef import (
     same_dtype,
 )
 from ..types import LOW_PRECISION, ScalarType, TensorType, Type
-from . import ember  # noqa: F401  (registers the ops whose twins this dialect derives)
-from .ember_windows import Conv2dNhwc as CoreConv2dNhwc
-from .ember_windows import ConvBase
+from . import (
+    ember,  # noqa: F401  (registers the ops whose twins this dialect derives)
+    ember_windows,
+)
+from .ember_windows import ConvBase, ForwardConv
 
 if TYPE_CHECKING:
     from ..core import Operation, Value
@@ -292,9 +294,10 @@ class Matmul(KernelOp):
         return out
 
 
-@register
-class Conv2d(KernelOp, ConvBase):
-    name = "kernel.conv2d"
+class _ConvKernel(KernelOp, ConvBase):
+    """A conv and its epilogue; its space is the output shape of its ember twin, `core`."""
+
+    core: ClassVar[type[ForwardConv]]
     traits = frozenset({"pure", "compute_bound", "kernel"})
     arity = (2, None)
     attrs = {**KernelOp.attrs, **ConvBase.attrs}
@@ -303,29 +306,23 @@ class Conv2d(KernelOp, ConvBase):
     def infer(cls, operand_types: list[TensorType], attrs: dict[str, Any]) -> list[Type]:
         cls.check_operands(operand_types[:2], ("input", "weight"))
         x, w = operand_types[:2]
-        conv = list(cls.conv_out(x.shape, w.shape, attrs))
+        conv = list(cls.core.output_shape(x.shape, w.shape, attrs))
         if attrs["space"] != conv:
-            raise InferenceError(f"kernel.conv2d: space must be the conv's output {conv}, "
+            raise InferenceError(f"{cls.name}: space must be the conv's output {conv}, "
                                  f"got {attrs['space']}")
         return super().infer(operand_types[2:], attrs)  # the epilogue operands' maps
 
 
 @register
-class Conv2dNhwc(KernelOp, ConvBase):
-    name = "kernel.conv2d_nhwc"
-    traits = frozenset({"pure", "compute_bound", "kernel"})
-    arity = (2, None)
-    attrs = {**KernelOp.attrs, **ConvBase.attrs}
+class Conv2d(_ConvKernel):
+    name = "kernel.conv2d"
+    core = ember_windows.Conv2d
 
-    @classmethod
-    def infer(cls, operand_types: list[TensorType], attrs: dict[str, Any]) -> list[Type]:
-        cls.check_operands(operand_types[:2], ("input", "weight"))
-        x, w = operand_types[:2]
-        conv = list(CoreConv2dNhwc.nhwc_out(x.shape, w.shape, attrs))
-        if attrs["space"] != conv:
-            raise InferenceError(f"kernel.conv2d_nhwc: space must be the conv's output "
-                                 f"{conv}, got {attrs['space']}")
-        return super().infer(operand_types[2:], attrs)  # the epilogue operands' maps
+
+@register
+class Conv2dNhwc(_ConvKernel):
+    name = "kernel.conv2d_nhwc"
+    core = ember_windows.Conv2dNhwc
 
 
 # -- helpers shared by the pass and the backends ----------------------------------------
