@@ -91,11 +91,12 @@ class _Chains:
         return chains
 
 
-def _to_nhwc(b: Builder, op: Operation) -> Value:
-    """The conv `op` channels last, between transposes: the NCHW value that replaces it."""
+def _to_nhwc(b: Builder, op: Operation, kind: str) -> Value:
+    """The conv `op` (of `_kind` kind) channels last, between transposes: the NCHW value
+    that replaces it."""
     x, w = op.operands
     xt = b.op("ember.transpose", x, perm=TO_NHWC)
-    if _kind(op) == "depthwise":
+    if kind == "depthwise":
         a = op.attributes
         yt = b.op("ember.conv2d_nhwc", xt, b.op("ember.transpose", w, perm=HWIO),
                   stride=a["stride"], padding=a["padding"], dilation=a["dilation"],
@@ -109,15 +110,29 @@ def _to_nhwc(b: Builder, op: Operation) -> Value:
     return b.op("ember.transpose", yt, perm=TO_NCHW)
 
 
+def _from_nhwc(v: Value) -> Value | None:
+    """The channels-last value that `v` is the transpose to NCHW of, if it is one."""
+    if v.op is not None and v.op.name == "ember.transpose" and v.op.attributes["perm"] == TO_NCHW:
+        return v.op.operands[0]
+    return None
+
+
+def _padded_nhwc(b: Builder, x: Value, pad: Operation) -> Value:
+    """Padding `pad` (an NCHW unslice) of the channels-last `x`."""
+    a, shape = pad.attributes, tensor_type(pad.result).shape
+    return b.op("ember.unslice", x, start=[a["start"][p] for p in TO_NHWC], step=[1] * 4,
+                shape=[shape[p] for p in TO_NHWC])
+
+
 def _channels_last(b: Builder, v: Value, shape: tuple[int, ...]) -> Value | None:
     """Operand `v` of an elementwise op with NCHW result `shape`, channels last: the
     transposed value a sunk transpose came from, the value itself (a scalar), or a
     reshape (one that broadcasts along H and W: a bias, a per-image scale); None where a
     transpose would have to move data."""
     t = tensor_type(v)
-    if v.op is not None and v.op.name == "ember.transpose" and \
-            v.op.attributes["perm"] == TO_NCHW and t.shape == shape:
-        return v.op.operands[0]
+    last = _from_nhwc(v)
+    if last is not None and t.shape == shape:
+        return last
     if t.rank == 0:
         return v
     full = (1,) * (4 - t.rank) + t.shape
@@ -134,14 +149,10 @@ def _sink(op: Operation) -> Value | None:
     b = Builder.before_op(op)
     shape = tensor_type(op.result).shape
     if _padding(op):
-        x = op.operands[0]
-        if x.op is None or x.op.name != "ember.transpose" or \
-                x.op.attributes["perm"] != TO_NCHW:
+        x = _from_nhwc(op.operands[0])
+        if x is None:
             return None
-        a = op.attributes
-        y = b.op("ember.unslice", x.op.operands[0], start=[a["start"][p] for p in TO_NHWC],
-                 step=[1] * 4, shape=[shape[p] for p in TO_NHWC])
-        return b.op("ember.transpose", y, perm=TO_NCHW)
+        return b.op("ember.transpose", _padded_nhwc(b, x, op), perm=TO_NCHW)
     if not _is_elementwise(op) or len(shape) != 4:
         return None
     operands = _all_channels_last(b, op.operands, shape, {})
@@ -192,9 +203,7 @@ def _raise(t: Operation) -> list[Operation] | None:
     b = Builder.before_op(p)
     xt = b.op("ember.transpose", full[0], perm=TO_NHWC)
     if _padding(p):
-        a = p.attributes
-        y = b.op("ember.unslice", xt, start=[a["start"][i] for i in TO_NHWC], step=[1] * 4,
-                 shape=[shape[i] for i in TO_NHWC])
+        y = _padded_nhwc(b, xt, p)
     else:
         operands = _all_channels_last(b, p.operands, shape, {full[0]: xt})
         if operands is None:
@@ -221,14 +230,15 @@ class Layout(Pass):
         if backward_result_count(graph):
             return graph
         chains = _Chains.of(graph)
-        movable = [op for op in graph.body.ops
-                   if op.name == "ember.conv2d" and _kind(op) is not None]
-        count = Counter(chains.find(op.operands[0]) for op in movable)
-        nhwc = {chains.find(op.operands[0]) for op in movable if _kind(op) == "depthwise"
-                and count[chains.find(op.operands[0])] > 1}
+        kinds = {op: kind for op in graph.body.ops
+                 if op.name == "ember.conv2d" and (kind := _kind(op)) is not None}
+        chain = {op: chains.find(op.operands[0]) for op in kinds}
+        count = Counter(chain.values())
+        nhwc = {chain[op] for op, kind in kinds.items()
+                if kind == "depthwise" and count[chain[op]] > 1}
         back = []
-        for op in [op for op in movable if chains.find(op.operands[0]) in nhwc]:
-            y = _to_nhwc(Builder.before_op(op), op)
+        for op, kind in [(op, kind) for op, kind in kinds.items() if chain[op] in nhwc]:
+            y = _to_nhwc(Builder.before_op(op), op, kind)
             op.result.replace_all_uses_with(y)
             op.erase()
             back.append(y)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ...ir.dialects.kernel import conv_output
 from .scalar import ctype, literal
 
 
@@ -158,7 +159,7 @@ def conv_nhwc_body(op, itype: str):
     input channels, padded by `top` and `left` (the bottom and right by what oh, ow leave)."""
     (_, h, w, c), (kh, kw, cg, o) = (v.type.shape for v in op.operands[:2])
     a = op.attributes
-    oh, ow = (a["space"] if op.name == "kernel.conv2d_nhwc" else op.result.type.shape)[1:3]
+    oh, ow = conv_output(op)[1:3]
     dtype = op.operands[0].type.dtype
     (sh, sw), (dh, dw), (top, left) = a["stride"], a["dilation"], a["padding"][:2]
     og = o // (c // cg)

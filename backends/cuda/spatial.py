@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 
 from ...ir import Operation, Value
+from ...ir.dialects.kernel import conv_output
 from ..strides import contiguous_strides
 from . import conv as C
 from . import launch as L
@@ -116,7 +117,7 @@ def conv_nhwc_into(lw, op: Operation, out: int) -> None:
     per output element (the layout pass makes this op for the cpu only, so here it is
     hand-written IR's: correct, not tuned)."""
     x, w = op.operands[:2]
-    shape = op.attributes["space"] if op.name.startswith("kernel.") else op.result.type.shape
+    shape = conv_output(op)
     k = map_kernel(lw.name(op), shape, out_operands([x.type.dtype], shape), [],
                    C.conv_nhwc_body(op, L.index_type(math.prod(shape), x.type.size)),
                    extras=[Extra(v.type.dtype, v.type.size) for v in (x, w)], sm_count=lw.sm)

@@ -347,6 +347,16 @@ def epilogue_maps(op: Operation) -> tuple[list[int], list[list[int]], list[list[
     return a["space"][:-1], [m[:-1] for m in a["maps"][2:]], [m[:-1] for m in a["out_maps"]]
 
 
+def conv_output(op: Operation) -> list[int]:
+    """The output shape of a conv op or conv kernel op (a kernel's is its space: its first
+    result may be a value computed from it, of another layout)."""
+    if op.name in CONV_KERNELS:
+        return list(op.attributes["space"])
+    t = op.result.type
+    assert isinstance(t, TensorType), f"{op.name} makes a tensor, not {t}"
+    return list(t.shape)
+
+
 def holds_product(op: Operation) -> bool:
     """Whether a kernel.conv2d's first result is laid out as its product (its dtype,
     contiguous over the space, size-1 dims aside): a backend may compute the conv there

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from llvmlite import ir
 
+from ....ir.dialects.kernel import conv_output
 from ..call.buffers import regions
 from ..gemm.emit import GemmProblem
 from ..gemm.matmul import byte_offset, engine_for, gemm_call, gemm_scratch
@@ -50,9 +51,8 @@ class Conv:
         self.g = a["groups"]
         (self.sh, self.sw), (self.ph, self.pw) = a["stride"], a["padding"]
         self.dh, self.dw = a["dilation"]
-        if self.name == "ember.conv2d":  # (a kernel.conv2d's output is its space)
-            x, w = op.operands[0].type, op.operands[1].type
-            y = a["space"] if op.name == "kernel.conv2d" else op.result.type.shape
+        if self.name == "ember.conv2d":
+            x, w, y = op.operands[0].type, op.operands[1].type, conv_output(op)
         elif op.name == "ember.conv2d_grad_input":
             y, w, x = op.operands[0].type.shape, op.operands[1].type, op.result.type
         else:

@@ -20,9 +20,10 @@ from collections.abc import Callable
 from llvmlite import ir
 
 from ....ir.dialects.ember_windows import sides
-from ....ir.dialects.kernel import epilogue_maps
+from ....ir.dialects.kernel import conv_output, epilogue_maps
 from ...errors import UnsupportedOpError
 from ..call.buffers import regions
+from ..gemm.microkernel import splat
 from ..machine.host import Isa
 from ..parallel.outline import parallel_chunks, parallel_region
 from . import scalar as S
@@ -61,11 +62,9 @@ def emit_depthwise_nhwc(b: ir.IRBuilder, op, outs, ins, scratch, isa: Isa, threa
         raise UnsupportedOpError(f"{op.name}: the cpu runs channels-last convs only when "
                                  "depthwise (weight [kh, kw, 1, c]); this one has weight "
                                  f"{list(op.operands[1].type.shape)}")
-    fused = op.name == "kernel.conv2d_nhwc"
-    shape = op.attributes["space"] if fused else op.result.type.shape
-    if 0 in shape:
+    if 0 in conv_output(op):
         return
-    if not fused:
+    if op.name != "kernel.conv2d_nhwc":
         _emit(b, op, ins, outs[0], [], None, isa, threads, name)
     elif _in_registers(op):
         _emit(b, op, ins, None, outs, _RegisterEpilogue(op, len(ins) - 2), isa, threads,
@@ -97,11 +96,7 @@ class _RegisterEpilogue:
             if m[3]:
                 args.append(_vload(b, ptr, b.add(at, c0), vt, self.dtype))
             else:  # (the same along the channels: a per-image or per-position scale)
-                one = S.load(b, ptr, self.dtype, at)
-                args.append(b.shuffle_vector(
-                    b.insert_element(ir.Constant(vt, None), one, i64(0)),
-                    ir.Constant(vt, None), ir.Constant(ir.VectorType(ir.IntType(32), width),
-                                                       [0] * width)))
+                args.append(splat(b, S.load(b, ptr, self.dtype, at), width))
         for ptr, m, v in zip(ptrs[self.n_in:], self.out_maps,
                              vector_body.evaluate(b, self.block, args, self.dtype, width)):
             b.store(v, b.gep(ptr, [b.add(_offset(b, m, pos), c0)], inbounds=True,
@@ -123,7 +118,7 @@ def _emit(b: ir.IRBuilder, op, ins: list, y, outs: list, epilogue: _RegisterEpil
     n, h, wd, c = op.operands[0].type.shape
     kh, kw = op.operands[1].type.shape[:2]
     a = op.attributes
-    oh, ow = (a["space"] if op.name.startswith("kernel.") else op.result.type.shape)[1:3]
+    oh, ow = conv_output(op)[1:3]
     (sh, sw), (dh, dw) = a["stride"], a["dilation"]
     ph, pw = sides(op.name, a["padding"])[:2]  # (the bottom and right ones: oh and ow)
     dt = op.operands[0].type.dtype
