@@ -1,8 +1,8 @@
 """benchmarks/run.py's CNN rows (issue 34): the ResNet-18 CIFAR training step (batch 32)
 against PyTorch eager and torch.compile (benchmarks/resnet.py), and inference of ONNX
-exports of ResNet-18 at 224 (batch 1 and 8) and MobileNetV2 (standing in for
-MobileNetV3-small, which needs torchvision) against onnxruntime, PyTorch eager and
-torch.compile (benchmarks/onnx_latency.py); each also as % of the FMA peak. Then
+exports of ResNet-18 at 224 (batch 1 and 8), MobileNetV2 and MobileNetV3-small
+(benchmarks/mobilenetv3.py) against onnxruntime, PyTorch eager and torch.compile
+(benchmarks/onnx_latency.py); each also as % of the FMA peak. Then
 MobileNetV2's depthwise convs channels last (the layout pass's form) and in NCHW, as the
 bytes they move per second against the bandwidth of a copy far past the caches."""
 
@@ -30,7 +30,7 @@ def bench_cnn(rows: list, peak: float, cores: int) -> None:
     if missing:
         rows.append(("CNN inference (ONNX)", "skipped", f"no {', '.join(missing)}", "", ""))
         return
-    for name in ("resnet18", "resnet18-b8", "mobilenetv2"):
+    for name in ("resnet18", "resnet18-b8", "mobilenetv2", "mobilenetv3"):
         _, times, gflops, _ = onnx_latency.bench(name, cores, torch_too=True)
         times["onnxruntime"] = times.pop("ort")
         _rows(rows, f"{name} 224 inference", times, gflops * times["ember"] * 1e9, peak)

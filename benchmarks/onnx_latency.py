@@ -1,12 +1,13 @@
 """Inference latency of ONNX-imported models: ember against onnxruntime, one process.
 
 Run: `python benchmarks/onnx_latency.py` (`--only bert,gpt2,vit,resnet18,resnet18-b8,
-mobilenetv2`, `--quick`). Each model is a transformers model built from its config with
-random weights (BERT-base on input_ids, attention_mask and token_type_ids at T 128; GPT-2
-small's GPT2Model at T 128; ViT-tiny on a 224 x 224 image: hidden 192, 12 layers, 3 heads,
-patch 16; ResNet-18 (torchvision's layout: basic blocks 64-512) at 224 x 224, batch 1 and 8;
-MobileNetV2 at 224 x 224, standing in for torchvision's MobileNetV3-small, which does not
-install here: both are depthwise and pointwise convolutions), batch 1 unless said, exported by
+mobilenetv2,mobilenetv3`, `--quick`). Each model is a transformers model built from its
+config with random weights (BERT-base on input_ids, attention_mask and token_type_ids at
+T 128; GPT-2 small's GPT2Model at T 128; ViT-tiny on a 224 x 224 image: hidden 192, 12
+layers, 3 heads, patch 16; ResNet-18 (torchvision's layout: basic blocks 64-512) at
+224 x 224, batch 1 and 8; MobileNetV2 at 224 x 224), or MobileNetV3-small at 224 x 224
+written out in benchmarks/mobilenetv3.py (torchvision's layers and classifier: its wheel
+does not load against the CPU torch), batch 1 unless said, exported by
 `torch.onnx.export(..., dynamo=False, opset_version=17)`, loaded with `em.onnx.load` and
 compiled with `em.compile` on the cpu backend, and run by an onnxruntime session (default
 options, intra-op threads = the machine's cores). The two are timed in interleaved blocks
@@ -30,7 +31,7 @@ import numpy as np
 import timing
 from timing import calls_for, interleaved, machine, median_time
 
-MODELS = ("bert", "gpt2", "vit", "resnet18", "resnet18-b8", "mobilenetv2")
+MODELS = ("bert", "gpt2", "vit", "resnet18", "resnet18-b8", "mobilenetv2", "mobilenetv3")
 T = 128
 
 
@@ -41,6 +42,11 @@ def build(name: str):
 
     torch.manual_seed(0)
     rng = np.random.default_rng(0)
+    if name == "mobilenetv3":
+        from mobilenetv3 import mobilenet_v3_small
+
+        return mobilenet_v3_small(), ("pixel_values",), [
+            rng.standard_normal((1, 3, 224, 224)).astype(np.float32)]
     ids = rng.integers(0, 1000, (1, T)).astype(np.int64)
     ones = np.ones((1, T), np.int64)
     if name == "bert":

@@ -31,8 +31,8 @@ faster). Rows:
   `--precision bf16-mixed` ember's mixed step against its f32 step and PyTorch's under
   `torch.autocast("cpu", dtype=torch.bfloat16)`;
 - CNNs (benchmarks/cnn_rows.py): the ResNet-18 CIFAR training step (batch 32) against
-  PyTorch eager and torch.compile; ONNX exports of ResNet-18 at 224 (batch 1 and 8) and
-  MobileNetV2 against onnxruntime, PyTorch eager and torch.compile;
+  PyTorch eager and torch.compile; ONNX exports of ResNet-18 at 224 (batch 1 and 8),
+  MobileNetV2 and MobileNetV3-small against onnxruntime, PyTorch eager and torch.compile;
 - compile times: first (empty cache) and cached (a second process).
 """
 

@@ -5,18 +5,21 @@ multiplies [c_out, c] by each image's [c, h*w]; channels last, the first takes a
 of channels per tap and the second is one GEMM over every position ([n*h*w, c] by
 [c, c_out]). A *chain* is convs joined by elementwise ops and zero padding (a
 MobileNet's inverted residual blocks); in a chain that holds a depthwise conv and
-another conv either kind, each depthwise conv becomes `ember.conv2d_nhwc` and each
-pointwise conv a matmul, between a transpose to NHWC and one back (a lone depthwise conv
+another conv of these kinds, each depthwise conv and each image stem (a conv of at most
+STEM_CHANNELS input channels) becomes `ember.conv2d_nhwc` and each pointwise conv a
+matmul, between a transpose to NHWC and one back (a lone depthwise conv
 stays NCHW: at 112x112x32 it takes 0.087 ms channels last against 0.096, less than its
 two transposes would cost, ~0.1 ms each). Each transpose back then sinks through the
 elementwise ops and paddings below it until it meets the next conv's transpose to NHWC,
 which canonicalize cancels, or a reader that needs NCHW (a full conv, a reshape, a result);
 each transpose to NHWC rises above a padding or elementwise op that only it reads (a
-stem conv's bias and activation then run channels last, in the kernel that transposes):
+full conv's bias and activation then run channels last, in the kernel that transposes):
 the transposes left are where a chain starts and ends. Graph inputs and results keep
 their NCHW layout. A chain without a depthwise conv (a ResNet's) stays NCHW: its 3x3
 convs are the cpu's implicit GEMMs, and NHWC pointwise convs between them would cost two
-transposes each. Only graphs without a backward: conv gradients are NCHW only.
+transposes each. A pointwise conv of a 1 x 1 image (a squeeze-and-excite's), whose NCHW
+and NHWC agree, is a matmul in any chain: as a conv it was a GEMM of one column, 4-8x
+slower. Only graphs without a backward: conv gradients are NCHW only.
 """
 
 from __future__ import annotations
@@ -35,11 +38,13 @@ from .narrow import producer, tensor_type
 
 TO_NHWC, TO_NCHW = [0, 2, 3, 1], [0, 3, 1, 2]
 HWIO = [2, 3, 1, 0]  # an [O, I, kh, kw] conv weight as [kh, kw, I, O]
+STEM_CHANNELS = 4
 
 
 def _kind(op: Operation) -> str | None:
     """"depthwise" (one input channel per output channel), "pointwise" (a 1x1 conv that
-    is a GEMM) or None, for an ember.conv2d."""
+    is a GEMM), "stem" (a conv of at most STEM_CHANNELS input channels: an image's) or
+    None, for an ember.conv2d."""
     a = op.attributes
     o, cg, kh, kw = tensor_type(op.operands[1]).shape
     if cg == 1 and o == a["groups"]:
@@ -47,6 +52,8 @@ def _kind(op: Operation) -> str | None:
     if (kh, kw) == (1, 1) and a["groups"] == 1 and a["padding"] == [0, 0] \
             and a["stride"] == [1, 1]:
         return "pointwise"
+    if a["groups"] == 1 and cg <= STEM_CHANNELS:
+        return "stem"
     return None
 
 
@@ -96,18 +103,29 @@ def _to_nhwc(b: Builder, op: Operation, kind: str) -> Value:
     that replaces it."""
     x, w = op.operands
     xt = b.op("ember.transpose", x, perm=TO_NHWC)
-    if kind == "depthwise":
+    if kind in ("depthwise", "stem"):
         a = op.attributes
         yt = b.op("ember.conv2d_nhwc", xt, b.op("ember.transpose", w, perm=HWIO),
                   stride=a["stride"], padding=a["padding"], dilation=a["dilation"],
                   groups=a["groups"])
     else:
-        n, h, wd, c = tensor_type(xt).shape
-        o = tensor_type(w).shape[0]
-        rows = b.op("ember.reshape", xt, shape=[n * h * wd, c])
-        wm = b.op("ember.transpose", b.op("ember.reshape", w, shape=[o, c]), perm=[1, 0])
-        yt = b.op("ember.reshape", b.op("ember.matmul", rows, wm), shape=[n, h, wd, o])
+        yt = _pointwise_matmul(b, xt, w)
     return b.op("ember.transpose", yt, perm=TO_NCHW)
+
+
+def _pointwise_matmul(b: Builder, xt: Value, w: Value) -> Value:
+    """A pointwise conv of the channels-last `xt` by `w` [O, C, 1, 1]: one GEMM
+    [n*h*w, C] x [C, O] (the weight's transpose a view), channels last."""
+    n, h, wd, c = tensor_type(xt).shape
+    o = tensor_type(w).shape[0]
+    rows = b.op("ember.reshape", xt, shape=[n * h * wd, c])
+    wm = b.op("ember.transpose", b.op("ember.reshape", w, shape=[o, c]), perm=[1, 0])
+    return b.op("ember.reshape", b.op("ember.matmul", rows, wm), shape=[n, h, wd, o])
+
+
+def _of_one_pixel(op: Operation) -> bool:
+    """A conv of a 1 x 1 image (a squeeze-and-excite's), whose NCHW and NHWC agree."""
+    return tensor_type(op.operands[0]).shape[2:] == (1, 1)
 
 
 def _from_nhwc(v: Value) -> Value | None:
@@ -237,11 +255,21 @@ class Layout(Pass):
         nhwc = {chain[op] for op, kind in kinds.items()
                 if kind == "depthwise" and count[chain[op]] > 1}
         back = []
-        for op, kind in [(op, kind) for op, kind in kinds.items() if chain[op] in nhwc]:
-            y = _to_nhwc(Builder.before_op(op), op, kind)
+        for op, kind in list(kinds.items()):
+            b = Builder.before_op(op)
+            if chain[op] in nhwc:
+                y = _to_nhwc(b, op, kind)
+                back.append(y)
+            elif kind == "pointwise" and _of_one_pixel(op):
+                x = op.operands[0]
+                n, c = tensor_type(x).shape[:2]
+                y = b.op("ember.reshape", _pointwise_matmul(
+                    b, b.op("ember.reshape", x, shape=[n, 1, 1, c]), op.operands[1]),
+                    shape=list(tensor_type(op.result).shape))
+            else:
+                continue
             op.result.replace_all_uses_with(y)
             op.erase()
-            back.append(y)
         _sink_all(back)
         _raise_all([op for op in graph.body.ops if op.name == "ember.transpose"
                     and op.attributes["perm"] == TO_NHWC])

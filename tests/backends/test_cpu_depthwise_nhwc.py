@@ -37,6 +37,29 @@ def test_depthwise_nhwc_equals_the_interpreter(n, c, h, k, s, padding, d, dtype,
     close(cpu.Executable(g, threads, use_cache=False)(inputs), interpreter.run(g, inputs))
 
 
+DENSE = [  # n, input channels, output channels, size, kernel, stride, padding
+    (1, 3, 16, 12, 3, 2, [1, 1]),     # an image stem: one vector of outputs, 8 positions a time
+    (2, 3, 32, 11, 3, 2, [1, 1]),     # two vectors, 4 positions a time, and a rest
+    (1, 1, 20, 9, 5, 1, [2, 2]),      # one input channel, a vector and a rest of 4
+    (1, 4, 8, 6, 3, 1, [0, 0, 1, 1]),  # a short vector only, padding at the end
+    (1, 2, 16, 3, 3, 1, [1, 1]),      # no position with every tap inside
+]
+
+
+@pytest.mark.parametrize("threads", [1, 2, 4])
+@pytest.mark.parametrize("dtype", ["f32", "f64"])
+@pytest.mark.parametrize("n,c,o,h,k,s,padding", DENSE)
+def test_dense_nhwc_equals_the_interpreter(n, c, o, h, k, s, padding, dtype, threads):
+    """One group: each input channel broadcast against vectors of output channels."""
+    def fn(b, x, w):
+        return [b.op("ember.conv2d_nhwc", x, w, stride=[s, s], padding=padding,
+                     dilation=[1, 1], groups=1)]
+    shapes = [(n, h, h, c), (k, k, c, o)]
+    g = graph(shapes, fn, dtype=dtype)
+    inputs = [a.astype(dtype.replace("f", "float")) for a in rand(*shapes)]
+    close(cpu.Executable(g, threads, use_cache=False)(inputs), interpreter.run(g, inputs))
+
+
 def _epilogue(kind: str):
     """conv2d_nhwc (depthwise, 20 channels: a vector and a rest) and what reads it."""
     def fn(b, x, w, bias, r, s):
@@ -67,26 +90,28 @@ def test_the_epilogue_runs_on_the_accumulators(kind, threads):
         close(run(other), interpreter.run(g, other), f"seed {seed}")
 
 
-def test_a_padded_tap_reads_zero_not_the_clamped_input():
+@pytest.mark.parametrize("groups,c", [(16, 1), (1, 3)])
+def test_a_padded_tap_reads_zero_not_the_clamped_input(groups, c):
     """A border tap loads from a clamped address and selects zero: an inf there must not
-    turn the border outputs into NaN (0 * inf)."""
+    turn the border outputs into NaN (0 * inf); depthwise and dense."""
     def fn(b, x, w):
         return [b.op("ember.conv2d_nhwc", x, w, stride=[1, 1], padding=[1, 1],
-                     dilation=[1, 1], groups=16)]
-    g = graph([(1, 4, 4, 16), (3, 3, 1, 16)], fn)
-    x, w = rand((1, 4, 4, 16), (3, 3, 1, 16))
+                     dilation=[1, 1], groups=groups)]
+    g = graph([(1, 4, 4, groups * c), (3, 3, c, 16)], fn)
+    x, w = rand((1, 4, 4, groups * c), (3, 3, c, 16))
     x[0, 0, 0, :] = np.inf
     got = cpu.Executable(g, 1, use_cache=False)([x, w])[0]
     assert not np.isnan(got[0, 3, 3]).any()  # (its taps all miss the inf)
     np.testing.assert_allclose(got, interpreter.run(g, [x, w])[0], rtol=1e-5, atol=1e-5)
 
 
-def test_a_channels_last_conv_that_is_not_depthwise_is_refused_by_name():
+def test_a_grouped_channels_last_conv_is_refused_by_name():
     def fn(b, x, w):
         return [b.op("ember.conv2d_nhwc", x, w, stride=[1, 1], padding=[1, 1],
-                     dilation=[1, 1], groups=1)]
-    g = graph([(1, 5, 5, 4), (3, 3, 4, 8)], fn)
-    with pytest.raises(UnsupportedOpError, match=r"only when depthwise .* weight \[3, 3, 4, 8\]"):
+                     dilation=[1, 1], groups=2)]
+    g = graph([(1, 5, 5, 4), (3, 3, 2, 8)], fn)
+    with pytest.raises(UnsupportedOpError,
+                       match=r"only when depthwise .* weight \[3, 3, 2, 8\] and 2 groups"):
         cpu.Executable(g, 1, use_cache=False)
 
 

@@ -177,14 +177,14 @@ def test_blas_gemm_with_transposes(monkeypatch):
 @pytest.mark.parametrize("tb,split", [(False, "m"), (True, "n")])
 def test_direct_gemm_split_across_threads(tb, split, monkeypatch):
     """Straight on A (K not blocked) split by rows, or (B transposed, so packed) by column
-    panels, each thread packing its own."""
+    panels, each thread packing its own (4 panels: no thread more than half the work)."""
     from ember.backends.cpu.gemm import emit as gemm
     from ember.backends.cpu.gemm.matmul import plan_matmul
     from ember.backends.cpu.machine.host import host_isa
 
     monkeypatch.setenv("EMBER_GEMM", "own")
     monkeypatch.setattr(gemm, "THREAD_FLOPS", 1024)
-    ws = (150, 30) if tb else (30, 150)
+    ws = (256, 30) if tb else (30, 150)
     g = graph([(45, 30), ws], lambda b, x, w: [b.op(
         "ember.matmul", x, b.op("ember.transpose", w, perm=[1, 0]) if tb else w)])
     f = fuse(g)

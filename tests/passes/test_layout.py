@@ -28,12 +28,13 @@ def test_a_mobilenet_runs_channels_last_with_the_same_values(n):
     want = interpreter.run(g, inputs)
     out = laid_out(g)
     ops = names(out)
-    assert ops.count("ember.conv2d_nhwc") == 2 and ops.count("ember.matmul") == 4
-    assert ops.count("ember.conv2d") == 1  # the stem, a full conv
+    # the stem (3 input channels) and both depthwise convs channels last
+    assert ops.count("ember.conv2d_nhwc") == 3 and ops.count("ember.matmul") == 4
+    assert "ember.conv2d" not in ops
     assert "ember.unslice" not in ops  # each padding went into its depthwise conv
     perms = [op.attributes["perm"] for op in out.ops if op.name == "ember.transpose"]
-    # the stem's output into the chain, the residual sum back out; the weights' own
-    assert sorted(perms) == sorted([[0, 2, 3, 1], [0, 3, 1, 2]] + [[2, 3, 1, 0]] * 2
+    # the image into the chain, the residual sum back out; the weights' own
+    assert sorted(perms) == sorted([[0, 2, 3, 1], [0, 3, 1, 2]] + [[2, 3, 1, 0]] * 3
                                    + [[1, 0]] * 4), perms
     close(interpreter.run(out, inputs), want)
 
@@ -42,6 +43,34 @@ def test_a_chain_without_a_depthwise_conv_stays_nchw():
     def fn(b, x, w1, w3):
         return [conv(b, conv(b, x, w1), w3, pad=1)]
     g = graph([(2, 8, 6, 6), (8, 8, 1, 1), (8, 8, 3, 3)], fn)
+    before = str(g)
+    assert str(laid_out(g)) == before
+
+
+def test_a_pointwise_conv_of_one_pixel_is_a_matmul_in_any_chain():
+    """A squeeze-and-excite's 1x1 convs of a pooled [n, c, 1, 1]: NCHW and NHWC agree, so
+    they are matmuls with no transpose, chain or not (the pooled value's own chain holds
+    no depthwise conv)."""
+    def fn(b, x, w1, w2):
+        pooled = b.op("ember.reduce_mean", x, axes=[2, 3], keepdims=True)
+        return [conv(b, b.op("ember.relu", conv(b, pooled, w1)), w2)]
+    shapes = [(2, 8, 5, 5), (4, 8, 1, 1), (8, 4, 1, 1)]
+    g = graph(shapes, fn)
+    inputs = rand(*shapes)
+    want = interpreter.run(g, inputs)
+    out = laid_out(g)
+    ops = names(out)
+    assert ops.count("ember.matmul") == 2 and "ember.conv2d" not in ops
+    assert [op.attributes["perm"] for op in out.ops if op.name == "ember.transpose"] \
+        == [[1, 0]] * 2  # (the weights')
+    close(interpreter.run(out, inputs), want)
+
+
+def test_an_image_stem_without_a_depthwise_conv_stays_nchw():
+    """A ResNet's 3-channel stem: its chain has no depthwise conv."""
+    def fn(b, x, w, p):
+        return [conv(b, b.op("ember.relu", conv(b, x, w, stride=2, pad=1)), p)]
+    g = graph([(1, 3, 8, 8), (8, 3, 3, 3), (8, 8, 1, 1)], fn)
     before = str(g)
     assert str(laid_out(g)) == before
 

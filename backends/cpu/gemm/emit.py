@@ -44,7 +44,9 @@ from .microkernel import I1, GemmProblem, microkernel, pack_b
 PACK_B_BYTES = 256 << 10
 BLOCK_A_BYTES = 512 << 10
 # ... and the rows of C are split across threads
-THREAD_FLOPS = 4 << 20  # ~40 us on one core (below, the pool's hand-off and spinning cost more)
+# (~5 us on one core; the pool's hand-off to a spinning worker costs ~1 us: at 4 MFLOP, C
+# 3136 x 72 (K 16) and 196 x 240 (K 40) ran on one core 1.5-1.6x as long as on two)
+THREAD_FLOPS = 1 << 20
 # k per packed block: B's kc x nr micro-panel streams from L2 (64 KiB on AVX-512, over any
 # L1d), so L1 does not bound kc, and at 256 C's loads and stores are amortized (kc from 128
 # to 512 measured within 3% of each other on a znver4)
@@ -116,14 +118,16 @@ def plan_own(p: GemmProblem, isa: Isa, threads: int) -> OwnPlan:
         p.m >= 8 * blk.mr and p.k * p.n * size > caches.l1d)
     npanels = cdiv(p.n, nr)
     split, t = "m", 1
+    mblocks = cdiv(p.m, blk.mr)
     if threads > 1 and p.flops >= THREAD_FLOPS:
         if not blocked and not pack_b_:
-            t = min(threads, cdiv(p.m, blk.mr))
+            t = min(threads, mblocks)
         elif (p.m < p.n or not blocked) and npanels >= 2 and not (
-                p.finish_rows and not blocked and cdiv(p.m, blk.mr) >= threads):
+                p.finish_rows and not blocked and mblocks >= threads) and not (
+                not blocked and _busiest(p.m, blk.mr, threads) < _busiest(p.n, nr, threads)):
             split, t = "n", min(threads, npanels)
         else:
-            t = min(threads, cdiv(p.m, blk.mr))
+            t = min(threads, mblocks)
     mc = blk.mc // blk.mr * blk.mr
     if blocked:  # equal row blocks (512: 174 + 174 + 164, not 252 + 252 + 8)
         tm = t if split == "m" else 1  # and a multiple of t of them when threads split rows
@@ -137,6 +141,14 @@ def plan_own(p: GemmProblem, isa: Isa, threads: int) -> OwnPlan:
     scratch = npanels * nr * (kc if per_k else p.k) * size if pack_b_ and not p.prepacked else 0
     return OwnPlan(blk=blk, nr=nr, blocked=blocked, pack_b=pack_b_, threads=t, split=split,
                    mc=mc, kc=kc, scratch=scratch, npanels=npanels, pack_per_k=per_k)
+
+
+def _busiest(size: int, unit: int, threads: int) -> float:
+    """The share of `size` rows (or columns) that the busiest of `threads` threads
+    computes when they split them in blocks of `unit` (C 3136 x 72 by 64-wide panels:
+    one thread 64 columns, the other 8; by 14-row blocks, 1568 rows each)."""
+    blocks = cdiv(size, unit)
+    return min(size, cdiv(blocks, min(threads, blocks)) * unit) / size
 
 
 @dataclass

@@ -286,6 +286,9 @@ def emit_matmul(b: ir.IRBuilder, op, outs: list, ins: list, scratch, isa: Isa, t
     epilogue = None if pl.trivial else _epilogue(op, pl, name)
     rows_done = _rows_done(b, epilogue, pl, [c] + list(ins[2:]), outs, isa, threads)
 
+    batch_threads = _batch_threads(pl, isa, threads)
+    gemm_threads = 1 if batch_threads > 1 else threads
+
     def one(bb: ir.IRBuilder, ptrs: list, bi) -> None:
         """The GEMM of batch element bi on `ptrs`: A, B, C and its scratch (or packed B)."""
         offs = [i64(0), i64(0), i64(0)]
@@ -299,11 +302,11 @@ def emit_matmul(b: ir.IRBuilder, op, outs: list, ins: list, scratch, isa: Isa, t
                         offs[j] = bb.add(offs[j], bb.mul(coord, i64(strides[d])))
         pa, pb, pc = (bb.gep(ptr, [o], inbounds=True, source_etype=el)
                       for ptr, o, el in zip(ptrs, offs, els))
-        gemm_call(bb, p, pl.engine, pa, pb, pc, ptrs[3], isa, threads, name, rows_done=rows_done)
+        gemm_call(bb, p, pl.engine, pa, pb, pc, ptrs[3], isa, gemm_threads, name,
+                  rows_done=rows_done)
 
     first, second = (ins[1], ins[0]) if pl.swapped else (ins[0], ins[1])
     ptrs = [first, second, c, gscr if packed is None else packed]
-    batch_threads = _batch_threads(pl, isa, threads)
     if pl.k_slices > 1:
         _emit_k_slices(b, pl, ins[0], ins[1], c, gscr, isa, name)
     elif batch_threads > 1:
@@ -317,16 +320,22 @@ def emit_matmul(b: ir.IRBuilder, op, outs: list, ins: list, scratch, isa: Isa, t
 
 
 def _batch_threads(pl: MatmulPlan, isa: Isa, threads: int) -> int:
-    """Threads that each take whole GEMMs of the batch loop: where every GEMM is too small to
-    split (one thread each) and packs nothing (its panels would be scratch they share). A
-    BERT layer's attention, 12 heads of 128 x 128 x 64, ran on one core otherwise."""
+    """Threads that each take whole GEMMs of the batch loop (one hand-off for the batch):
+    where every GEMM is small (WHOLE_GEMM_FLOPS) or too small to split, and packs nothing
+    on one thread (its panels would be scratch they share). A BERT layer's attention, 12
+    heads of 128 x 128 x 64, ran on one core otherwise."""
     if pl.engine != "own" or pl.k_slices > 1:
         return 1
-    own = plan_own(pl.problem, isa, threads)
-    if own.threads > 1 or own.scratch:
+    if plan_own(pl.problem, isa, threads).threads > 1 and pl.problem.flops >= WHOLE_GEMM_FLOPS \
+            or plan_own(pl.problem, isa, 1).scratch:
         return 1
     n = _prod(pl.batch)
     return parallel_chunks(n * pl.problem.flops / 2, n, threads)
+
+
+# a batch's GEMMs below this go whole to threads even where each could split (each split
+# is a hand-off: 12 heads of 128 x 64 x 128, 2 MFLOP each, split one by one took longer)
+WHOLE_GEMM_FLOPS = 4 << 20
 
 
 def _epilogue(op, pl: MatmulPlan, name: str) -> FusedEmitter:

@@ -22,6 +22,7 @@ from llvmlite import ir
 from ....ir.dialects.ember_windows import sides
 from ....ir.dialects.kernel import conv_output, epilogue_maps
 from ...errors import UnsupportedOpError
+from ...strides import cdiv
 from ..call.buffers import regions
 from ..gemm.microkernel import splat
 from ..machine.host import Isa
@@ -33,12 +34,20 @@ from .implicit_pack import valid_outputs
 from .loops import for_range, loop
 from .scalar import i64
 
+DENSE_ACCUMULATORS = 8
+
 
 def depthwise(op) -> bool:
-    """Whether a conv2d_nhwc is one this kernel runs: depthwise with one output channel
-    per input channel."""
+    """Whether a conv2d_nhwc is depthwise with one output channel per input channel."""
     x, w = (v.type.shape for v in op.operands[:2])
     return w[2] == 1 and w[3] == x[3] == op.attributes["groups"]
+
+
+def runs(op) -> bool:
+    """Whether this kernel runs a conv2d_nhwc: depthwise, or dense (one group; each
+    input channel's value broadcast against a vector of output channels: made for an
+    image stem's 3 channels)."""
+    return depthwise(op) or op.attributes["groups"] == 1
 
 
 def _in_registers(op) -> bool:
@@ -58,10 +67,11 @@ def depthwise_scratch(op, isa: Isa, threads: int) -> int:
 
 def emit_depthwise_nhwc(b: ir.IRBuilder, op, outs, ins, scratch, isa: Isa, threads: int,
                         name: str) -> None:
-    if not depthwise(op):
+    if not runs(op):
         raise UnsupportedOpError(f"{op.name}: the cpu runs channels-last convs only when "
-                                 "depthwise (weight [kh, kw, 1, c]); this one has weight "
-                                 f"{list(op.operands[1].type.shape)}")
+                                 "depthwise (weight [kh, kw, 1, c]) or of one group; this "
+                                 f"one has weight {list(op.operands[1].type.shape)} and "
+                                 f"{op.attributes['groups']} groups")
     if 0 in conv_output(op):
         return
     if op.name != "kernel.conv2d_nhwc":
@@ -116,7 +126,8 @@ def _emit(b: ir.IRBuilder, op, ins: list, y, outs: list, epilogue: _RegisterEpil
     """The conv, each vector of accumulators stored to y, or to the results through
     `epilogue` (then `ins` holds the epilogue operands after x and w)."""
     n, h, wd, c = op.operands[0].type.shape
-    kh, kw = op.operands[1].type.shape[:2]
+    kh, kw, cg, o = op.operands[1].type.shape
+    dense = not depthwise(op)
     a = op.attributes
     oh, ow = conv_output(op)[1:3]
     (sh, sw), (dh, dw) = a["stride"], a["dilation"]
@@ -128,6 +139,10 @@ def _emit(b: ir.IRBuilder, op, ins: list, y, outs: list, epilogue: _RegisterEpil
     rows = range(max(r.start for r in vh), min(r.stop for r in vh))
     cols = range(max(r.start for r in vw), min(r.stop for r in vw))
     edge_cols = [q for q in range(ow) if q not in cols]
+    # a dense conv's interior positions side by side, sharing each weight vector (a stem's
+    # one vector of 16 or 32 output channels: one weight load per position and input was
+    # the bottleneck)
+    group = max(1, DENSE_ACCUMULATORS // cdiv(o, lanes)) if dense else 1
 
     def row(bb: ir.IRBuilder, ptrs: list, r) -> None:
         """Output row r of the n * oh rows."""
@@ -135,35 +150,54 @@ def _emit(b: ir.IRBuilder, op, ins: list, y, outs: list, epilogue: _RegisterEpil
         image, orow = bb.sdiv(r, i64(oh)), bb.srem(r, i64(oh))
         ihs = [bb.add(bb.mul(orow, i64(sh)), i64(i * dh - ph)) for i in range(kh)]
 
-        def position(q, checked: bool) -> None:
-            """Output (r, q): its taps' input offsets, and whether each lands inside."""
-            taps = []
+        rowbase = [bb.mul(bb.add(bb.mul(image, i64(h)), ih), i64(wd * c)) for ih in ihs]
+
+        def taps(q0, p: int, checked: bool) -> list:
+            """Output (r, q0 + p)'s taps: input offset, weight offset, whether inside (an
+            interior position's offsets: a row's base plus a constant, so that a group
+            of positions keeps kh offsets live, not kh * kw per position)."""
+            out = []
             for i in range(kh):
                 for j in range(kw):
-                    iw = bb.add(bb.mul(q, i64(sw)), i64(j * dw - pw))
-                    at = bb.mul(bb.add(bb.mul(bb.add(bb.mul(image, i64(h)), ihs[i]),
-                                              i64(wd)), iw), i64(c))
+                    col = p * sw + j * dw - pw
                     inside = None
                     if checked:
+                        iw = bb.add(bb.mul(q0, i64(sw)), i64(col))
                         inside = bb.and_(_within(bb, ihs[i], h), _within(bb, iw, wd))
-                        at = bb.select(inside, at, i64(0))
-                    taps.append((at, (i * kw + j) * c, inside))
-            if epilogue is None:
-                out = bb.mul(bb.add(bb.mul(r, i64(ow)), q), i64(c))
+                        at = bb.select(inside, bb.add(rowbase[i], bb.mul(iw, i64(c))), i64(0))
+                    else:
+                        at = bb.add(bb.add(rowbase[i], bb.mul(q0, i64(sw * c))), i64(col * c))
+                    out.append((at, (i * kw + j) * cg * o, inside))
+            return out
 
-                def store(c0, acc, width):
-                    bb.store(acc, bb.gep(rest[0], [bb.add(out, c0)], inbounds=True,
-                                         source_etype=S.MEM[dt]), align=S.size(dt))
-            else:
-                def store(c0, acc, width):
-                    epilogue.store(bb, rest, [image, orow, q], c0, acc, width)
-            _channels(bb, x, w, dt, c, lanes, taps, store)
+        def store(q):
+            if epilogue is None:
+                out = bb.mul(bb.add(bb.mul(r, i64(ow)), q), i64(o))
+                return lambda c0, acc, width: bb.store(
+                    acc, bb.gep(rest[0], [bb.add(out, c0)], inbounds=True,
+                                source_etype=S.MEM[dt]), align=S.size(dt))
+            return lambda c0, acc, width: epilogue.store(bb, rest, [image, orow, q], c0,
+                                                         acc, width)
+
+        def positions(q0, count: int, checked: bool) -> None:
+            """Outputs (r, q0 + p) for p < count, which share each weight vector loaded."""
+            _channels(bb, x, w, dt, o, cg if dense else 0, lanes,
+                      [taps(q0, p, checked) for p in range(count)],
+                      [store(bb.add(q0, i64(p))) for p in range(count)])
+
+        def position(q, checked: bool) -> None:
+            positions(q, 1, checked)
 
         def all_checked() -> None:
             loop(bb, ow, lambda q: position(q, True), "q")
 
         def interior() -> None:
-            loop(bb, len(cols), lambda q: position(bb.add(q, i64(cols.start)), False), "q")
+            def block(k):
+                positions(bb.add(bb.mul(k, i64(group)), i64(cols.start)), group, False)
+
+            loop(bb, len(cols) // group, block, "q")
+            for q in range(cols.start + len(cols) // group * group, cols.stop):
+                position(i64(q), False)
             for q in edge_cols:
                 position(i64(q), True)
 
@@ -181,7 +215,7 @@ def _emit(b: ir.IRBuilder, op, ins: list, y, outs: list, epilogue: _RegisterEpil
     total = n * oh
     ptrs = [*ins, *outs] if epilogue is not None else [*ins, y]
     written = [False] * len(ins) + [True] * (len(ptrs) - len(ins))
-    t = parallel_chunks(2 * total * ow * c * kh * kw, total, threads)
+    t = parallel_chunks(2 * total * ow * o * cg * kh * kw, total, threads)
     if t == 1:
         loop(b, total, lambda r: row(b, ptrs, r), "r")
         return
@@ -194,25 +228,49 @@ def _within(b: ir.IRBuilder, v, size: int):
     return b.icmp_unsigned("<", v, i64(size))  # (a negative v is a huge unsigned one)
 
 
-def _channels(b: ir.IRBuilder, x, w, dt: str, c: int, lanes: int, taps: list,
-              store: Callable) -> None:
-    """store(ch0, sum over taps of x[at + ch] * w[tap + ch], width) for the channels
-    ch0.. of each vector of `lanes` channels, then the rest as one shorter vector."""
-    def block(c0, width: int) -> None:
-        vt = ir.VectorType(S.REG[dt], width)
-        fma = S.declare(b.module, f"llvm.fma.v{width}{dt}", vt, [vt, vt, vt])
-        acc = ir.Constant(vt, None)
-        for at, tap, inside in taps:
-            xv = _vload(b, x, b.add(at, c0), vt, dt)
-            if inside is not None:
-                xv = b.select(inside, xv, ir.Constant(vt, None))
-            wv = _vload(b, w, b.add(i64(tap), c0), vt, dt)
-            acc = b.call(fma, [xv, wv, acc])
-        store(c0, acc, width)
+def _channels(b: ir.IRBuilder, x, w, dt: str, c: int, dense: int, lanes: int,
+              taps: list[list], stores: list[Callable]) -> None:
+    """For each position p (its `taps` and `stores`), stores[p](ch0, sum over its taps of
+    x[at + ch] * w[tap + ch], width) for the output channels ch0.. of each vector of
+    `lanes` channels, then the rest as one shorter vector; a `dense` conv's sum is over
+    its `dense` input channels i of each tap too, x[at + i] (broadcast) * w[tap + i * c +
+    ch], every vector of channels at once (each input broadcast once). The positions
+    share each weight vector loaded."""
+    def blocks(starts: list) -> None:
+        """The vectors of channels (c0, width) in `starts`, together."""
+        vts = [ir.VectorType(S.REG[dt], width) for _, width in starts]
+        fmas = [S.declare(b.module, f"llvm.fma.v{vt.count}{dt}", vt, [vt, vt, vt])
+                for vt in vts]
+        accs = [[ir.Constant(vt, None) for vt in vts] for _ in taps]
+        for t, (_, tap, _) in enumerate(taps[0]):
+            for i in range(dense or 1):
+                wvs = [_vload(b, w, b.add(i64(tap + i * c), c0), vt, dt)
+                       for (c0, _), vt in zip(starts, vts)]
+                for p, pos in enumerate(taps):
+                    at, _, inside = pos[t]
+                    if dense:
+                        xs = S.load(b, x, dt, b.add(at, i64(i)))
+                        if inside is not None:
+                            xs = b.select(inside, xs, ir.Constant(xs.type, 0))
+                    for k, ((c0, width), vt) in enumerate(zip(starts, vts)):
+                        if dense:
+                            xv = splat(b, xs, width)
+                        else:
+                            xv = _vload(b, x, b.add(at, c0), vt, dt)
+                            if inside is not None:
+                                xv = b.select(inside, xv, ir.Constant(vt, None))
+                        accs[p][k] = b.call(fmas[k], [xv, wvs[k], accs[p][k]])
+        for store, acc in zip(stores, accs):
+            for (c0, width), v in zip(starts, acc):
+                store(c0, v, width)
 
-    loop(b, c // lanes, lambda k: block(b.mul(k, i64(lanes)), lanes), "ch")
-    if c % lanes:
-        block(i64(c - c % lanes), c % lanes)
+    tail = [(i64(c - c % lanes), c % lanes)] if c % lanes else []
+    if dense:
+        blocks([(i64(k * lanes), lanes) for k in range(c // lanes)] + tail)
+        return
+    loop(b, c // lanes, lambda k: blocks([(b.mul(k, i64(lanes)), lanes)]), "ch")
+    if tail:
+        blocks(tail)
 
 
 def _vload(b: ir.IRBuilder, base, offset, vt: ir.VectorType, dt: str):
