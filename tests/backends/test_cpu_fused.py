@@ -204,6 +204,32 @@ def test_short_rows_reduce_across_vector_lanes(rows, n):
                                                ([rows, n], {1}))
 
 
+@pytest.mark.parametrize("hw,c", [(56, 16), (7, 40), (3, 16), (9, 5)])
+def test_a_channels_last_pool_reduces_down_columns(hw, c):
+    """The mean over H and W of an [n, h, w, c] image (a squeeze-excite's pool after a
+    channels-last conv), with a max beside it: each image's [c, h*w] reduction reads down
+    the columns of its [h*w, c] rows, so it runs as a column kernel over [h*w, c] (fused.py
+    `_columns_read_down`), vectorized across the channels, where c fills a vector; the
+    same values either way."""
+    shape = (2, hw, hw, c)
+    def fn(b, x):  # (NCHW pools of the transposed image: the layout pass's form)
+        nchw = b.op("ember.transpose", x, perm=[0, 3, 1, 2])
+        return [b.op("ember.reduce_mean", nchw, axes=[2, 3], keepdims=True),
+                b.op("ember.reduce_max", b.op("ember.relu", nchw), axes=[2, 3], keepdims=False)]
+    g = graph([shape], fn)
+    f = four_ways(g, rand(shape))
+    columns = c >= cpu_fused.SHORT_ROW
+    assert kernels(f)
+    for op in f.ops:
+        if op.name != "kernel.fused":
+            continue
+        got = cpu_fused.FusedEmitter(op.regions[0].blocks[0], op.attributes["space"],
+                                     op.attributes["maps"], op.attributes["out_maps"],
+                                     ["f32"], ["f32"] * len(op.results), "k").shape
+        assert got.space == ([2, hw * hw, c] if columns else [2, c, hw * hw]), got
+        assert got.reduce == {1 if columns else 2}
+
+
 @pytest.mark.parametrize("hw", [64, 130, 16])
 def test_batchnorm_statistics_run_by_channel_across_threads(hw, monkeypatch):
     """BatchNorm's training statistics and normalization over [n, c, h*w], reduced over n
