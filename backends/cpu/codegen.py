@@ -184,7 +184,7 @@ def _with_scratch(emit) -> EmitBody:
 
 
 def _pool(b, st, p, outs, ins, scratch) -> None:
-    emit_pool(b, st.op, outs, ins, st.name)
+    emit_pool(b, st.op, outs, ins, p.threads, st.name)
 
 
 def _gather_scatter(b, st, p, outs, ins, scratch) -> None:
