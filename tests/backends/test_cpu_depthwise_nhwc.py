@@ -29,11 +29,16 @@ CASES = [  # n, channels, size, kernel, stride, padding, dilation
 @pytest.mark.parametrize("dtype", ["f32", "f64"])
 @pytest.mark.parametrize("n,c,h,k,s,padding,d", CASES)
 def test_depthwise_nhwc_equals_the_interpreter(n, c, h, k, s, padding, d, dtype, threads):
+    _equals_the_interpreter([(n, h, h, c), (k, k, 1, c)], s, padding, d, c, dtype, threads)
+
+
+def _equals_the_interpreter(shapes, s: int, padding, d: int, groups: int, dtype: str,
+                            threads: int) -> None:
     def fn(b, x, w):
         return [b.op("ember.conv2d_nhwc", x, w, stride=[s, s], padding=padding,
-                     dilation=[d, d], groups=c)]
-    g = graph([(n, h, h, c), (k, k, 1, c)], fn, dtype=dtype)
-    inputs = [a.astype(dtype.replace("f", "float")) for a in rand((n, h, h, c), (k, k, 1, c))]
+                     dilation=[d, d], groups=groups)]
+    g = graph(shapes, fn, dtype=dtype)
+    inputs = [a.astype(dtype.replace("f", "float")) for a in rand(*shapes)]
     close(cpu.Executable(g, threads, use_cache=False)(inputs), interpreter.run(g, inputs))
 
 
@@ -51,13 +56,7 @@ DENSE = [  # n, input channels, output channels, size, kernel, stride, padding
 @pytest.mark.parametrize("n,c,o,h,k,s,padding", DENSE)
 def test_dense_nhwc_equals_the_interpreter(n, c, o, h, k, s, padding, dtype, threads):
     """One group: each input channel broadcast against vectors of output channels."""
-    def fn(b, x, w):
-        return [b.op("ember.conv2d_nhwc", x, w, stride=[s, s], padding=padding,
-                     dilation=[1, 1], groups=1)]
-    shapes = [(n, h, h, c), (k, k, c, o)]
-    g = graph(shapes, fn, dtype=dtype)
-    inputs = [a.astype(dtype.replace("f", "float")) for a in rand(*shapes)]
-    close(cpu.Executable(g, threads, use_cache=False)(inputs), interpreter.run(g, inputs))
+    _equals_the_interpreter([(n, h, h, c), (k, k, c, o)], s, padding, 1, 1, dtype, threads)
 
 
 def _epilogue(kind: str):

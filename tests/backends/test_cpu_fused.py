@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from ember.backends import cpu, interpreter
 from ember.backends.cpu.kernels import fused as cpu_fused
+from ember.backends.cpu.kernels import fused_space
 from ember.backends.cpu.parallel import outline as cpu_threads
 from ember.ir import Builder, Graph, TensorType, Value, verify
 
@@ -178,7 +179,7 @@ def test_max_reductions_propagate_nan_wherever_it_is(dtype):
 def test_short_rows_reduce_across_vector_lanes(rows, n):
     """A row kernel over rows shorter than a vector (a classifier's cross-entropy: max,
     exp, sum, log, the label's column picked through kernel.index) runs with its rows in
-    the vector lanes (fused.py `_rows_across_lanes`): the same values. Rows too many for
+    the vector lanes (fused_space.py `_rows_across_lanes`): the same values. Rows too many for
     the accumulators to fit the stack stay rows (split across threads)."""
     g = Graph("f", [TensorType((rows, n), "f32"), TensorType((rows,), "i64")])
     b = Builder(g.body)
@@ -199,7 +200,7 @@ def test_short_rows_reduce_across_vector_lanes(rows, n):
                                    f.ops[0].attributes["out_maps"], ["f32", "i64"],
                                    ["f32", "f32"], "k").shape
     if n > 1:  # (a single column normalizes to no reduction at all)
-        across = n < cpu_fused.SHORT_ROW <= rows and rows * 3 * 8 <= cpu_fused.ACC_STACK_LIMIT
+        across = n < fused_space.SHORT_ROW <= rows and rows * 3 * 8 <= fused_space.ACC_STACK_LIMIT
         assert (shape.space, shape.reduce) == (([n, rows], {0}) if across else
                                                ([rows, n], {1}))
 
@@ -208,9 +209,9 @@ def test_short_rows_reduce_across_vector_lanes(rows, n):
 def test_a_channels_last_pool_reduces_down_columns(hw, c):
     """The mean over H and W of an [n, h, w, c] image (a squeeze-excite's pool after a
     channels-last conv), with a max beside it: each image's [c, h*w] reduction reads down
-    the columns of its [h*w, c] rows, so it runs as a column kernel over [h*w, c] (fused.py
-    `_columns_read_down`), vectorized across the channels, where c fills a vector; the
-    same values either way."""
+    the columns of its [h*w, c] rows, so it runs as a column kernel over [h*w, c]
+    (fused_space.py `_columns_read_down`), vectorized across the channels, where c fills
+    a vector; the same values either way."""
     shape = (2, hw, hw, c)
     def fn(b, x):  # (NCHW pools of the transposed image: the layout pass's form)
         nchw = b.op("ember.transpose", x, perm=[0, 3, 1, 2])
@@ -218,7 +219,7 @@ def test_a_channels_last_pool_reduces_down_columns(hw, c):
                 b.op("ember.reduce_max", b.op("ember.relu", nchw), axes=[2, 3], keepdims=False)]
     g = graph([shape], fn)
     f = four_ways(g, rand(shape))
-    columns = c >= cpu_fused.SHORT_ROW
+    columns = c >= fused_space.SHORT_ROW
     assert kernels(f)
     for op in f.ops:
         if op.name != "kernel.fused":
@@ -233,8 +234,8 @@ def test_a_channels_last_pool_reduces_down_columns(hw, c):
 @pytest.mark.parametrize("hw", [64, 130, 16])
 def test_batchnorm_statistics_run_by_channel_across_threads(hw, monkeypatch):
     """BatchNorm's training statistics and normalization over [n, c, h*w], reduced over n
-    and h*w per channel: run with the channels outermost (fused.py
-    `_reduced_dims_innermost`), a row kernel split across threads by channel, whose
+    and h*w per channel: run with the channels outermost (fused_space.py
+    fused_space.py `_reduced_dims_innermost`), a row kernel split across threads by channel, whose
     short rows (up to SHORT_INNER) accumulate in a slot per column; rows shorter than
     SLAB_ROW keep the column kernel, whose threads take shares of the channels. The same
     values either way."""
@@ -251,7 +252,7 @@ def test_batchnorm_statistics_run_by_channel_across_threads(hw, monkeypatch):
     f = four_ways(graph([(n, c, hw), (1, c, 1)], batchnorm), rand((n, c, hw), (1, c, 1)), 2)
     (op,) = [op for op in f.ops if op.name == "kernel.fused"]
     shape = cpu_fused._emitter(op, "k").shape
-    by_channel = hw >= cpu_fused.SLAB_ROW
+    by_channel = hw >= fused_space.SLAB_ROW
     assert (shape.space, shape.reduce) == (([c, n, hw], {1, 2}) if by_channel else
                                            ([n, c, hw], {0, 2}))
     llvm_ir = cpu.Executable(f, 2, use_cache=False).llvm_ir

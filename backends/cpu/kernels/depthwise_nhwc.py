@@ -2,7 +2,9 @@
 last), or a `kernel.conv2d_nhwc` (that conv and its epilogue): each output position sums
 its taps a vector of channels at a time, in registers. In NCHW the same conv walks each
 plane's rows of 7 to 112 columns; here every load is a run of channels (passes/layout.py
-picks this form). A kernel op's epilogue (bias, activation, residual) runs on the
+picks this form). A dense one (one group: an image stem's 3 input channels) broadcasts
+each input channel's value against vectors of output channels, several positions at a
+time sharing each weight vector. A kernel op's epilogue (bias, activation, residual) runs on the
 accumulators before the one store (vector_body.py), where its ops and its operands'
 strides along the channels (1, or 0: broadcast) allow; else the conv is stored and the
 epilogue runs after it as a fused loop (conv_epilogue.py).
@@ -139,9 +141,9 @@ def _emit(b: ir.IRBuilder, op, ins: list, y, outs: list, epilogue: _RegisterEpil
     rows = range(max(r.start for r in vh), min(r.stop for r in vh))
     cols = range(max(r.start for r in vw), min(r.stop for r in vw))
     edge_cols = [q for q in range(ow) if q not in cols]
-    # a dense conv's interior positions side by side, sharing each weight vector (a stem's
-    # one vector of 16 or 32 output channels: one weight load per position and input was
-    # the bottleneck)
+    # a dense conv's interior positions side by side, sharing each weight vector (8 of a
+    # 16-channel stem, 4 of a 32-channel one: DENSE_ACCUMULATORS vectors; a weight load
+    # per position and input was the bottleneck, 3x slower)
     group = max(1, DENSE_ACCUMULATORS // cdiv(o, lanes)) if dense else 1
 
     def row(bb: ir.IRBuilder, ptrs: list, r) -> None:

@@ -1,9 +1,10 @@
 """`kernel.fused` (and a matmul's epilogue) to loops.
 
-The space is first normalized: size-1 dims dropped, and neighbours merged where every
-map walks them as one (so an elementwise kernel over contiguous buffers is one flat,
-vectorized loop). Dims split into the reduced set R, the outer parallel dims before the
-first reduced dim (P), and the parallel dims after it (Q). For each point of P:
+The space is first normalized (fused_space.py): size-1 dims dropped, neighbours merged
+where every map walks them as one (so an elementwise kernel over contiguous buffers is
+one flat, vectorized loop), some reductions reordered. Dims split into the reduced set R,
+the outer parallel dims before the first reduced dim (P), and the parallel dims after it
+(Q). For each point of P:
 - each reduction level runs one loop nest over R and Q (in space order) accumulating in
   registers (`reassoc`, so the loop vectorizes) when Q is empty (row kernels: softmax,
   layer norm) or in an array indexed by Q otherwise (column sums: the contiguous dim
@@ -19,9 +20,6 @@ than its sums, its columns (`_splits_columns`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
-
 from llvmlite import ir
 
 from ....ir import Value
@@ -29,129 +27,12 @@ from ...errors import KernelCompileError
 from ..parallel.outline import chunk_index, elem, parallel_chunks, parallel_region, stack_array
 from . import scalar as S
 from .dropout import dropout
+from .fused_space import ACC_BYTES, ACC_STACK_LIMIT, GATHER_WORK, kernel_shape, out_of_order
 from .loops import for_range, loop
 from .scalar import PTR, i64
 
-ACC_STACK_LIMIT = 1 << 18  # bytes of column accumulators kept on the stack (more: scratch)
-ACC_BYTES = 8  # one accumulator's slot, whatever the dtype
-
-
-@dataclass
-class Shape:
-    """A kernel's iteration space and maps after normalization."""
-
-    space: list[int]
-    ins: list[list[int]]
-    outs: list[list[int]]
-    index: dict[int, int | None]  # original dim -> normalized dim (None: size 1)
-    reduce: frozenset[int]
-
-
-def normalize(space: Sequence[int], ins, outs, reduce_dims: set[int],
-              index_dims: set[int]) -> Shape:
-    keep = [d for d, n in enumerate(space) if n != 1]
-    groups: list[list[int]] = []
-    maps = list(ins) + list(outs)
-    for d in keep:
-        if groups:
-            p = groups[-1][-1]
-            same_class = (p in reduce_dims) == (d in reduce_dims)
-            if (same_class and p not in index_dims and d not in index_dims
-                    and all(m[p] == m[d] * space[d] for m in maps)):
-                groups[-1].append(d)
-                continue
-        groups.append([d])
-    new_space = [1] * len(groups)
-    where: dict[int, int | None] = {d: None for d in range(len(space))}
-    for k, g in enumerate(groups):
-        for d in g:
-            new_space[k] *= space[d]
-            where[d] = k
-
-    def remap(m):
-        return [m[g[-1]] for g in groups]
-
-    red = frozenset(where[d] for d in reduce_dims if where[d] is not None)
-    return Shape(new_space, [remap(m) for m in ins], [remap(m) for m in outs], where, red)
-
-
-# a row kernel (reducing along its last dim) whose rows are shorter than this, and at
-# least as many as this, reduces across rows instead: its vector lanes are rows
-SHORT_ROW = 16
-
-
-def _rows_across_lanes(shape: Shape, reductions: int) -> Shape:
-    """[rows, n] reduced along n, n shorter than a vector: the same kernel over [n, rows]
-    (the reduced dim outermost), so that it runs as a column kernel whose accumulators
-    and arithmetic vectorize across rows (a classifier's cross-entropy over 10 classes
-    would otherwise compute element by element), where its accumulators (one per row and
-    reduction) fit the stack; it then runs on one thread. Other shapes as they are."""
-    sp = shape.space
-    if not (len(sp) == 2 and shape.reduce == frozenset({1}) and sp[1] < SHORT_ROW <= sp[0]
-            and sp[0] * reductions * ACC_BYTES <= ACC_STACK_LIMIT):
-        return shape
-    return _swap_last_two(shape)
-
-
-def _columns_read_down(shape: Shape, reductions: int) -> Shape:
-    """[..., rows, n] reduced along n where every input varying along n is laid out the
-    other way round (unit stride along the rows, a larger one along n: a channels-last
-    global pool, [c, h*w] over each image's [h*w, c]): the same kernel over [..., n, rows],
-    a column kernel vectorized across the rows; row by row it loaded one element at a
-    time (a squeeze-excite's pool of 56 x 56 x 16: 22 us, 6 as columns). Where the rows
-    fill a vector and their accumulators fit the stack."""
-    sp = shape.space
-    last = len(sp) - 1
-    if last < 1 or shape.reduce != frozenset({last}):
-        return shape
-    along = [m for m in shape.ins if m[last]]
-    if not (sp[last - 1] >= SHORT_ROW and along
-            and all(m[last - 1] == 1 and m[last] > 1 for m in along)
-            and sp[last - 1] * reductions * ACC_BYTES <= ACC_STACK_LIMIT):
-        return shape
-    return _swap_last_two(shape)
-
-
-def _swap_last_two(shape: Shape) -> Shape:
-    """`shape` with its last two dims swapped, the reduced one (the last) now first."""
-    sp, k = shape.space, len(shape.space)
-
-    def swap(m):
-        return m[:-2] + [m[-1], m[-2]]
-    where = {k - 2: k - 1, k - 1: k - 2}
-    return Shape(swap(sp), [swap(m) for m in shape.ins], [swap(m) for m in shape.outs],
-                 {d: None if j is None else where.get(j, j) for d, j in shape.index.items()},
-                 frozenset({k - 2}))
-
-
-# the shortest innermost dim `_reduced_dims_innermost` moves parallel dims out for
-SLAB_ROW = 64
 # the longest innermost reduced dim of a row kernel that accumulates in a slot per position
 SHORT_INNER = 256
-
-
-def _reduced_dims_innermost(shape: Shape) -> Shape:
-    """A kernel that reduces along its innermost dim and others outside a parallel one
-    (BatchNorm's statistics over [n, c, h*w] reduce n and h*w per channel c): the same
-    kernel with its parallel dims outermost ([c, n, h*w]), so that it runs as a row
-    kernel, split across threads by channel, each channel's passes (its statistics, then
-    what it stores) over a slab that stays in cache. As a column kernel it had no
-    parallel dim to split (its first dim is reduced) and every pass went through
-    memory: ResNet-18's BatchNorms ran on one thread at ~11 GB/s (2.3x faster so at
-    32x32). The innermost dim stays innermost (so loads stay contiguous) and at least
-    `SLAB_ROW` long: at 4x4 a channel's rows are 64 bytes 32 KB apart, which the row
-    kernel read from memory slower than the column kernel streams them."""
-    sp, red = shape.space, shape.reduce
-    if not red or len(sp) - 1 not in red or sp[-1] < SLAB_ROW:
-        return shape
-    order = [d for d in range(len(sp)) if d not in red] + sorted(red)
-    if order == list(range(len(sp))):
-        return shape
-    where = {d: k for k, d in enumerate(order)}
-    return Shape([sp[d] for d in order], [[m[d] for d in order] for m in shape.ins],
-                 [[m[d] for d in order] for m in shape.outs],
-                 {d: None if k is None else where[k] for d, k in shape.index.items()},
-                 frozenset(where[d] for d in red))
 
 
 class FusedEmitter:
@@ -172,8 +53,7 @@ class FusedEmitter:
             raise KernelCompileError(f"{name}: reduces over different dims {sorted(dims)}")
         rdims = set(dims.pop()) if dims else set()
         idims = {op.attributes["dim"] for op in self.body if op.name == "kernel.index"}
-        self.shape = _reduced_dims_innermost(_columns_read_down(_rows_across_lanes(
-            normalize(space, in_maps, out_maps, rdims, idims), len(reds)), len(reds)))
+        self.shape = kernel_shape(space, in_maps, out_maps, rdims, idims, len(reds))
         sp = self.shape.space
         self.R = self.shape.reduce
         first_r = min(self.R) if self.R else len(sp)
@@ -256,7 +136,7 @@ class FusedEmitter:
         if any(n == 0 for n in sp):
             return
         self.ins, self.outs = ins, outs
-        gathers = sum(_out_of_order(m) for m in self.shape.ins)
+        gathers = sum(out_of_order(m) for m in self.shape.ins)
         work = (max(1, len(self.body)) + GATHER_WORK * gathers) * _prod(sp)
         first = self.P[0] if self.P else None
         t = parallel_chunks(work, sp[first], threads) if first is not None else 1
@@ -373,8 +253,8 @@ class FusedEmitter:
         """Whether threads can take shares of a column kernel's first Q dim (its columns),
         each reducing and storing its own: one without a parallel dim to split, storing
         nothing outside Q (BatchNorm's statistics and normalization over [n, c, 4x4]
-        reduce n and the 4x4 per channel c; `_reduced_dims_innermost` leaves short rows
-        to the column kernel, which ran on one thread)."""
+        reduce n and the 4x4 per channel c; fused_space.py's `_reduced_dims_innermost`
+        leaves short rows to the column kernel, which ran on one thread)."""
         return self.column and not self.P and not self.stores_p
 
     def _emit_split_columns(self, b: ir.IRBuilder, ins: list, outs: list, t: int) -> None:
@@ -575,19 +455,6 @@ class FusedEmitter:
                 r = S.emit(b, "ember." + name.removeprefix("kernel."), a, args, src)
         self.scopes[-1][v] = r
         return r
-
-
-# operations an element read across its input's layout (a transpose's) counts as: strided
-# loads touch a line per element. The NCHW -> NHWC copy of a 224 x 224 image (150K
-# elements) took 45 us on one thread, 25 on two, and the conv that read it 82 us after
-# the one-thread copy (its rows in one core's cache), 44 after the two-thread one
-GATHER_WORK = 4
-
-
-def _out_of_order(strides: list[int]) -> bool:
-    """Whether a map reads its input against the input's layout (a stride grows inward)."""
-    used = [s for s in strides if s]
-    return any(a < b for a, b in zip(used, used[1:]))
 
 
 def _prod(xs) -> int:
