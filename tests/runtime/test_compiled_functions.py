@@ -106,6 +106,37 @@ def test_compile_grad_reports_its_memory_like_a_train_step():
     assert report["peak_bytes"] >= plan_memory(f.graph).peak_bytes and report["real_bytes"] > 0
 
 
+def test_params_are_bound_once_until_one_is_rebound(monkeypatch):
+    """The cpu binds a compiled function's params on the first call and again only after a
+    Param was rebound (`set_value`), a tree edit replaced one, or its executable ran with
+    other arrays; each call's result is the numpy model's of the values it has then."""
+    binds = []
+    bind = Executable._bind_params
+    monkeypatch.setattr(Executable, "_bind_params",
+                        lambda self, *a: (binds.append(1), bind(self, *a))[1])
+    model = Deep(width=8, depth=1)
+    x = np.random.default_rng(0).standard_normal((3, 8)).astype(np.float32)
+    f = em.compile(model, x)
+
+    def numpy_forward():
+        h = np.tanh(x @ model.layers[0].weight.val() + model.layers[0].bias.val())
+        return h @ model.head.weight.val() + model.head.bias.val()  # (weights [in, out])
+
+    for _ in range(3):
+        np.testing.assert_allclose(f(x), numpy_forward(), rtol=1e-5, atol=1e-6)
+    assert len(binds) == 1
+    model.head.weight.set_value(np.ones((8, 10), np.float32))
+    np.testing.assert_allclose(f(x), numpy_forward(), rtol=1e-5, atol=1e-6)
+    f(x)
+    assert len(binds) == 2
+    f.entry((x,)).run([x], {pid: np.zeros(p.shape, np.float32)
+                            for pid, p in f.param_table().items()})
+    np.testing.assert_allclose(f(x), numpy_forward(), rtol=1e-5, atol=1e-6)
+    assert len(binds) == 4
+    model.head = nn.Linear(8, 10)  # (a tree edit: other Params)
+    np.testing.assert_allclose(f(x), numpy_forward(), rtol=1e-5, atol=1e-6)
+
+
 def test_a_function_compiled_for_tensor_specs_runs_arrays_without_recompiling(capsys):
     """A TensorSpec keys its graph as an array of its shape and dtype does."""
     f = em.compile(nn.Linear(4, 3), em.TensorSpec((2, 4), "f32"))

@@ -62,6 +62,7 @@ class Executable:
     # every input check the graph asks for (input_checks) runs in the entry, none where
     # it asks for none: the runtime then checks nothing in Python either
     checks_inputs = True
+    takes_params_as_bound = True  # (`__call__`'s `params_as_bound`)
 
     def __init__(self, graph: Graph, threads: int | None = None, use_cache: bool | None = None):
         t0 = time.perf_counter()
@@ -274,12 +275,17 @@ class Executable:
 
     def __call__(self, inputs: Sequence[np.ndarray],
                  params: Mapping[str, np.ndarray] | None = None,
-                 out: Mapping[int, np.ndarray] | None = None) -> list[np.ndarray]:
+                 out: Mapping[int, np.ndarray] | None = None,
+                 params_as_bound: bool = False) -> list[np.ndarray]:
         """`out`: {result position: array} to write those results into (C-contiguous, of
         the result's dtype and size): a data-parallel step's flat gradient buffer. A result
-        the kernels write directly is written there; any other is copied there."""
+        the kernels write directly is written there; any other is copied there.
+        `params_as_bound`: the caller vouches that params that are the arrays the last
+        call bound were not resized in place since (a runtime whose Params, read-only,
+        were not rebound: `Edits.values`), so they are not looked at again."""
         into = self._bind_out(out) if out else None
-        results = self._collect(self._run(inputs, self._values(params), into))
+        results = self._collect(self._run(inputs, self._values(params), into,
+                                          params_as_bound))
         for k, target in out.items() if out else ():
             if results[k].ctypes.data != target.ctypes.data:
                 np.copyto(target.reshape(results[k].shape), results[k])
@@ -330,10 +336,10 @@ class Executable:
                 into[i] = target.reshape(t.shape)
         return into
 
-    def _run(self, inputs, values, into: dict | None = None) -> list:
+    def _run(self, inputs, values, into: dict | None = None, as_bound: bool = False) -> list:
         """Bind and run: every slot's array (inputs as converted, results) of this call;
         `values`: the params' in `param_keys` order; `into` gives some results' slots the
-        caller's arrays."""
+        caller's arrays; `as_bound`: see `__call__`'s `params_as_bound`."""
         if len(inputs) != self._n_args:
             raise ValueError(f"graph @{self.graph.name} takes {self._n_args} inputs, "
                              f"got {len(inputs)}")
@@ -346,12 +352,8 @@ class Executable:
             self._bind_scalars(inputs)
             for row in self._args:
                 arrays[row.slot], table[row.slot] = self._bind(inputs[row.key], row)
-            for row, x in zip(self._params, values):
-                if x is None:
-                    raise KeyError(f"no value for {row.what}")
-                arrays[row.slot], table[row.slot] = self._bind(x, row)
-            if self._pack is not None:
-                self._pack_changed(arrays)
+            if not (as_bound and self._held_as_bound(values, arrays)):
+                self._bind_params(values, arrays, table)
             for i, pool in self._pools:
                 if into and i in into:
                     arrays[i] = into[i]
@@ -361,6 +363,27 @@ class Executable:
                 arrays[i], table[i] = entry[0], entry[2]
             self._call(self._table)
         return arrays
+
+    def _bind_params(self, values, arrays: list, table) -> None:
+        """Bind each param, and pack those some GEMM reads packed."""
+        for row, x in zip(self._params, values):
+            if x is None:
+                raise KeyError(f"no value for {row.what}")
+            arrays[row.slot], table[row.slot] = self._bind(x, row)
+        if self._pack is not None:
+            self._pack_changed(arrays)
+
+    def _held_as_bound(self, values, arrays: list) -> bool:
+        """For an `as_bound` call: whether each param is the array its slot holds as the
+        last call bound it (`_held`: its address is still in the table, its panels
+        packed), putting them in `arrays`; False where one is not (bind them all)."""
+        held = self._held
+        for row, x in zip(self._params, values):
+            kept = held.get(row.slot)
+            if kept is None or kept[0] is not x:
+                return False
+            arrays[row.slot] = x
+        return True
 
     def params_changed(self) -> None:
         """The params' arrays may have changed in place: the next call packs them again."""
