@@ -128,6 +128,15 @@ def _of_one_pixel(op: Operation) -> bool:
     return tensor_type(op.operands[0]).shape[2:] == (1, 1)
 
 
+def _one_pixel_matmul(b: Builder, op: Operation) -> Value:
+    """The pointwise conv `op` of a 1 x 1 image as a matmul, with no transpose: the value
+    that replaces it."""
+    x, w = op.operands
+    n, c = tensor_type(x).shape[:2]
+    yt = _pointwise_matmul(b, b.op("ember.reshape", x, shape=[n, 1, 1, c]), w)
+    return b.op("ember.reshape", yt, shape=list(tensor_type(op.result).shape))
+
+
 def _from_nhwc(v: Value) -> Value | None:
     """The channels-last value that `v` is the transpose to NCHW of, if it is one."""
     if v.op is not None and v.op.name == "ember.transpose" and v.op.attributes["perm"] == TO_NCHW:
@@ -255,17 +264,12 @@ class Layout(Pass):
         nhwc = {chain[op] for op, kind in kinds.items()
                 if kind == "depthwise" and count[chain[op]] > 1}
         back = []
-        for op, kind in list(kinds.items()):
-            b = Builder.before_op(op)
+        for op, kind in kinds.items():
             if chain[op] in nhwc:
-                y = _to_nhwc(b, op, kind)
+                y = _to_nhwc(Builder.before_op(op), op, kind)
                 back.append(y)
             elif kind == "pointwise" and _of_one_pixel(op):
-                x = op.operands[0]
-                n, c = tensor_type(x).shape[:2]
-                y = b.op("ember.reshape", _pointwise_matmul(
-                    b, b.op("ember.reshape", x, shape=[n, 1, 1, c]), op.operands[1]),
-                    shape=list(tensor_type(op.result).shape))
+                y = _one_pixel_matmul(Builder.before_op(op), op)
             else:
                 continue
             op.result.replace_all_uses_with(y)

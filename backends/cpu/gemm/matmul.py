@@ -326,8 +326,9 @@ def _batch_threads(pl: MatmulPlan, isa: Isa, threads: int) -> int:
     heads of 128 x 128 x 64, ran on one core otherwise."""
     if pl.engine != "own" or pl.k_slices > 1:
         return 1
-    if plan_own(pl.problem, isa, threads).threads > 1 and pl.problem.flops >= WHOLE_GEMM_FLOPS \
-            or plan_own(pl.problem, isa, 1).scratch:
+    splits_itself = plan_own(pl.problem, isa, threads).threads > 1 \
+        and pl.problem.flops >= WHOLE_GEMM_FLOPS
+    if splits_itself or plan_own(pl.problem, isa, 1).scratch:
         return 1
     n = _prod(pl.batch)
     return parallel_chunks(n * pl.problem.flops / 2, n, threads)

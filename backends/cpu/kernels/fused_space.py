@@ -89,14 +89,19 @@ def _columns_read_down(shape: Shape, reductions: int) -> Shape:
 
 def _swap_last_two(shape: Shape) -> Shape:
     """`shape` with its last two dims swapped, the reduced one (the last) now first."""
-    sp, k = shape.space, len(shape.space)
+    k = len(shape.space)
+    return _reordered(shape, [*range(k - 2), k - 1, k - 2])
 
-    def swap(m):
-        return m[:-2] + [m[-1], m[-2]]
-    where = {k - 2: k - 1, k - 1: k - 2}
-    return Shape(swap(sp), [swap(m) for m in shape.ins], [swap(m) for m in shape.outs],
-                 {d: None if j is None else where.get(j, j) for d, j in shape.index.items()},
-                 frozenset({k - 2}))
+
+def _reordered(shape: Shape, order: list[int]) -> Shape:
+    """`shape` with its dims in `order` (dim j of the result is dim order[j])."""
+    where = {d: j for j, d in enumerate(order)}
+
+    def dims(m):
+        return [m[d] for d in order]
+    return Shape(dims(shape.space), [dims(m) for m in shape.ins], [dims(m) for m in shape.outs],
+                 {d: None if k is None else where[k] for d, k in shape.index.items()},
+                 frozenset(where[d] for d in shape.reduce))
 
 
 # the shortest innermost dim `_reduced_dims_innermost` moves parallel dims out for
@@ -118,13 +123,7 @@ def _reduced_dims_innermost(shape: Shape) -> Shape:
     if not red or len(sp) - 1 not in red or sp[-1] < SLAB_ROW:
         return shape
     order = [d for d in range(len(sp)) if d not in red] + sorted(red)
-    if order == list(range(len(sp))):
-        return shape
-    where = {d: k for k, d in enumerate(order)}
-    return Shape([sp[d] for d in order], [[m[d] for d in order] for m in shape.ins],
-                 [[m[d] for d in order] for m in shape.outs],
-                 {d: None if k is None else where[k] for d, k in shape.index.items()},
-                 frozenset(where[d] for d in red))
+    return shape if order == list(range(len(sp))) else _reordered(shape, order)
 
 
 def kernel_shape(space: Sequence[int], ins, outs, reduce_dims: set[int], index_dims: set[int],

@@ -56,10 +56,8 @@ def emit_pool(b: ir.IRBuilder, op, outs, ins, threads: int, name: str) -> None:
              and pl.sw >= pl.kw)
     exact = tiles and (pl.sh, pl.sw) == (pl.kh, pl.kw) and (pl.oh * pl.kh, pl.ow * pl.kw) == (
         pl.h, pl.w)
-    if grad and not exact:
-        loop(b, pl.n * pl.c * pl.h * pl.w, lambda i: S.store(b, out, dt, i, S.const(dt, 0)),
-             "z")
-    if pl.n * pl.c * pl.oh * pl.ow == 0:
+    zero = grad and not exact  # (each thread zeroes its own planes of the gradient first)
+    if pl.n * pl.c == 0:  # (a pool's output is at least 1 x 1)
         return
     is_max = op.name.startswith("ember.max_pool2d")
     inv = S.const(dt, 1.0 / (pl.kh * pl.kw))
@@ -124,6 +122,10 @@ def emit_pool(b: ir.IRBuilder, op, outs, ins, threads: int, name: str) -> None:
                 S.store(b, out, dt, where, b.fadd(old, S.load(b, ins[1], dt, o_off)))
 
     def planes(bb: ir.IRBuilder, ptrs: list, lo, hi) -> None:
+        if zero:
+            plane = i64(pl.h * pl.w)
+            for_range(bb, bb.mul(lo, plane), bb.mul(hi, plane),
+                      lambda i: S.store(bb, ptrs[-1], dt, i, S.const(dt, 0)), "z")
         for_range(bb, lo, hi, lambda nc: loop(bb, pl.oh, lambda oh: loop(
             bb, pl.ow, lambda ow: window(bb, ptrs[:-1], ptrs[-1], nc, oh, ow), "ow"), "oh"),
             "nc")
