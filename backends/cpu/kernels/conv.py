@@ -12,7 +12,9 @@ one image a chunk's product and gradient are gathered side by side in scratch (N
 each image's channels apart). Depthwise forward convs have loops of their own; forward
 convs, stride-1 input gradients and weight gradients whose weight is within their limits
 (`Conv.implicit`) pack their columns straight from the image, with no im2col
-(implicit_conv.py, implicit_weight_grad.py).
+(implicit_conv.py, implicit_weight_grad.py); of those, 3x3 stride-1 forward convs and
+input gradients with padding 1 run as Winograd F(2x2, 3x3) where their tiles allow
+(winograd.py).
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ from .implicit_pack import valid_outputs
 from .implicit_weight_grad import emit_weight_grad, weight_bytes, weight_grad_scratch
 from .loops import for_range, loop
 from .scalar import i64
+from .winograd import emit_winograd, runs_winograd
+from .winograd import scratch_bytes as winograd_scratch
 
 # -- convolution geometry ---------------------------------------------------------------------
 
@@ -189,6 +193,8 @@ def _own_scratch(cv: Conv, isa: Isa, threads: int) -> int:
     geo = cv.implicit(isa)
     if geo is not None and cv.name == "ember.conv2d_grad_weight":
         return weight_grad_scratch(geo, isa, threads)
+    if geo is not None and runs_winograd(geo, isa):
+        return cv.flipped_bytes + winograd_scratch(geo, isa, threads)
     if geo is not None:
         return cv.flipped_bytes + scratch_bytes(geo, isa, threads)
     return cv.chunk_threads(threads) * cv.scratch(isa, threads)[0]
@@ -323,7 +329,10 @@ def _emit(b: ir.IRBuilder, cv: Conv, y, ins, scratch, isa: Isa, threads: int, na
         if cv.flipped_bytes:
             flip_weight(b, cv, w, scratch, threads, name)
             w, scratch = scratch, byte_offset(b, scratch, cv.flipped_bytes)
-        emit_implicit(b, geo, x, w, y, scratch, isa, threads, name, finish)
+        if runs_winograd(geo, isa):
+            emit_winograd(b, geo, x, w, y, scratch, isa, threads, name, finish)
+        else:
+            emit_implicit(b, geo, x, w, y, scratch, isa, threads, name, finish)
         return
     weights = cv.o * cv.k
     if cv.name != "ember.conv2d":  # both gradients accumulate: start from zero

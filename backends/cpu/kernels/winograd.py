@@ -1,0 +1,352 @@
+"""3x3 stride-1 convs as Winograd F(2x2, 3x3) (Lavin and Gray, 2015): each 2x2 block of
+outputs of a channel pair is A^T [(G g G^T) * (B^T d B)] A, d the 4x4 input patch under it,
+so a conv is 16 GEMMs of its channels, M[e] = U[e] (O x C) @ V[e] (C x tiles), with 16
+multiplies per block where the implicit GEMM has 36: 2.25x fewer.
+
+The weight's transform U (16 x O x C) is computed first on every call (it is the weight's
+size, 16/9 of it). Then units of whole tile rows of one image (a band, at most
+`max_tiles` tiles so that V and M stay in L2) go to threads: the band's input is
+transformed into V (vectors of `lanes` tiles along a row: three loads and four shuffles
+give the four columns a tile reads), the 16 GEMMs run on the own GEMM's micro-kernel, and
+M is transformed back into the band's output rows (two tiles' columns interleaved by a
+shuffle), where the conv's epilogue (`Finish`) then runs on them.
+
+Measured on ResNet-18's 3x3 convs (the numbers are in `runs_winograd`'s docstring).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llvmlite import ir
+
+from ...strides import cdiv
+from ..gemm.emit import blocking
+from ..gemm.matmul import byte_offset
+from ..gemm.microkernel import I1, masked_rt, microkernel, splat
+from ..machine.host import Isa, host_caches
+from ..parallel.outline import chunk_index, parallel_chunks, parallel_region
+from . import scalar as S
+from .conv_epilogue import Finish
+from .implicit_pack import _gather
+from .loops import for_range, loop
+from .scalar import I32, I64, i64
+
+E = 16  # elements of a transformed 4x4 tile
+# a band's tiles fill at least this many vectors: with one, the micro-kernel loads as many
+# elements as it multiplies (ResNet-18's 256-channel 3x3 convs at 14x14, bands of 28 tiles:
+# 6.45 -> 5.08 ms at batch 8)
+MIN_VECTORS = 1.5
+SKEW = 16  # elements
+
+
+@dataclass(frozen=True)
+class Bands:
+    """A conv's units: per image, bands of `rows` tile rows (the last one may be short),
+    `tw` tiles a row; `width` columns of V and M per transformed element (the band's tiles,
+    rounded up to whole micro-kernel panels)."""
+
+    th: int
+    tw: int
+    rows: int
+    per_image: int
+    width: int
+
+    @property
+    def tiles(self) -> int:
+        return self.rows * self.tw
+
+    def plane(self, channels: int) -> int:
+        """Elements from one transformed element's matrix of V or M to the next: its
+        channels' rows and a skew of a cache line, so that the 16 a tile's transform
+        writes or reads do not all fall in one L1 set (a plane of 64 channels x 128 tiles
+        is 32 KiB)."""
+        return channels * self.width + SKEW
+
+
+def _nr(geo, isa: Isa) -> int:
+    return blocking(isa, geo.dtype, 1 << 20).nr(isa.lanes(geo.dtype))
+
+
+def bands(geo, isa: Isa) -> Bands | None:
+    """The units of `geo`, or None where a band that fits L2 would fill under
+    MIN_VECTORS vectors."""
+    th, tw = geo.h // 2, geo.w // 2
+    column = E * (geo.cg + geo.og) * S.size(geo.dtype)  # V's and M's bytes per tile
+    most = host_caches().l2 // 2 // column
+    rows = min(th, most // tw)
+    if rows == 0 or rows * tw < MIN_VECTORS * isa.lanes(geo.dtype):
+        return None
+    nr = _nr(geo, isa)
+    return Bands(th, tw, rows, cdiv(th, rows), cdiv(rows * tw, nr) * nr)
+
+
+def runs_winograd(geo, isa: Isa) -> bool:
+    """Whether `geo` (an implicit_conv.Geometry) runs as Winograd F(2x2, 3x3): a 3x3 conv
+    of stride 1, padding 1 and dilation 1 of one group, even height and width, f32 or f64,
+    whose bands fit L2 (`bands`)."""
+    return (geo.kh == geo.kw == 3 and (geo.sh, geo.sw, geo.dh, geo.dw) == (1, 1, 1, 1)
+            and (geo.ph, geo.pw) == (1, 1) and geo.g == 1 and geo.h % 2 == 0
+            and geo.w % 2 == 0 and geo.dtype in S.FLOATS and bands(geo, isa) is not None)
+
+
+def _transformed_weight_bytes(geo) -> int:
+    return E * geo.o * geo.c * S.size(geo.dtype)
+
+
+def _thread_bytes(geo, isa: Isa) -> int:
+    bd = bands(geo, isa)
+    return E * (bd.plane(geo.c) + bd.plane(geo.o)) * S.size(geo.dtype)
+
+
+def threads_for(geo, isa: Isa, threads: int) -> int:
+    bd = bands(geo, isa)
+    return parallel_chunks(geo.flops / 8, geo.n * bd.per_image, threads)
+
+
+def scratch_bytes(geo, isa: Isa, threads: int) -> int:
+    """U, then each thread's V and M."""
+    return (_transformed_weight_bytes(geo)
+            + threads_for(geo, isa, threads) * _thread_bytes(geo, isa))
+
+
+def emit_winograd(b: ir.IRBuilder, geo, x, w, y, scratch, isa: Isa, threads: int, name: str,
+                  finish: Finish | None = None) -> None:
+    """y = conv(x, w) of `geo` (`runs_winograd`), then `finish` on each band's output."""
+    dt, el = geo.dtype, S.REG[geo.dtype]
+    lanes = isa.lanes(dt)
+    bd = bands(geo, isa)
+    u = scratch
+    _transform_weight(b, geo, w, u, lanes)
+    local = byte_offset(b, scratch, i64(_transformed_weight_bytes(geo)))
+    blk = blocking(isa, dt, 1 << 20)
+    nr = _nr(geo, isa)  # bd.width is a multiple
+    kernels = {nv: microkernel(b.module, dt, lanes, blk.mr, nv, False)
+               for nv in range(1, cdiv(nr, lanes) + 1)}
+    units = geo.n * bd.per_image
+    t = threads_for(geo, isa, threads)
+    per = _thread_bytes(geo, isa)
+    vp, mp = bd.plane(geo.c), bd.plane(geo.o)
+    extra = finish.ptrs if finish is not None else []
+
+    def at(bb, ptr, offset):
+        return bb.gep(ptr, [offset], inbounds=True, source_etype=el)
+
+    def unit(bb, xp, up, yp, own, eptrs, un):
+        image, band = bb.udiv(un, i64(bd.per_image)), bb.urem(un, i64(bd.per_image))
+        ty0 = bb.mul(band, i64(bd.rows))
+        rows = bb.sub(i64(bd.th), ty0)
+        rows = bb.select(bb.icmp_signed("<", rows, i64(bd.rows)), rows, i64(bd.rows))
+        tiles = bb.mul(rows, i64(bd.tw))
+        v, m = own, at(bb, own, i64(E * vp))
+        x_image = at(bb, xp, bb.mul(image, i64(geo.c * geo.h * geo.w)))
+        y_image = at(bb, yp, bb.mul(image, i64(geo.o * geo.h * geo.w)))
+        _transform_input(bb, geo, bd, x_image, v, ty0, rows, lanes)
+
+        def gemm(e):
+            ue = at(bb, up, bb.mul(e, i64(geo.o * geo.c)))
+            ve = at(bb, v, bb.mul(e, i64(vp)))
+            me = at(bb, m, bb.mul(e, i64(mp)))
+
+            def panel(j):
+                cols = bb.sub(tiles, bb.mul(j, i64(nr)))
+                cols = bb.select(bb.icmp_signed("<", cols, i64(nr)), cols, i64(nr))
+
+                def tile(r):
+                    rows_r = bb.sub(i64(geo.o), bb.mul(r, i64(blk.mr)))
+                    rows_r = bb.select(bb.icmp_signed("<", rows_r, i64(blk.mr)), rows_r,
+                                       i64(blk.mr))
+                    args = [at(bb, ue, bb.mul(r, i64(blk.mr * geo.c))), i64(geo.c), i64(1),
+                            at(bb, ve, bb.mul(j, i64(nr))), i64(bd.width),
+                            at(bb, me, bb.add(bb.mul(r, i64(blk.mr * bd.width)),
+                                              bb.mul(j, i64(nr)))),
+                            i64(bd.width), i64(geo.c), ir.Constant(I1, 0), rows_r, cols]
+                    _call_by_vectors(bb, kernels, cols, lanes, args)
+
+                loop(bb, cdiv(geo.o, blk.mr), tile, "tile")
+
+            panels = bb.udiv(bb.add(tiles, i64(nr - 1)), i64(nr))
+            for_range(bb, i64(0), panels, panel, "panel")
+
+        loop(bb, E, gemm, "e")
+        _transform_output(bb, geo, bd, m, y_image, ty0, rows, lanes)
+        if finish is not None:
+            first = bb.mul(ty0, i64(2 * geo.w))
+            finish.span(bb, yp, eptrs, image, i64(0), i64(geo.o), first,
+                        bb.add(first, bb.mul(rows, i64(2 * geo.w))))
+
+    def run(bb, xp, up, yp, own, eptrs, lo, hi):
+        # V's columns past a band's tiles are read by the micro-kernel (their sums are not
+        # stored): zeros, not whatever subnormals other kernels left
+        loop(bb, per // S.size(dt), lambda i: S.store(bb, own, dt, i, S.const(dt, 0)), "z")
+        for_range(bb, lo, hi, lambda un: unit(bb, xp, up, yp, own, eptrs, un), "unit")
+
+    if t == 1:
+        run(b, x, u, y, local, extra, i64(0), i64(units))
+        return
+
+    def share(bb, ptrs, lo, hi):
+        own = byte_offset(bb, ptrs[3], bb.mul(chunk_index(bb, lo, units, t), i64(per)))
+        run(bb, *ptrs[:3], own, ptrs[4:], lo, hi)
+
+    parallel_region(b, f"{name}.winograd", [x, u, y, local, *extra],
+                    [False, False, True, True] + [False] * len(extra), units, t, share)
+
+
+def _call_by_vectors(b: ir.IRBuilder, kernels: dict, cols, lanes: int, args: list) -> None:
+    """The micro-kernel of as many vectors as `cols` columns fill."""
+    most = max(kernels)
+    if most == 1:
+        b.call(kernels[1], args)
+        return
+    with b.if_else(b.icmp_signed(">", cols, i64((most - 1) * lanes))) as (full, fewer):
+        with full:
+            b.call(kernels[most], args)
+        with fewer:
+            _call_by_vectors(b, {nv: k for nv, k in kernels.items() if nv < most}, cols,
+                             lanes, args)
+
+
+def _vec_type(dt: str, lanes: int) -> ir.VectorType:
+    return ir.VectorType(S.REG[dt], lanes)
+
+
+def _transform_weight(b: ir.IRBuilder, geo, w, u, lanes: int) -> None:
+    """u[e][o][c] = (G w[o, c] G^T)[e], `lanes` (o, c) pairs at a time (a gather of each
+    of the 9 taps, 9 elements apart), on one thread: it is the size of the weight."""
+    dt = geo.dtype
+    vt = _vec_type(dt, lanes)
+    pairs = geo.o * geo.c
+    half = ir.Constant(vt, [0.5] * lanes)
+    step = ir.Constant(ir.VectorType(I64, lanes), [9 * k for k in range(lanes)])
+    iota = ir.Constant(ir.VectorType(I64, lanes), list(range(lanes)))
+
+    def vector(k):
+        p0 = b.mul(k, i64(lanes))
+        mask = b.icmp_signed("<", b.add(splat(b, p0, lanes), iota),
+                             splat(b, i64(pairs), lanes))
+        base = splat(b, b.mul(p0, i64(9)), lanes)
+        g = [[_gather(b, w, b.add(base, b.add(step, ir.Constant(step.type, [3 * i + j] * lanes))),
+                      mask, dt, lanes) for j in range(3)] for i in range(3)]
+        gg = [[g[0][j], b.fmul(half, b.fadd(b.fadd(g[0][j], g[1][j]), g[2][j])),
+               b.fmul(half, b.fadd(b.fsub(g[0][j], g[1][j]), g[2][j])), g[2][j]]
+              for j in range(3)]  # gg[j][r] = (G g)[r][j]
+        for r in range(4):
+            row = [gg[0][r], b.fmul(half, b.fadd(b.fadd(gg[0][r], gg[1][r]), gg[2][r])),
+                   b.fmul(half, b.fadd(b.fsub(gg[0][r], gg[1][r]), gg[2][r])), gg[2][r]]
+            for c, value in enumerate(row):
+                at = b.gep(u, [b.add(i64((4 * r + c) * pairs), p0)], inbounds=True,
+                           source_etype=S.REG[dt])
+                masked_rt(b, "store", dt, lanes, mask, at, value)
+
+    loop(b, cdiv(pairs, lanes), vector, "wt")
+
+
+def _transform_input(b: ir.IRBuilder, geo, bd: Bands, x, v, ty0, rows, lanes: int) -> None:
+    """v[e][c][r * tw + tx] = (B^T d B)[e] for the band's tiles (tile rows ty0 .. ty0 +
+    rows), d the 4x4 input patch at rows 2ty - 1 .., columns 2tx - 1 .. (zeros outside)."""
+    dt = geo.dtype
+    el = S.REG[dt]
+    vi = ir.VectorType(I64, lanes)
+    iota = ir.Constant(vi, list(range(lanes)))
+    evens = ir.Constant(ir.VectorType(I32, lanes), list(range(0, 2 * lanes, 2)))
+    odds = ir.Constant(ir.VectorType(I32, lanes), list(range(1, 2 * lanes, 2)))
+    shift = [ir.Constant(ir.VectorType(I32, lanes), list(range(1, lanes)) + [lanes + k])
+             for k in (0, 1)]
+    no = ir.Constant(ir.VectorType(I1, lanes), [0] * lanes)
+
+    def channel(c):
+        plane = b.mul(c, i64(geo.h * geo.w))
+
+        def tile_row(r):
+            ty = b.add(ty0, r)
+
+            def vector(k):
+                tx0 = b.mul(k, i64(lanes))
+                col0 = b.sub(b.mul(tx0, i64(2)), i64(1))
+                col_masks = []
+                for part in range(3):
+                    col = b.add(splat(b, b.add(col0, i64(part * lanes)), lanes), iota)
+                    col_masks.append(b.and_(b.icmp_signed(">=", col, splat(b, i64(0), lanes)),
+                                            b.icmp_signed("<", col, splat(b, i64(geo.w), lanes))))
+                d = []
+                for i in range(4):
+                    h = b.add(b.sub(b.mul(ty, i64(2)), i64(1)), i64(i))
+                    inside = b.and_(b.icmp_signed(">=", h, i64(0)),
+                                    b.icmp_signed("<", h, i64(geo.h)))
+                    start = b.add(b.add(plane, b.mul(h, i64(geo.w))), col0)
+                    parts = [masked_rt(b, "load", dt, lanes, b.select(inside, col_masks[p], no),
+                                       b.gep(x, [b.add(start, i64(p * lanes))], source_etype=el))
+                             for p in range(3)]
+                    even = b.shuffle_vector(parts[0], parts[1], evens)
+                    odd = b.shuffle_vector(parts[0], parts[1], odds)
+                    d.append([even, odd, b.shuffle_vector(even, parts[2], shift[0]),
+                              b.shuffle_vector(odd, parts[2], shift[1])])
+                t = [[b.fsub(d[0][j], d[2][j]), b.fadd(d[1][j], d[2][j]),
+                      b.fsub(d[2][j], d[1][j]), b.fsub(d[1][j], d[3][j])] for j in range(4)]
+                # t[j][r] = (B^T d)[r][j]
+                stored = b.icmp_signed("<", b.add(splat(b, tx0, lanes), iota),
+                                       splat(b, i64(bd.tw), lanes))
+                tile = b.add(b.mul(r, i64(bd.tw)), tx0)
+                for rr in range(4):
+                    row = [b.fsub(t[0][rr], t[2][rr]), b.fadd(t[1][rr], t[2][rr]),
+                           b.fsub(t[2][rr], t[1][rr]), b.fsub(t[1][rr], t[3][rr])]
+                    for cc, value in enumerate(row):
+                        at = b.add(b.add(i64((4 * rr + cc) * bd.plane(geo.c)),
+                                         b.mul(c, i64(bd.width))), tile)
+                        masked_rt(b, "store", dt, lanes, stored,
+                                  b.gep(v, [at], inbounds=True, source_etype=el), value)
+
+            loop(b, cdiv(bd.tw, lanes), vector, "tx")
+
+        for_range(b, i64(0), rows, tile_row, "ty")
+
+    loop(b, geo.c, channel, "c")
+
+
+def _transform_output(b: ir.IRBuilder, geo, bd: Bands, m, y, ty0, rows, lanes: int) -> None:
+    """The band's output rows from m[e][o][r * tw + tx]: A^T m A, a 2x2 block per tile,
+    each output row's two columns of `lanes` tiles interleaved into two vectors."""
+    dt = geo.dtype
+    el = S.REG[dt]
+    vi = ir.VectorType(I64, lanes)
+    iota = ir.Constant(vi, list(range(lanes)))
+    low = ir.Constant(ir.VectorType(I32, lanes), [k // 2 + (lanes if k % 2 else 0)
+                                                  for k in range(lanes)])
+    high = ir.Constant(ir.VectorType(I32, lanes), [lanes // 2 + k // 2 + (lanes if k % 2 else 0)
+                                                   for k in range(lanes)])
+
+    def channel(o):
+        plane = b.mul(o, i64(geo.h * geo.w))
+
+        def tile_row(r):
+            oh = b.mul(b.add(ty0, r), i64(2))
+
+            def vector(k):
+                tx0 = b.mul(k, i64(lanes))
+                tile = b.add(b.mul(r, i64(bd.tw)), tx0)
+                valid = b.icmp_signed("<", b.add(splat(b, tx0, lanes), iota),
+                                      splat(b, i64(bd.tw), lanes))
+                mm = [[masked_rt(b, "load", dt, lanes, valid, b.gep(m, [b.add(b.add(
+                    i64((4 * i + j) * bd.plane(geo.o)), b.mul(o, i64(bd.width))), tile)],
+                    inbounds=True, source_etype=el)) for j in range(4)] for i in range(4)]
+                s = [[b.fadd(b.fadd(mm[0][j], mm[1][j]), mm[2][j]),
+                      b.fsub(b.fsub(mm[1][j], mm[2][j]), mm[3][j])] for j in range(4)]
+                for i in range(2):
+                    y0 = b.fadd(b.fadd(s[0][i], s[1][i]), s[2][i])
+                    y1 = b.fsub(b.fsub(s[1][i], s[2][i]), s[3][i])
+                    start = b.add(b.add(plane, b.mul(b.add(oh, i64(i)), i64(geo.w))),
+                                  b.mul(tx0, i64(2)))
+                    col = b.add(splat(b, b.mul(tx0, i64(2)), lanes), iota)
+                    for half, order in enumerate((low, high)):
+                        cols = b.add(col, splat(b, i64(half * lanes), lanes))
+                        inside = b.icmp_signed("<", cols, splat(b, i64(geo.w), lanes))
+                        masked_rt(b, "store", dt, lanes, inside, b.gep(
+                            y, [b.add(start, i64(half * lanes))], inbounds=True,
+                            source_etype=el), b.shuffle_vector(y0, y1, order))
+
+            loop(b, cdiv(bd.tw, lanes), vector, "tx")
+
+        for_range(b, i64(0), rows, tile_row, "ty")
+
+    loop(b, geo.o, channel, "o")
