@@ -1,8 +1,9 @@
-"""3x3 stride-1 convs as Winograd F(2x2, 3x3) (backends/cpu/kernels/winograd.py): forward
-convs and input gradients against the interpreter on 1, 2 and 4 threads, f32 and f64, with
-bands of tile rows split across threads, a short last band, rows of tiles that end inside
-a vector and channels that end inside a tile of the micro-kernel's rows; the conv's
-epilogue on each band (a bias and ReLU fused into the conv)."""
+"""3x3 stride-1 convs as Winograd F(2x2, 3x3) (backends/cpu/kernels/winograd.py,
+winograd_weight_grad.py): forward convs, input and weight gradients against the
+interpreter on 1, 2 and 4 threads, f32 and f64, with bands of tile rows split across
+threads, a short last band, rows of tiles that end inside a vector and channels that end
+inside a tile of the micro-kernel's rows; the conv's epilogue on each band (a bias and
+ReLU fused into the conv)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 from test_cpu_ops import attrs, graph
 
 from ember.backends import cpu, interpreter
-from ember.backends.cpu.kernels import winograd
+from ember.backends.cpu.kernels import winograd, winograd_weight_grad
 from ember.backends.cpu.kernels.conv import Conv
 from ember.backends.cpu.machine.host import host_isa
 from ember.passes import PassManager, parse_pipeline
@@ -23,6 +24,7 @@ CASES = [  # x shape, out channels, L2 bytes (bands of fewer rows where small)
     ((3, 7, 10, 36), 13, 96 << 10),  # 18 tiles a row (a vector and 2), bands of 2, 2, 1
     ((1, 16, 12, 12), 20, 1 << 16),  # bands of 2 tile rows (f64: 1): 3 an image
     ((4, 5, 2, 2), 3, 1 << 21),      # one tile an image
+    ((2, 4, 6, 8), 70, 1 << 21),     # outputs past one panel of the micro-kernel's columns
 ]
 
 
@@ -30,6 +32,7 @@ CASES = [  # x shape, out channels, L2 bytes (bands of fewer rows where small)
 def small_bands(monkeypatch):
     """Winograd for every shape, with the L2 of each case."""
     monkeypatch.setattr(winograd, "MIN_VECTORS", 0)
+    monkeypatch.setattr(winograd, "MIN_CHANNELS", 0)
     from ember.backends.cpu.kernels import implicit_conv
     from ember.backends.cpu.parallel import outline
 
@@ -45,7 +48,7 @@ def small_bands(monkeypatch):
 @pytest.mark.parametrize("threads", [1, 2, 4])
 @pytest.mark.parametrize("dtype", ["f32", "f64"])
 @pytest.mark.parametrize("case", CASES)
-def test_winograd_conv_and_input_gradient(case, dtype, threads, small_bands, monkeypatch):
+def test_winograd_conv_and_gradients(case, dtype, threads, small_bands, monkeypatch):
     xs, o, l2 = case
     small_bands(l2)
     monkeypatch.setenv("EMBER_NUM_THREADS", str(threads))
@@ -56,14 +59,17 @@ def test_winograd_conv_and_input_gradient(case, dtype, threads, small_bands, mon
 
     def fn(b, x, w):
         y = b.create("ember.conv2d", [x, w], a).result
-        gx = b.create("ember.conv2d_grad_input", [b.op("ember.tanh", y), w],
-                      {**a, "input_shape": list(xs)}).result
-        return [y, gx]
+        gy = b.op("ember.tanh", y)
+        gx = b.create("ember.conv2d_grad_input", [gy, w], {**a, "input_shape": list(xs)}).result
+        gw = b.create("ember.conv2d_grad_weight", [x, gy], {**a, "weight_shape": list(ws)}).result
+        return [y, gx, gw]
 
     g = graph([(xs, dtype), (ws, dtype)], fn)
     for op in g.body.ops:
         if op.name.startswith("ember.conv2d"):
-            assert winograd.runs_winograd(Conv(op).implicit(host_isa()), host_isa()), op.name
+            runs = (winograd_weight_grad.runs_weight_grad if op.name.endswith("weight")
+                    else winograd.runs_winograd)
+            assert runs(Conv(op).implicit(host_isa()), host_isa()), op.name
     want = interpreter.run(g, [x, w])
     got = cpu.Executable(g, use_cache=False)([x, w])
     tol = 2e-6 if dtype == "f32" else 1e-13
@@ -114,3 +120,4 @@ def test_which_convs_run_as_winograd():
     assert not runs((8, 64, 55, 55), (64, 64, 3, 3))  # odd sides
     assert not runs((8, 64, 56, 56), (64, 64, 5, 5), pad=2)
     assert not runs((32, 512, 4, 4), (512, 512, 3, 3))  # 4 tiles an image
+    assert not runs((32, 3, 32, 32), (64, 3, 3, 3))  # an image's 3 channels

@@ -28,6 +28,7 @@ from ..gemm.matmul import byte_offset, engine_for, gemm_call, gemm_scratch
 from ..machine.host import Isa
 from ..parallel.outline import chunk_index, parallel_chunks, parallel_region
 from . import scalar as S
+from . import winograd_weight_grad
 from .conv_epilogue import ConvEpilogue, Finish
 from .implicit_conv import (
     Geometry,
@@ -192,6 +193,8 @@ def _product_bytes(op) -> int:
 def _own_scratch(cv: Conv, isa: Isa, threads: int) -> int:
     geo = cv.implicit(isa)
     if geo is not None and cv.name == "ember.conv2d_grad_weight":
+        if winograd_weight_grad.runs_weight_grad(geo, isa):
+            return winograd_weight_grad.scratch_bytes(geo, isa, threads)
         return weight_grad_scratch(geo, isa, threads)
     if geo is not None and runs_winograd(geo, isa):
         return cv.flipped_bytes + winograd_scratch(geo, isa, threads)
@@ -322,7 +325,9 @@ def _emit(b: ir.IRBuilder, cv: Conv, y, ins, scratch, isa: Isa, threads: int, na
         return
     geo = cv.implicit(isa)
     if geo is not None and cv.name == "ember.conv2d_grad_weight":
-        emit_weight_grad(b, geo, *ins, y, scratch, isa, threads, name)
+        emit = (winograd_weight_grad.emit_weight_grad
+                if winograd_weight_grad.runs_weight_grad(geo, isa) else emit_weight_grad)
+        emit(b, geo, *ins, y, scratch, isa, threads, name)
         return
     if geo is not None:
         x, w = ins

@@ -37,6 +37,10 @@ E = 16  # elements of a transformed 4x4 tile
 # elements as it multiplies (ResNet-18's 256-channel 3x3 convs at 14x14, bands of 28 tiles:
 # 6.45 -> 5.08 ms at batch 8)
 MIN_VECTORS = 1.5
+# input and output channels a conv has at least: the transforms cost per channel what the
+# GEMMs save per pair of channels (measured at 32x32, batch 32: 3 -> 64 channels 0.49 ms
+# against 0.74 through Winograd, 8 -> 8 even, 16 -> 16 0.64 against 0.44)
+MIN_CHANNELS = 16
 SKEW = 16  # elements
 
 
@@ -84,9 +88,10 @@ def bands(geo, isa: Isa) -> Bands | None:
 def runs_winograd(geo, isa: Isa) -> bool:
     """Whether `geo` (an implicit_conv.Geometry) runs as Winograd F(2x2, 3x3): a 3x3 conv
     of stride 1, padding 1 and dilation 1 of one group, even height and width, f32 or f64,
-    whose bands fit L2 (`bands`)."""
+    at least MIN_CHANNELS input and output channels, whose bands fit L2 (`bands`)."""
     return (geo.kh == geo.kw == 3 and (geo.sh, geo.sw, geo.dh, geo.dw) == (1, 1, 1, 1)
             and (geo.ph, geo.pw) == (1, 1) and geo.g == 1 and geo.h % 2 == 0
+            and min(geo.c, geo.o) >= MIN_CHANNELS
             and geo.w % 2 == 0 and geo.dtype in S.FLOATS and bands(geo, isa) is not None)
 
 
@@ -141,7 +146,7 @@ def emit_winograd(b: ir.IRBuilder, geo, x, w, y, scratch, isa: Isa, threads: int
         v, m = own, at(bb, own, i64(E * vp))
         x_image = at(bb, xp, bb.mul(image, i64(geo.c * geo.h * geo.w)))
         y_image = at(bb, yp, bb.mul(image, i64(geo.o * geo.h * geo.w)))
-        _transform_input(bb, geo, bd, x_image, v, ty0, rows, lanes)
+        transform_input(bb, geo, bd, x_image, v, ty0, rows, lanes)
 
         def gemm(e):
             ue = at(bb, up, bb.mul(e, i64(geo.o * geo.c)))
@@ -161,7 +166,7 @@ def emit_winograd(b: ir.IRBuilder, geo, x, w, y, scratch, isa: Isa, threads: int
                             at(bb, me, bb.add(bb.mul(r, i64(blk.mr * bd.width)),
                                               bb.mul(j, i64(nr)))),
                             i64(bd.width), i64(geo.c), ir.Constant(I1, 0), rows_r, cols]
-                    _call_by_vectors(bb, kernels, cols, lanes, args)
+                    call_by_vectors(bb, kernels, cols, lanes, args)
 
                 loop(bb, cdiv(geo.o, blk.mr), tile, "tile")
 
@@ -193,7 +198,7 @@ def emit_winograd(b: ir.IRBuilder, geo, x, w, y, scratch, isa: Isa, threads: int
                     [False, False, True, True] + [False] * len(extra), units, t, share)
 
 
-def _call_by_vectors(b: ir.IRBuilder, kernels: dict, cols, lanes: int, args: list) -> None:
+def call_by_vectors(b: ir.IRBuilder, kernels: dict, cols, lanes: int, args: list) -> None:
     """The micro-kernel of as many vectors as `cols` columns fill."""
     most = max(kernels)
     if most == 1:
@@ -203,7 +208,7 @@ def _call_by_vectors(b: ir.IRBuilder, kernels: dict, cols, lanes: int, args: lis
         with full:
             b.call(kernels[most], args)
         with fewer:
-            _call_by_vectors(b, {nv: k for nv, k in kernels.items() if nv < most}, cols,
+            call_by_vectors(b, {nv: k for nv, k in kernels.items() if nv < most}, cols,
                              lanes, args)
 
 
@@ -242,7 +247,7 @@ def _transform_weight(b: ir.IRBuilder, geo, w, u, lanes: int) -> None:
     loop(b, cdiv(pairs, lanes), vector, "wt")
 
 
-def _transform_input(b: ir.IRBuilder, geo, bd: Bands, x, v, ty0, rows, lanes: int) -> None:
+def transform_input(b: ir.IRBuilder, geo, bd: Bands, x, v, ty0, rows, lanes: int) -> None:
     """v[e][c][r * tw + tx] = (B^T d B)[e] for the band's tiles (tile rows ty0 .. ty0 +
     rows), d the 4x4 input patch at rows 2ty - 1 .., columns 2tx - 1 .. (zeros outside)."""
     dt = geo.dtype
