@@ -237,7 +237,7 @@ class Units:
         g, jc = b.udiv(chunk, i64(self.chunks)), b.urem(chunk, i64(self.chunks))
         pos0 = b.mul(jc, i64(self.span * pn.width))
         npos = b.sub(i64(pn.count * pn.width - pn.width + pn.tail), pos0)
-        npos = _at_most(b, npos, self.span * pn.width)
+        npos = S.at_most(b, npos, self.span * pn.width)
         return g, pos0, npos, b.mul(b.urem(u, i64(self.blocks)), i64(self.per_block))
 
 
@@ -279,8 +279,8 @@ def flip_weight(b: ir.IRBuilder, cv, w, out, threads: int, name: str) -> None:
 
     def tile(bb, wp, op, u, o0):
         g, c0 = bb.udiv(u, i64(c_tiles)), bb.mul(bb.urem(u, i64(c_tiles)), i64(t))
-        c1 = _at_most(bb, bb.add(c0, i64(t)), cv.cg)
-        for_range(bb, o0, _at_most(bb, bb.add(o0, i64(t)), cv.og), lambda o: for_range(
+        c1 = S.at_most(bb, bb.add(c0, i64(t)), cv.cg)
+        for_range(bb, o0, S.at_most(bb, bb.add(o0, i64(t)), cv.og), lambda o: for_range(
             bb, c0, c1, lambda c: pair(bb, wp, op, g, o, c), "c"), "o")
 
     def units(bb, ptrs, lo, hi):
@@ -293,12 +293,6 @@ def flip_weight(b: ir.IRBuilder, cv, w, out, threads: int, name: str) -> None:
         units(b, [w, out], i64(0), i64(n))
         return
     parallel_region(b, f"{name}.flip", [w, out], [False, True], n, chunks, units)
-
-
-def _at_most(b: ir.IRBuilder, v: ir.Value, limit: int | ir.Value) -> ir.Value:
-    """min(v, limit)."""
-    bound = i64(limit) if isinstance(limit, int) else limit
-    return b.select(b.icmp_signed("<", v, bound), v, bound)
 
 
 def emit_implicit(b: ir.IRBuilder, geo: Geometry, x, w, y, scratch, isa: Isa, threads: int,
@@ -332,10 +326,10 @@ def emit_implicit(b: ir.IRBuilder, geo: Geometry, x, w, y, scratch, isa: Isa, th
     def unit(bb, xp, wp, yp, buf, eptrs, u):
         g, pos0, npos, tile0 = un.locate(bb, u)
         tile_end = bb.add(tile0, i64(un.per_block))
-        tile_end = _at_most(bb, tile_end, tiles)
+        tile_end = S.at_most(bb, tile_end, tiles)
         row0 = bb.mul(tile0, i64(blk.mr))
         rows_end = bb.mul(tile_end, i64(blk.mr))
-        rows_end = _at_most(bb, rows_end, geo.og)
+        rows_end = S.at_most(bb, rows_end, geo.og)
         panels = bb.udiv(bb.add(npos, i64(nr - 1)), i64(nr))
         xg = at(bb, xp, bb.mul(g, i64(geo.cg * geo.h * geo.w)))
         wg = at(bb, wp, bb.mul(g, i64(geo.og * geo.k)))
@@ -357,7 +351,7 @@ def emit_implicit(b: ir.IRBuilder, geo: Geometry, x, w, y, scratch, isa: Isa, th
         def columns(j):
             """Positions of panel j."""
             cols = bb.sub(npos, bb.mul(j, i64(nr)))
-            return _at_most(bb, cols, nr)
+            return S.at_most(bb, cols, nr)
 
         def k_slice(c0, cc: int):
             """Channels [c0, c0 + cc) of the group: rows k0.. of the columns."""
@@ -374,7 +368,7 @@ def emit_implicit(b: ir.IRBuilder, geo: Geometry, x, w, y, scratch, isa: Isa, th
 
                 def tile(r):
                     rows = bb.sub(i64(geo.og), bb.mul(r, i64(blk.mr)))
-                    rows = _at_most(bb, rows, blk.mr)
+                    rows = S.at_most(bb, rows, blk.mr)
                     a = at(bb, wg, bb.add(bb.mul(r, i64(blk.mr * geo.k)), k0))
                     c = at(bb, c_panel, bb.mul(bb.sub(r, tile0), i64(blk.mr * ldc)))
 
@@ -429,11 +423,11 @@ def emit_implicit(b: ir.IRBuilder, geo: Geometry, x, w, y, scratch, isa: Isa, th
         def batch(k):
             u0 = bb.add(lo, bb.mul(k, i64(per_batch)))
             u1 = bb.add(u0, i64(per_batch))
-            u1 = _at_most(bb, u1, hi)
+            u1 = S.at_most(bb, u1, hi)
             for_range(bb, u0, u1, lambda u: unit(bb, xp, wp, yp, own, eptrs, u), "unit")
             pos0 = bb.mul(u0, i64(un.span * nr))
             pos1 = bb.mul(u1, i64(un.span * nr))
-            pos1 = _at_most(bb, pos1, positions)
+            pos1 = S.at_most(bb, pos1, positions)
             _finish_unit(bb, geo, finish, yp, eptrs, i64(0), pos0, bb.sub(pos1, pos0),
                          i64(0), i64(geo.og))
 
@@ -464,7 +458,7 @@ def _finish_unit(b: ir.IRBuilder, geo: Geometry, finish: Finish, y, eptrs: list,
         lo = b.sub(pos0, start)
         lo = b.select(b.icmp_signed("<", lo, i64(0)), i64(0), lo)
         hi = b.sub(b.add(pos0, npos), start)
-        hi = _at_most(b, hi, p)
+        hi = S.at_most(b, hi, p)
         finish.span(b, y, eptrs, n, b.add(b.mul(g, i64(geo.og)), row0),
                     b.sub(rows_end, row0), lo, hi)
 

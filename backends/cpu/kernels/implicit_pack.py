@@ -103,7 +103,8 @@ def _flat_packer(mod: ir.Module, geo, channels: int, nr: int, lanes: int,
                                                      b.and_(mask, later)),
                                          load(start, b.and_(mask, b.not_(later))))
                     else:
-                        value = _gather(b, x, b.add(own, splat(b, at, lanes)), mask, dt, lanes)
+                        value = masked_gather(b, x, b.add(own, splat(b, at, lanes)), mask, dt,
+                                              lanes)
                     k = b.add(b.mul(c, i64(geo.taps)), i64(t))
                     dst = b.gep(buf, [b.add(b.mul(k, i64(nr)), dst0)], inbounds=True,
                                 source_etype=el)
@@ -122,7 +123,7 @@ def _flat_packer(mod: ir.Module, geo, channels: int, nr: int, lanes: int,
     return fn
 
 
-def _gather(b: ir.IRBuilder, x, index, mask, dt: str, lanes: int):
+def masked_gather(b: ir.IRBuilder, x, index, mask, dt: str, lanes: int):
     """x[index[lane]] on the lanes of `mask`, 0 on the others (whose addresses are never
     read: no `inbounds`)."""
     el = S.REG[dt]
@@ -227,4 +228,4 @@ def _load(b: ir.IRBuilder, x, col, q, stride: int, mask, dt: str, lanes: int):
         return b.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(I32, lanes),
                                                     list(range(0, 2 * lanes, 2))))
     step = ir.Constant(ir.VectorType(I64, lanes), [lane * stride for lane in range(lanes)])
-    return _gather(b, x, b.add(splat(b, start, lanes), step), mask, dt, lanes)
+    return masked_gather(b, x, b.add(splat(b, start, lanes), step), mask, dt, lanes)

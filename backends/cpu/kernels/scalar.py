@@ -287,3 +287,9 @@ def emit(b: ir.IRBuilder, name: str, attrs: dict, args: list, dtype: str) -> ir.
                 q = b.fdiv(*(b.sitofp(a, REG["f64"]) for a in args))
                 return cast(b, q, "f64", dtype)
     _unsupported(name, dtype)
+
+
+def at_most(b: ir.IRBuilder, v: ir.Value, limit: int | ir.Value) -> ir.Value:
+    """min(v, limit) of i64s."""
+    bound = i64(limit) if isinstance(limit, int) else limit
+    return b.select(b.icmp_signed("<", v, bound), v, bound)

@@ -22,7 +22,15 @@ from ..parallel.outline import chunk_index, parallel_chunks, parallel_region
 from . import scalar as S
 from .loops import for_range, loop
 from .scalar import I32, I64, i64
-from .winograd import Bands, E, bands, runs_winograd, transform_input
+from .winograd import (
+    Bands,
+    E,
+    bands,
+    each_tile_vector,
+    runs_winograd,
+    store_transformed,
+    transform_input,
+)
 
 
 def runs_weight_grad(geo, isa: Isa) -> bool:
@@ -78,11 +86,7 @@ def emit_weight_grad(b: ir.IRBuilder, geo, x, dy, dw, scratch, isa: Isa, threads
         return bb.gep(ptr, [offset], inbounds=True, source_etype=el)
 
     def unit(bb, xp, dyp, own, un):
-        image, band = bb.udiv(un, i64(bd.per_image)), bb.urem(un, i64(bd.per_image))
-        ty0 = bb.mul(band, i64(bd.rows))
-        rows = bb.sub(i64(bd.th), ty0)
-        rows = bb.select(bb.icmp_signed("<", rows, i64(bd.rows)), rows, i64(bd.rows))
-        tiles = bb.mul(rows, i64(bd.tw))
+        image, ty0, rows, tiles = bd.locate(bb, un)
         v, d, d_t, sums = (at(bb, own, i64(k)) for k in (v_at, d_at, dt_at, sums_at))
         transform_input(bb, geo, bd, at(bb, xp, bb.mul(image, i64(geo.c * geo.h * geo.w))),
                         v, ty0, rows, lanes)
@@ -98,9 +102,7 @@ def emit_weight_grad(b: ir.IRBuilder, geo, x, dy, dw, scratch, isa: Isa, threads
                 cols = min(nr, geo.o - j * nr)
 
                 def tile(r):
-                    rows_r = bb.sub(i64(geo.c), bb.mul(r, i64(blk.mr)))
-                    rows_r = bb.select(bb.icmp_signed("<", rows_r, i64(blk.mr)), rows_r,
-                                       i64(blk.mr))
+                    rows_r = S.at_most(bb, bb.sub(i64(geo.c), bb.mul(r, i64(blk.mr))), blk.mr)
                     bb.call(kernels[cdiv(cols, lanes)], [
                         at(bb, ve, bb.mul(r, i64(blk.mr * bd.width))), i64(bd.width), i64(1),
                         at(bb, d_t, i64(j * nr)), i64(ow),
@@ -141,46 +143,27 @@ def _transform_gradient(b: ir.IRBuilder, geo, bd: Bands, dy, d, ty0, rows, lanes
     evens = ir.Constant(ir.VectorType(I32, lanes), list(range(0, 2 * lanes, 2)))
     odds = ir.Constant(ir.VectorType(I32, lanes), list(range(1, 2 * lanes, 2)))
 
-    def channel(o):
-        plane = b.mul(o, i64(geo.p))
+    def a(v0, v1):  # A (v0, v1)
+        return [v0, b.fadd(v0, v1), b.fsub(v0, v1), b.fneg(v1)]
 
-        def tile_row(r):
-            oh = b.mul(b.add(ty0, r), i64(2))
+    def vector(o, r, tx0):
+        cols = [b.add(splat(b, b.add(b.mul(tx0, i64(2)), i64(h * lanes)), lanes), iota)
+                for h in (0, 1)]
+        masks = [b.icmp_signed("<", c, splat(b, i64(geo.w), lanes)) for c in cols]
+        g = []  # g[i] = (dy[2ty + i, 2tx], dy[2ty + i, 2tx + 1])
+        for i in range(2):
+            oh = b.add(b.mul(b.add(ty0, r), i64(2)), i64(i))
+            start = b.add(b.add(b.mul(o, i64(geo.p)), b.mul(oh, i64(geo.w))),
+                          b.mul(tx0, i64(2)))
+            halves = [masked_rt(b, "load", dt, lanes, masks[h], b.gep(
+                dy, [b.add(start, i64(h * lanes))], inbounds=True, source_etype=el))
+                for h in (0, 1)]
+            g.append([b.shuffle_vector(*halves, evens), b.shuffle_vector(*halves, odds)])
+        col = [a(g[0][j], g[1][j]) for j in range(2)]  # col[j][i] = (A dy)[i][j]
+        store_transformed(b, bd, d, geo.o, dt, lanes, o, r, tx0,
+                          [a(col[0][i], col[1][i]) for i in range(4)])
 
-            def vector(k):
-                tx0 = b.mul(k, i64(lanes))
-                cols = [b.add(splat(b, b.add(b.mul(tx0, i64(2)), i64(h * lanes)), lanes), iota)
-                        for h in (0, 1)]
-                masks = [b.icmp_signed("<", c, splat(b, i64(geo.w), lanes)) for c in cols]
-                g = []  # g[i] = (dy[2ty + i, 2tx], dy[2ty + i, 2tx + 1])
-                for i in range(2):
-                    start = b.add(b.add(plane, b.mul(b.add(oh, i64(i)), i64(geo.w))),
-                                  b.mul(tx0, i64(2)))
-                    halves = [masked_rt(b, "load", dt, lanes, masks[h], b.gep(
-                        dy, [b.add(start, i64(h * lanes))], inbounds=True, source_etype=el))
-                        for h in (0, 1)]
-                    g.append([b.shuffle_vector(*halves, evens), b.shuffle_vector(*halves, odds)])
-                # A dy: rows (g0, g0 + g1, g0 - g1, -g1) of each column, then the same along
-                # each row
-                col = [[g[0][j], b.fadd(g[0][j], g[1][j]), b.fsub(g[0][j], g[1][j]),
-                        b.fneg(g[1][j])] for j in range(2)]
-                stored = b.icmp_signed("<", b.add(splat(b, tx0, lanes), iota),
-                                       splat(b, i64(bd.tw), lanes))
-                tile = b.add(b.mul(r, i64(bd.tw)), tx0)
-                for rr in range(4):
-                    a0, a1 = col[0][rr], col[1][rr]
-                    row = [a0, b.fadd(a0, a1), b.fsub(a0, a1), b.fneg(a1)]
-                    for cc, value in enumerate(row):
-                        at = b.add(b.add(i64((4 * rr + cc) * bd.plane(geo.o)),
-                                         b.mul(o, i64(bd.width))), tile)
-                        masked_rt(b, "store", dt, lanes, stored,
-                                  b.gep(d, [at], inbounds=True, source_etype=el), value)
-
-            loop(b, cdiv(bd.tw, lanes), vector, "tx")
-
-        for_range(b, i64(0), rows, tile_row, "ty")
-
-    loop(b, geo.o, channel, "o")
+    each_tile_vector(b, bd, geo.o, rows, lanes, vector)
 
 
 def _transpose(b: ir.IRBuilder, geo, bd: Bands, de, d_t, ow: int, lanes: int) -> None:
