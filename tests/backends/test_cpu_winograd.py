@@ -1,9 +1,9 @@
 """3x3 stride-1 convs as Winograd F(2x2, 3x3) (backends/cpu/kernels/winograd.py,
 winograd_weight_grad.py): forward convs, input and weight gradients against the
 interpreter on 1, 2 and 4 threads, f32 and f64, with bands of tile rows split across
-threads, a short last band, rows of tiles that end inside a vector and channels that end
-inside a tile of the micro-kernel's rows; the conv's epilogue on each band (a bias and
-ReLU fused into the conv)."""
+threads, a short last band, units of several whole images, rows of tiles that end inside
+a vector and channels that end inside a tile of the micro-kernel's rows; the conv's
+epilogue on each unit (a bias and ReLU fused into the conv)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,8 @@ CASES = [  # x shape, out channels, L2 bytes (bands of fewer rows where small)
     ((2, 3, 8, 6), 5, 1 << 21),      # one band an image, 3 tiles a row
     ((3, 7, 10, 36), 13, 96 << 10),  # 18 tiles a row (a vector and 2), bands of 2, 2, 1
     ((1, 16, 12, 12), 20, 1 << 16),  # bands of 2 tile rows (f64: 1): 3 an image
-    ((4, 5, 2, 2), 3, 1 << 21),      # one tile an image
+    ((4, 5, 2, 2), 3, 1 << 21),      # one tile an image, all four images a unit
+    ((5, 4, 4, 6), 6, 16 << 10),     # units of 2 whole images (f64: 1), the last of 1
     ((2, 4, 6, 8), 70, 1 << 21),     # outputs past one panel of the micro-kernel's columns
 ]
 
@@ -119,5 +120,6 @@ def test_which_convs_run_as_winograd():
     assert not runs((8, 64, 56, 56), (64, 32, 3, 3), groups=2)
     assert not runs((8, 64, 55, 55), (64, 64, 3, 3))  # odd sides
     assert not runs((8, 64, 56, 56), (64, 64, 5, 5), pad=2)
-    assert not runs((32, 512, 4, 4), (512, 512, 3, 3))  # 4 tiles an image
+    assert runs((32, 512, 4, 4), (512, 512, 3, 3))  # units of 8 images
+    assert not runs((1, 512, 4, 4), (512, 512, 3, 3))  # 4 tiles in all
     assert not runs((32, 3, 32, 32), (64, 3, 3, 3))  # an image's 3 channels

@@ -3,19 +3,21 @@ outputs of a channel pair is A^T [(G g G^T) * (B^T d B)] A, d the 4x4 input patc
 so a conv is 16 GEMMs of its channels, M[e] = U[e] (O x C) @ V[e] (C x tiles), with 16
 multiplies per block where the implicit GEMM has 36: 2.25x fewer.
 
-The weight's transform U (16 x O x C) is computed first on every call (it is the weight's
-size, 16/9 of it). Then units of whole tile rows of one image (a band, at most
-`max_tiles` tiles so that V and M stay in L2) go to threads: the band's input is
-transformed into V (vectors of `lanes` tiles along a row: three loads and four shuffles
-give the four columns a tile reads), the 16 GEMMs run on the own GEMM's micro-kernel, and
-M is transformed back into the band's output rows (two tiles' columns interleaved by a
+The weight's transform U (16 x O x C, 16/9 of the weight) is computed first on every
+call. Then units go to threads (`Bands`: whole tile rows of one image, or several whole
+images, as many tiles as keep V and M in L2): the unit's input is transformed into V
+(vectors of `lanes` tiles along a row: three loads and four shuffles give the four
+columns a tile reads), the 16 GEMMs run on the own GEMM's micro-kernel, and M is
+transformed back into the unit's output rows (two tiles' columns interleaved by a
 shuffle), where the conv's epilogue (`Finish`) then runs on them.
 
-Measured on this Xeon (f32, 2 threads, one process): ResNet-18's 64-channel convs at
-56x56, batch 8, 5.86 -> 3.23 ms; at 32x32, batch 32, 7.58 -> 3.87; 128 channels at 16x16,
-batch 32, 7.48 -> 4.59 (with the V and M planes skewed by a cache line: 16 planes 32 KiB
-apart fell in one L1 set, 3.87 -> 3.12 at 56x56). The largest error against float64 is
-1.2-1.7x PyTorch's float32 conv's (3-5e-7 of the largest output).
+Measured on this Xeon (f32, 2 threads, one process), implicit GEMM -> Winograd:
+ResNet-18's 64-channel convs at 56x56, batch 8, 5.86 -> 3.23 ms; at 32x32, batch 32,
+7.58 -> 3.87; 128 channels at 16x16, batch 32, 7.48 -> 4.59 (with the V and M planes
+skewed by a cache line: 16 planes 32 KiB apart fell in one L1 set, 3.87 -> 3.12 at
+56x56); in units of whole images, 256 channels at 8x8 7.44 -> 4.32, 512 at 4x4 7.98 ->
+5.99. The largest error against float64 is 1.2-1.7x PyTorch's float32 conv's (3-5e-7 of
+the largest output).
 """
 
 from __future__ import annotations
@@ -49,27 +51,52 @@ SKEW = 16  # elements
 
 
 @dataclass(frozen=True)
+class Place:
+    """A unit's images [image0, image0 + images), tile rows [ty0, ty0 + rows) of each, and
+    its tiles; its tile row r is row ty0 + r % rows of image image0 + r // rows."""
+
+    image0: ir.Value
+    images: ir.Value
+    ty0: ir.Value
+    rows: ir.Value
+    tiles: ir.Value
+
+    def tile_row(self, b: ir.IRBuilder, r) -> tuple:
+        """(image, tile row in it) of the unit's tile row r."""
+        return b.add(self.image0, b.udiv(r, self.rows)), b.add(self.ty0, b.urem(r, self.rows))
+
+    def all_rows(self, b: ir.IRBuilder):
+        return b.mul(self.images, self.rows)
+
+
+@dataclass(frozen=True)
 class Bands:
-    """A conv's units: per image, bands of `rows` tile rows (the last one may be short),
-    `tw` tiles a row; `width` columns of V and M per transformed element (the band's tiles,
+    """A conv's units: bands of `rows` tile rows of an image (the last one may be short),
+    or, where a band is a whole image, `images` whole images (the last unit may have
+    fewer); `tw` tiles a row. A unit's tile rows run on from image to image, so its tiles
+    are one sequence; `width` columns of V and M per transformed element (a unit's tiles,
     rounded up to whole micro-kernel panels)."""
 
+    n: int
     th: int
     tw: int
     rows: int
     per_image: int
+    images: int
     width: int
 
     @property
-    def tiles(self) -> int:
-        return self.rows * self.tw
+    def units(self) -> int:
+        return cdiv(self.n, self.images) * self.per_image
 
-    def locate(self, b: ir.IRBuilder, unit) -> tuple:
-        """(image, first tile row, tile rows, tiles) of a unit."""
-        image, band = b.udiv(unit, i64(self.per_image)), b.urem(unit, i64(self.per_image))
+    def locate(self, b: ir.IRBuilder, unit) -> Place:
+        """Where a unit lies."""
+        group, band = b.udiv(unit, i64(self.per_image)), b.urem(unit, i64(self.per_image))
+        image0 = b.mul(group, i64(self.images))
         ty0 = b.mul(band, i64(self.rows))
         rows = S.at_most(b, b.sub(i64(self.th), ty0), self.rows)
-        return image, ty0, rows, b.mul(rows, i64(self.tw))
+        images = S.at_most(b, b.sub(i64(self.n), image0), self.images)
+        return Place(image0, images, ty0, rows, b.mul(b.mul(images, rows), i64(self.tw)))
 
     def plane(self, channels: int) -> int:
         """Elements from one transformed element's matrix of V or M to the next: its
@@ -84,16 +111,22 @@ def _nr(geo, isa: Isa) -> int:
 
 
 def bands(geo, isa: Isa) -> Bands | None:
-    """The units of `geo`, or None where a band that fits L2 would fill under
-    MIN_VECTORS vectors."""
+    """The units of `geo`, or None where a band would fill under MIN_VECTORS vectors. A
+    band's V and M take half of L2; all of it where U, which every band reads, is larger
+    than that and comes from L3 anyway: then twice the tiles read it half as often
+    (ResNet-18's 256-channel convs at 14x14, batch 8: whole images, 4.92 -> 3.98 ms)."""
     th, tw = geo.h // 2, geo.w // 2
     column = E * (geo.cg + geo.og) * S.size(geo.dtype)  # V's and M's bytes per tile
-    most = host_caches().l2 // 2 // column
+    l2 = host_caches().l2
+    budget = l2 if _transformed_weight_bytes(geo) > l2 // 2 else l2 // 2
+    most = budget // column
     rows = min(th, most // tw)
-    if rows == 0 or rows * tw < MIN_VECTORS * isa.lanes(geo.dtype):
+    images = max(1, min(geo.n, most // (th * tw))) if rows == th else 1
+    if rows == 0 or images * rows * tw < MIN_VECTORS * isa.lanes(geo.dtype):
         return None
     nr = _nr(geo, isa)
-    return Bands(th, tw, rows, cdiv(th, rows), cdiv(rows * tw, nr) * nr)
+    return Bands(geo.n, th, tw, rows, cdiv(th, rows), images,
+                 cdiv(images * rows * tw, nr) * nr)
 
 
 def runs_winograd(geo, isa: Isa) -> bool:
@@ -117,7 +150,7 @@ def _thread_bytes(geo, isa: Isa) -> int:
 
 def threads_for(geo, isa: Isa, threads: int) -> int:
     bd = bands(geo, isa)
-    return parallel_chunks(geo.flops / 8, geo.n * bd.per_image, threads)
+    return parallel_chunks(geo.flops / 8, bd.units, threads)
 
 
 def scratch_bytes(geo, isa: Isa, threads: int) -> int:
@@ -139,7 +172,7 @@ def emit_winograd(b: ir.IRBuilder, geo, x, w, y, scratch, isa: Isa, threads: int
     nr = _nr(geo, isa)  # bd.width is a multiple
     kernels = {nv: microkernel(b.module, dt, lanes, blk.mr, nv, False)
                for nv in range(1, cdiv(nr, lanes) + 1)}
-    units = geo.n * bd.per_image
+    units = bd.units
     t = threads_for(geo, isa, threads)
     per = _thread_bytes(geo, isa)
     vp, mp = bd.plane(geo.c), bd.plane(geo.o)
@@ -149,11 +182,10 @@ def emit_winograd(b: ir.IRBuilder, geo, x, w, y, scratch, isa: Isa, threads: int
         return bb.gep(ptr, [offset], inbounds=True, source_etype=el)
 
     def unit(bb, xp, up, yp, own, eptrs, un):
-        image, ty0, rows, tiles = bd.locate(bb, un)
+        place = bd.locate(bb, un)
+        tiles = place.tiles
         v, m = own, at(bb, own, i64(E * vp))
-        x_image = at(bb, xp, bb.mul(image, i64(geo.c * geo.h * geo.w)))
-        y_image = at(bb, yp, bb.mul(image, i64(geo.o * geo.h * geo.w)))
-        transform_input(bb, geo, bd, x_image, v, ty0, rows, lanes)
+        transform_input(bb, geo, bd, xp, v, place, lanes)
 
         def gemm(e):
             ue = at(bb, up, bb.mul(e, i64(geo.o * geo.c)))
@@ -178,11 +210,13 @@ def emit_winograd(b: ir.IRBuilder, geo, x, w, y, scratch, isa: Isa, threads: int
             for_range(bb, i64(0), panels, panel, "panel")
 
         loop(bb, E, gemm, "e")
-        _transform_output(bb, geo, bd, m, y_image, ty0, rows, lanes)
+        _transform_output(bb, geo, bd, m, yp, place, lanes)
         if finish is not None:
-            first = bb.mul(ty0, i64(2 * geo.w))
-            finish.span(bb, yp, eptrs, image, i64(0), i64(geo.o), first,
-                        bb.add(first, bb.mul(rows, i64(2 * geo.w))))
+            first = bb.mul(place.ty0, i64(2 * geo.w))
+            end = bb.add(first, bb.mul(place.rows, i64(2 * geo.w)))
+            for_range(bb, i64(0), place.images, lambda i: finish.span(
+                bb, yp, eptrs, bb.add(place.image0, i), i64(0), i64(geo.o), first, end),
+                "image")
 
     def run(bb, xp, up, yp, own, eptrs, lo, hi):
         # V's columns past a band's tiles are read by the micro-kernel (their sums are not
@@ -252,11 +286,12 @@ def _transform_weight(b: ir.IRBuilder, geo, w, u, lanes: int) -> None:
     loop(b, cdiv(pairs, lanes), vector, "wt")
 
 
-def each_tile_vector(b: ir.IRBuilder, bd: Bands, channels: int, rows, lanes: int,
+def each_tile_vector(b: ir.IRBuilder, bd: Bands, channels: int, place: Place, lanes: int,
                      body) -> None:
-    """body(c, r, tx0) for each channel, tile row r < rows of the band and vector of `lanes`
-    tiles along it from tx0 (lanes past the row's `tw` tiles are not stored)."""
-    loop(b, channels, lambda c: for_range(b, i64(0), rows, lambda r: loop(
+    """body(c, r, tx0) for each channel, tile row r of the unit (`Place.tile_row`) and
+    vector of `lanes` tiles along it from tx0 (lanes past the row's `tw` tiles are not
+    stored)."""
+    loop(b, channels, lambda c: for_range(b, i64(0), place.all_rows(b), lambda r: loop(
         b, cdiv(bd.tw, lanes), lambda k: body(c, r, b.mul(k, i64(lanes))), "tx"), "ty"), "c")
 
 
@@ -273,9 +308,9 @@ def store_transformed(b: ir.IRBuilder, bd: Bands, dst, channels: int, dt: str, l
         masked_rt(b, "store", dt, lanes, tiles, ptr, values[e // 4][e % 4])
 
 
-def transform_input(b: ir.IRBuilder, geo, bd: Bands, x, v, ty0, rows, lanes: int) -> None:
-    """v[e][c][r * tw + tx] = (B^T d B)[e] for the band's tiles (tile rows ty0 .. ty0 +
-    rows), d the 4x4 input patch at rows 2ty - 1 .., columns 2tx - 1 .. (zeros outside)."""
+def transform_input(b: ir.IRBuilder, geo, bd: Bands, x, v, place: Place, lanes: int) -> None:
+    """v[e][c][r * tw + tx] = (B^T d B)[e] for the unit's tiles, d the 4x4 patch of x's
+    image at rows 2ty - 1 .., columns 2tx - 1 .. (zeros outside)."""
     dt = geo.dtype
     el = S.REG[dt]
     vi = ir.VectorType(I64, lanes)
@@ -296,11 +331,13 @@ def transform_input(b: ir.IRBuilder, geo, bd: Bands, x, v, ty0, rows, lanes: int
             col = b.add(splat(b, b.add(col0, i64(part * lanes)), lanes), iota)
             col_masks.append(b.and_(b.icmp_signed(">=", col, splat(b, i64(0), lanes)),
                                     b.icmp_signed("<", col, splat(b, i64(geo.w), lanes))))
+        image, ty = place.tile_row(b, r)
+        plane = b.mul(b.add(b.mul(image, i64(geo.c)), c), i64(geo.h * geo.w))
         d = []  # d[i][j]: the patch's row i, column j, for each lane's tile
         for i in range(4):
-            h = b.add(b.sub(b.mul(b.add(ty0, r), i64(2)), i64(1)), i64(i))
+            h = b.add(b.sub(b.mul(ty, i64(2)), i64(1)), i64(i))
             inside = b.and_(b.icmp_signed(">=", h, i64(0)), b.icmp_signed("<", h, i64(geo.h)))
-            start = b.add(b.add(b.mul(c, i64(geo.h * geo.w)), b.mul(h, i64(geo.w))), col0)
+            start = b.add(b.add(plane, b.mul(h, i64(geo.w))), col0)
             parts = [masked_rt(b, "load", dt, lanes, b.select(inside, col_masks[p], no),
                                b.gep(x, [b.add(start, i64(p * lanes))], source_etype=el))
                      for p in range(3)]
@@ -312,11 +349,11 @@ def transform_input(b: ir.IRBuilder, geo, bd: Bands, x, v, ty0, rows, lanes: int
         store_transformed(b, bd, v, geo.c, dt, lanes, c, r, tx0,
                           [b_t(*(t[j][i] for j in range(4))) for i in range(4)])
 
-    each_tile_vector(b, bd, geo.c, rows, lanes, vector)
+    each_tile_vector(b, bd, geo.c, place, lanes, vector)
 
 
-def _transform_output(b: ir.IRBuilder, geo, bd: Bands, m, y, ty0, rows, lanes: int) -> None:
-    """The band's output rows from m[e][o][r * tw + tx]: A^T m A, a 2x2 block per tile,
+def _transform_output(b: ir.IRBuilder, geo, bd: Bands, m, y, place: Place, lanes: int) -> None:
+    """The unit's output rows from m[e][o][r * tw + tx]: A^T m A, a 2x2 block per tile,
     each output row's two columns of `lanes` tiles interleaved into two vectors."""
     dt = geo.dtype
     el = S.REG[dt]
@@ -337,11 +374,12 @@ def _transform_output(b: ir.IRBuilder, geo, bd: Bands, m, y, ty0, rows, lanes: i
             i64((4 * i + j) * bd.plane(geo.o)), b.mul(o, i64(bd.width))), tile)],
             inbounds=True, source_etype=el)) for j in range(4)] for i in range(4)]
         s = [a_t(*(mm[i][j] for i in range(4))) for j in range(4)]  # s[j][i] = (A^T m)[i][j]
+        image, ty = place.tile_row(b, r)
+        plane = b.mul(b.add(b.mul(image, i64(geo.o)), o), i64(geo.h * geo.w))
         for i in range(2):
             y0, y1 = a_t(*(s[j][i] for j in range(4)))
-            oh = b.add(b.mul(b.add(ty0, r), i64(2)), i64(i))
-            start = b.add(b.add(b.mul(o, i64(geo.h * geo.w)), b.mul(oh, i64(geo.w))),
-                          b.mul(tx0, i64(2)))
+            oh = b.add(b.mul(ty, i64(2)), i64(i))
+            start = b.add(b.add(plane, b.mul(oh, i64(geo.w))), b.mul(tx0, i64(2)))
             col = b.add(splat(b, b.mul(tx0, i64(2)), lanes), iota)
             for half, order in enumerate((low, high)):
                 cols = b.add(col, splat(b, i64(half * lanes), lanes))
@@ -350,4 +388,4 @@ def _transform_output(b: ir.IRBuilder, geo, bd: Bands, m, y, ty0, rows, lanes: i
                     y, [b.add(start, i64(half * lanes))], inbounds=True, source_etype=el),
                     b.shuffle_vector(y0, y1, order))
 
-    each_tile_vector(b, bd, geo.o, rows, lanes, vector)
+    each_tile_vector(b, bd, geo.o, place, lanes, vector)

@@ -25,6 +25,7 @@ from .scalar import I32, I64, i64
 from .winograd import (
     Bands,
     E,
+    Place,
     bands,
     each_tile_vector,
     runs_winograd,
@@ -60,7 +61,7 @@ def _regions(geo, isa: Isa) -> tuple[int, list[int]]:
 
 
 def threads_for(geo, isa: Isa, threads: int) -> int:
-    return parallel_chunks(geo.flops / 8, geo.n * bands(geo, isa).per_image, threads)
+    return parallel_chunks(geo.flops / 8, bands(geo, isa).units, threads)
 
 
 def scratch_bytes(geo, isa: Isa, threads: int) -> int:
@@ -78,7 +79,7 @@ def emit_weight_grad(b: ir.IRBuilder, geo, x, dy, dw, scratch, isa: Isa, threads
     ow = _o_width(geo, isa)
     kernels = {nv: microkernel(b.module, dt, lanes, blk.mr, nv, False)
                for nv in range(1, cdiv(nr, lanes) + 1)}
-    units = geo.n * bd.per_image
+    units = bd.units
     t = threads_for(geo, isa, threads)
     per, (v_at, d_at, dt_at, sums_at) = _regions(geo, isa)
 
@@ -86,12 +87,11 @@ def emit_weight_grad(b: ir.IRBuilder, geo, x, dy, dw, scratch, isa: Isa, threads
         return bb.gep(ptr, [offset], inbounds=True, source_etype=el)
 
     def unit(bb, xp, dyp, own, un):
-        image, ty0, rows, tiles = bd.locate(bb, un)
+        place = bd.locate(bb, un)
+        tiles = place.tiles
         v, d, d_t, sums = (at(bb, own, i64(k)) for k in (v_at, d_at, dt_at, sums_at))
-        transform_input(bb, geo, bd, at(bb, xp, bb.mul(image, i64(geo.c * geo.h * geo.w))),
-                        v, ty0, rows, lanes)
-        _transform_gradient(bb, geo, bd, at(bb, dyp, bb.mul(image, i64(geo.o * geo.p))),
-                            d, ty0, rows, lanes)
+        transform_input(bb, geo, bd, xp, v, place, lanes)
+        _transform_gradient(bb, geo, bd, dyp, d, place, lanes)
 
         def gemm(e):
             _transpose(bb, geo, bd, at(bb, d, bb.mul(e, i64(bd.plane(geo.o)))), d_t, ow, lanes)
@@ -133,8 +133,9 @@ def emit_weight_grad(b: ir.IRBuilder, geo, x, dy, dw, scratch, isa: Isa, threads
     _transform_sums(b, geo, scratch, dw, [k * per + sums_at for k in range(t)], ow)
 
 
-def _transform_gradient(b: ir.IRBuilder, geo, bd: Bands, dy, d, ty0, rows, lanes: int) -> None:
-    """d[e][o][r * tw + tx] = (A dy A^T)[e] for the band's tiles, dy's 2x2 block at rows
+def _transform_gradient(b: ir.IRBuilder, geo, bd: Bands, dy, d, place: Place,
+                        lanes: int) -> None:
+    """d[e][o][r * tw + tx] = (A dy A^T)[e] for the unit's tiles, dy's 2x2 block at rows
     2ty.., columns 2tx.. (two loads of a row's 2 x lanes columns, split into its even and
     odd ones)."""
     dt = geo.dtype
@@ -150,11 +151,12 @@ def _transform_gradient(b: ir.IRBuilder, geo, bd: Bands, dy, d, ty0, rows, lanes
         cols = [b.add(splat(b, b.add(b.mul(tx0, i64(2)), i64(h * lanes)), lanes), iota)
                 for h in (0, 1)]
         masks = [b.icmp_signed("<", c, splat(b, i64(geo.w), lanes)) for c in cols]
+        image, ty = place.tile_row(b, r)
+        plane = b.mul(b.add(b.mul(image, i64(geo.o)), o), i64(geo.p))
         g = []  # g[i] = (dy[2ty + i, 2tx], dy[2ty + i, 2tx + 1])
         for i in range(2):
-            oh = b.add(b.mul(b.add(ty0, r), i64(2)), i64(i))
-            start = b.add(b.add(b.mul(o, i64(geo.p)), b.mul(oh, i64(geo.w))),
-                          b.mul(tx0, i64(2)))
+            oh = b.add(b.mul(ty, i64(2)), i64(i))
+            start = b.add(b.add(plane, b.mul(oh, i64(geo.w))), b.mul(tx0, i64(2)))
             halves = [masked_rt(b, "load", dt, lanes, masks[h], b.gep(
                 dy, [b.add(start, i64(h * lanes))], inbounds=True, source_etype=el))
                 for h in (0, 1)]
@@ -163,7 +165,7 @@ def _transform_gradient(b: ir.IRBuilder, geo, bd: Bands, dy, d, ty0, rows, lanes
         store_transformed(b, bd, d, geo.o, dt, lanes, o, r, tx0,
                           [a(col[0][i], col[1][i]) for i in range(4)])
 
-    each_tile_vector(b, bd, geo.o, rows, lanes, vector)
+    each_tile_vector(b, bd, geo.o, place, lanes, vector)
 
 
 def _transpose(b: ir.IRBuilder, geo, bd: Bands, de, d_t, ow: int, lanes: int) -> None:
