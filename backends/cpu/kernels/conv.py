@@ -197,7 +197,7 @@ def _own_scratch(cv: Conv, isa: Isa, threads: int) -> int:
             return winograd_weight_grad.scratch_bytes(geo, isa, threads)
         return weight_grad_scratch(geo, isa, threads)
     if geo is not None and runs_winograd(geo, isa):
-        return cv.flipped_bytes + winograd_scratch(geo, isa, threads)
+        return winograd_scratch(geo, isa, threads)
     if geo is not None:
         return cv.flipped_bytes + scratch_bytes(geo, isa, threads)
     return cv.chunk_threads(threads) * cv.scratch(isa, threads)[0]
@@ -331,13 +331,14 @@ def _emit(b: ir.IRBuilder, cv: Conv, y, ins, scratch, isa: Isa, threads: int, na
         return
     if geo is not None:
         x, w = ins
+        if runs_winograd(geo, isa):  # an input gradient's flip read in place
+            emit_winograd(b, geo, x, w, y, scratch, isa, threads, name, finish,
+                          flipped=bool(cv.flipped_bytes))
+            return
         if cv.flipped_bytes:
             flip_weight(b, cv, w, scratch, threads, name)
             w, scratch = scratch, byte_offset(b, scratch, cv.flipped_bytes)
-        if runs_winograd(geo, isa):
-            emit_winograd(b, geo, x, w, y, scratch, isa, threads, name, finish)
-        else:
-            emit_implicit(b, geo, x, w, y, scratch, isa, threads, name, finish)
+        emit_implicit(b, geo, x, w, y, scratch, isa, threads, name, finish)
         return
     weights = cv.o * cv.k
     if cv.name != "ember.conv2d":  # both gradients accumulate: start from zero

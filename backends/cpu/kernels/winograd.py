@@ -160,13 +160,14 @@ def scratch_bytes(geo, isa: Isa, threads: int) -> int:
 
 
 def emit_winograd(b: ir.IRBuilder, geo, x, w, y, scratch, isa: Isa, threads: int, name: str,
-                  finish: Finish | None = None) -> None:
-    """y = conv(x, w) of `geo` (`runs_winograd`), then `finish` on each band's output."""
+                  finish: Finish | None = None, flipped: bool = False) -> None:
+    """y = conv(x, w) of `geo` (`runs_winograd`), then `finish` on each unit's output;
+    `flipped`: `geo` is an input gradient's and w the forward's weight."""
     dt, el = geo.dtype, S.REG[geo.dtype]
     lanes = isa.lanes(dt)
     bd = bands(geo, isa)
     u = scratch
-    _transform_weight(b, geo, w, u, lanes)
+    _transform_weight(b, geo, w, u, lanes, threads, name, flipped)
     local = byte_offset(b, scratch, i64(_transformed_weight_bytes(geo)))
     blk = blocking(isa, dt, 1 << 20)
     nr = _nr(geo, isa)  # bd.width is a multiple
@@ -254,36 +255,57 @@ def _vec_type(dt: str, lanes: int) -> ir.VectorType:
     return ir.VectorType(S.REG[dt], lanes)
 
 
-def _transform_weight(b: ir.IRBuilder, geo, w, u, lanes: int) -> None:
-    """u[e][o][c] = (G w[o, c] G^T)[e], `lanes` (o, c) pairs at a time (a gather of each
-    of the 9 taps, 9 elements apart), on one thread: it is the size of the weight."""
+def _transform_weight(b: ir.IRBuilder, geo, w, u, lanes: int, threads: int, name: str,
+                      flipped: bool) -> None:
+    """u[e][o][c] = (G g G^T)[e] of each (o, c) pair's 3x3 taps g, `lanes` pairs at a time
+    (a gather of each tap), split across threads. g is w[o, c]; `flipped`: the conv is an
+    input gradient and w the forward's weight, so g is w[c, o] turned by 180 degrees (the
+    flip that implicit_conv.flip_weight writes out, read in place)."""
     dt = geo.dtype
+    vi = ir.VectorType(I64, lanes)
     vt = _vec_type(dt, lanes)
     pairs = geo.o * geo.c
     half = ir.Constant(vt, [0.5] * lanes)
-    taps = [ir.Constant(ir.VectorType(I64, lanes), [9 * k + tap for k in range(lanes)])
-            for tap in range(9)]  # a lane's pair is 9 elements on
-    iota = ir.Constant(ir.VectorType(I64, lanes), list(range(lanes)))
+    iota = ir.Constant(vi, list(range(lanes)))
 
-    def vector(k):
-        p0 = b.mul(k, i64(lanes))
-        mask = b.icmp_signed("<", b.add(splat(b, p0, lanes), iota),
-                             splat(b, i64(pairs), lanes))
-        base = splat(b, b.mul(p0, i64(9)), lanes)
-        g = [[masked_gather(b, w, b.add(base, taps[3 * i + j]), mask, dt, lanes)
-              for j in range(3)] for i in range(3)]
-        gg = [[g[0][j], b.fmul(half, b.fadd(b.fadd(g[0][j], g[1][j]), g[2][j])),
-               b.fmul(half, b.fadd(b.fsub(g[0][j], g[1][j]), g[2][j])), g[2][j]]
-              for j in range(3)]  # gg[j][r] = (G g)[r][j]
+    def const(v: int):
+        return ir.Constant(vi, [v] * lanes)
+
+    def vector(bb, wp, up, k):
+        p0 = bb.mul(k, i64(lanes))
+        p = bb.add(splat(bb, p0, lanes), iota)
+        mask = bb.icmp_signed("<", p, const(pairs))
+        if flipped:  # pair (o, c) = w[c, o], its taps last to first
+            o, c = bb.udiv(p, const(geo.c)), bb.urem(p, const(geo.c))
+            base = bb.add(bb.mul(bb.add(bb.mul(c, const(geo.o)), o), const(9)), const(8))
+        else:
+            base = bb.mul(p, const(9))
+        tap = (lambda i, j: bb.sub(base, const(3 * i + j))) if flipped else (
+            lambda i, j: bb.add(base, const(3 * i + j)))
+        g = [[masked_gather(bb, wp, tap(i, j), mask, dt, lanes) for j in range(3)]
+             for i in range(3)]
+
+        def g_(v0, v1, v2):  # G (v0, v1, v2)
+            return [v0, bb.fmul(half, bb.fadd(bb.fadd(v0, v1), v2)),
+                    bb.fmul(half, bb.fadd(bb.fsub(v0, v1), v2)), v2]
+
+        gg = [g_(*(g[i][j] for i in range(3))) for j in range(3)]  # gg[j][r] = (G g)[r][j]
         for r in range(4):
-            row = [gg[0][r], b.fmul(half, b.fadd(b.fadd(gg[0][r], gg[1][r]), gg[2][r])),
-                   b.fmul(half, b.fadd(b.fsub(gg[0][r], gg[1][r]), gg[2][r])), gg[2][r]]
-            for c, value in enumerate(row):
-                at = b.gep(u, [b.add(i64((4 * r + c) * pairs), p0)], inbounds=True,
-                           source_etype=S.REG[dt])
-                masked_rt(b, "store", dt, lanes, mask, at, value)
+            for c, value in enumerate(g_(*(gg[j][r] for j in range(3)))):
+                at = bb.gep(up, [bb.add(i64((4 * r + c) * pairs), p0)], inbounds=True,
+                            source_etype=S.REG[dt])
+                masked_rt(bb, "store", dt, lanes, mask, at, value)
 
-    loop(b, cdiv(pairs, lanes), vector, "wt")
+    vectors = cdiv(pairs, lanes)
+    t = parallel_chunks(E * pairs, vectors, threads)
+
+    def chunk(bb, ptrs, lo, hi):
+        for_range(bb, lo, hi, lambda k: vector(bb, *ptrs, k), "wt")
+
+    if t == 1:
+        chunk(b, [w, u], i64(0), i64(vectors))
+    else:
+        parallel_region(b, f"{name}.weight", [w, u], [False, True], vectors, t, chunk)
 
 
 def each_tile_vector(b: ir.IRBuilder, bd: Bands, channels: int, place: Place, lanes: int,
