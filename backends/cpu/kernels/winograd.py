@@ -39,9 +39,9 @@ from .loops import for_range, loop
 from .scalar import I32, I64, i64
 
 E = 16  # elements of a transformed 4x4 tile
-# a band's tiles fill at least this many vectors: with one, the micro-kernel loads as many
-# elements as it multiplies (ResNet-18's 256-channel 3x3 convs at 14x14, bands of 28 tiles:
-# 6.45 -> 5.08 ms at batch 8)
+# a unit's tiles fill at least this many vectors: with one, the micro-kernel loads as many
+# elements as it multiplies; 1.75 still won (ResNet-18's 256-channel convs at 14x14,
+# batch 8, in bands of 28 tiles: 6.45 -> 5.08 ms)
 MIN_VECTORS = 1.5
 # input and output channels a conv has at least: the transforms cost per channel what the
 # GEMMs save per pair of channels (measured at 32x32, batch 32: 3 -> 64 channels 0.49 ms
@@ -66,6 +66,7 @@ class Place:
         return b.add(self.image0, b.udiv(r, self.rows)), b.add(self.ty0, b.urem(r, self.rows))
 
     def all_rows(self, b: ir.IRBuilder):
+        """The unit's tile rows, over all its images."""
         return b.mul(self.images, self.rows)
 
 
@@ -116,7 +117,7 @@ def bands(geo, isa: Isa) -> Bands | None:
     than that and comes from L3 anyway: then twice the tiles read it half as often
     (ResNet-18's 256-channel convs at 14x14, batch 8: whole images, 4.92 -> 3.98 ms)."""
     th, tw = geo.h // 2, geo.w // 2
-    column = E * (geo.cg + geo.og) * S.size(geo.dtype)  # V's and M's bytes per tile
+    column = E * (geo.c + geo.o) * S.size(geo.dtype)  # V's and M's bytes per tile
     l2 = host_caches().l2
     budget = l2 if _transformed_weight_bytes(geo) > l2 // 2 else l2 // 2
     most = budget // column
@@ -135,8 +136,8 @@ def runs_winograd(geo, isa: Isa) -> bool:
     at least MIN_CHANNELS input and output channels, whose bands fit L2 (`bands`)."""
     return (geo.kh == geo.kw == 3 and (geo.sh, geo.sw, geo.dh, geo.dw) == (1, 1, 1, 1)
             and (geo.ph, geo.pw) == (1, 1) and geo.g == 1 and geo.h % 2 == 0
-            and min(geo.c, geo.o) >= MIN_CHANNELS
-            and geo.w % 2 == 0 and geo.dtype in S.FLOATS and bands(geo, isa) is not None)
+            and geo.w % 2 == 0 and min(geo.c, geo.o) >= MIN_CHANNELS
+            and geo.dtype in S.FLOATS and bands(geo, isa) is not None)
 
 
 def _transformed_weight_bytes(geo) -> int:
