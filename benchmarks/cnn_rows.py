@@ -4,7 +4,9 @@ exports of ResNet-18 at 224 (batch 1 and 8), MobileNetV2 and MobileNetV3-small
 (benchmarks/mobilenetv3.py) against onnxruntime, PyTorch eager and torch.compile
 (benchmarks/onnx_latency.py); each also as % of the FMA peak. Then
 MobileNetV2's depthwise convs channels last (the layout pass's form) and in NCHW, as the
-bytes they move per second against the bandwidth of a copy far past the caches."""
+bytes they move per second against the bandwidth of a copy far past the caches; and
+ResNet-18 CIFAR's 3x3 convs (batch 32), forward and both gradients, as direct-conv
+FLOPs per second against the peak (an effective rate: Winograd does fewer multiplies)."""
 
 from __future__ import annotations
 
@@ -18,7 +20,13 @@ DEPTHWISE = [(112, 32, 1), (112, 96, 2), (56, 144, 1), (28, 192, 1), (14, 576, 1
              (7, 960, 1)]
 
 
+# ResNet-18 CIFAR's 3x3 convs at batch 32: (channels in, out, size, stride, how many)
+CONV3X3 = [(64, 64, 32, 1, 4), (64, 128, 32, 2, 1), (128, 128, 16, 1, 3),
+           (128, 256, 16, 2, 1), (256, 256, 8, 1, 3), (256, 512, 8, 2, 1), (512, 512, 4, 1, 3)]
+
+
 def bench_cnn(rows: list, peak: float, cores: int) -> None:
+    bench_conv3x3(rows, peak)
     if importlib.util.find_spec("torch") is None:
         rows.append(("CNN rows", "skipped", "no torch", "", ""))
         return
@@ -54,6 +62,41 @@ def bench_depthwise(rows: list) -> None:
                      f"NCHW {t_nchw * 1e3:8.3f}", f"x{t_nchw / t:5.2f}",
                      f"{moved / t / 1e9:5.1f} GB/s = {100 * moved / t / bandwidth:3.0f}% "
                      "of copy"))
+
+
+def bench_conv3x3(rows: list, peak: float, batch: int = 32) -> None:
+    """Each 3x3 conv's forward, input and weight gradient kernels in one graph; the last
+    row sums them as the network has them."""
+    import numpy as np
+
+    total_t = total_flops = 0.0
+    for c, o, size, stride, count in CONV3X3:
+        a = {"stride": [stride] * 2, "padding": [1, 1], "dilation": [1, 1], "groups": 1}
+        xs, ws, ys = (batch, c, size, size), (o, c, 3, 3), (batch, o, size // stride,
+                                                             size // stride)
+
+        def graph(b, x, w, dy, a=a, xs=xs, ws=ws):
+            return [b.create("ember.conv2d", [x, w], a).result,
+                    b.create("ember.conv2d_grad_input", [dy, w],
+                             {**a, "input_shape": list(xs)}).result,
+                    b.create("ember.conv2d_grad_weight", [x, dy],
+                             {**a, "weight_shape": list(ws)}).result]
+
+        from run import compiled  # (run.py imports this file)
+
+        exe = compiled(graph, [xs, ws, ys])
+        inputs = [np.random.default_rng(0).standard_normal(s, dtype=np.float32)
+                  for s in (xs, ws, ys)]
+        runs = [dict(exe.profile(inputs, repeat=5)) for _ in range(3)]
+        t = sum(min(r[k] for r in runs) for k in runs[0] if "conv" in k)
+        flops = 3 * 2 * o * c * 9 * ys[0] * ys[2] * ys[3]
+        total_t, total_flops = total_t + count * t, total_flops + count * flops
+        rows.append((f"conv3x3 {c}->{o} {size}x{size} s{stride} fwd+bwd", f"{t * 1e3:10.2f} ms",
+                     f"{flops / t / 1e9:6.0f} GFLOP/s", "",
+                     f"{100 * flops / t / 1e9 / peak:4.0f}% of peak" if peak else ""))
+    rows.append(("conv3x3 ResNet-18 CIFAR, all", f"{total_t * 1e3:10.2f} ms",
+                 f"{total_flops / total_t / 1e9:6.0f} GFLOP/s", "",
+                 f"{100 * total_flops / total_t / 1e9 / peak:4.0f}% of peak" if peak else ""))
 
 
 def _conv(name: str, stride: int, padding: list[int], groups: int):
