@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_cpu_ops import attrs, graph
+from test_cpu_ops import attrs, conv_and_gradients
 
 from ember.backends import cpu, interpreter
 from ember.backends.cpu.kernels.conv import Conv
@@ -52,15 +52,7 @@ def test_implicit_conv_and_gradients(case, dtype, threads, chunked, monkeypatch)
     rng = np.random.default_rng(3)
     x, w = (rng.standard_normal(s).astype(dtype.replace("f", "float")) for s in (xs, ws))
 
-    def fn(b, x, w):
-        y = b.create("ember.conv2d", [x, w], a).result
-        gy = b.op("ember.tanh", y)
-        gx = b.create("ember.conv2d_grad_input", [gy, w], {**a, "input_shape": list(xs)}).result
-        gw = b.create("ember.conv2d_grad_weight", [x, gy],
-                      {**a, "weight_shape": list(ws)}).result
-        return [y, gx, gw]
-
-    g = graph([(xs, dtype), (ws, dtype)], fn)
+    g = conv_and_gradients(xs, ws, a, dtype)
     conv, grad_x, grad_w = (op for op in g.body.ops if op.name.startswith("ember.conv2d"))
     assert Conv(conv).implicit(host_isa()) and Conv(grad_w).implicit(host_isa())
     assert bool(Conv(grad_x).implicit(host_isa())) == (stride == [1, 1])

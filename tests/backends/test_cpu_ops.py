@@ -50,6 +50,18 @@ def attrs(stride, padding, dilation, groups):
     return {"stride": stride, "padding": padding, "dilation": dilation, "groups": groups}
 
 
+def conv_and_gradients(xs, ws, a: dict, dtype: str = "f32") -> Graph:
+    """(x, w) -> [y = conv2d(x, w), and its input and weight gradients for dy = tanh(y)]."""
+    def fn(b, x, w):
+        y = b.create("ember.conv2d", [x, w], a).result
+        gy = b.op("ember.tanh", y)
+        gx = b.create("ember.conv2d_grad_input", [gy, w], {**a, "input_shape": list(xs)}).result
+        gw = b.create("ember.conv2d_grad_weight", [x, gy], {**a, "weight_shape": list(ws)}).result
+        return [y, gx, gw]
+
+    return graph([(xs, dtype), (ws, dtype)], fn)
+
+
 @pytest.mark.parametrize("case", CONV)
 def test_conv2d_and_both_gradients(case, monkeypatch):
     from ember.backends.cpu.parallel import outline as threads
@@ -60,14 +72,7 @@ def test_conv2d_and_both_gradients(case, monkeypatch):
     rng = np.random.default_rng(0)
     x, w = (rng.standard_normal(s).astype(np.float32) for s in (xs, ws))
 
-    def fn(b, x, w):
-        y = b.create("ember.conv2d", [x, w], a).result
-        gy = b.op("ember.tanh", y)
-        gx = b.create("ember.conv2d_grad_input", [gy, w], {**a, "input_shape": list(xs)}).result
-        gw = b.create("ember.conv2d_grad_weight", [x, gy], {**a, "weight_shape": list(ws)}).result
-        return [y, gx, gw]
-
-    run_both(graph([(xs, "f32"), (ws, "f32")], fn), [x, w], rtol=2e-5)
+    run_both(conv_and_gradients(xs, ws, a), [x, w], rtol=2e-5)
 
 
 @pytest.mark.parametrize("kind", ["max", "avg"])

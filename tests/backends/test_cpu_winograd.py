@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from test_cpu_ops import attrs, graph
+from test_cpu_ops import attrs, conv_and_gradients, graph
 
 from ember.backends import cpu, interpreter
 from ember.backends.cpu.kernels import winograd, winograd_weight_grad
@@ -58,14 +58,7 @@ def test_winograd_conv_and_gradients(case, dtype, threads, small_bands, monkeypa
     rng = np.random.default_rng(5)
     x, w = (rng.standard_normal(s).astype(dtype.replace("f", "float")) for s in (xs, ws))
 
-    def fn(b, x, w):
-        y = b.create("ember.conv2d", [x, w], a).result
-        gy = b.op("ember.tanh", y)
-        gx = b.create("ember.conv2d_grad_input", [gy, w], {**a, "input_shape": list(xs)}).result
-        gw = b.create("ember.conv2d_grad_weight", [x, gy], {**a, "weight_shape": list(ws)}).result
-        return [y, gx, gw]
-
-    g = graph([(xs, dtype), (ws, dtype)], fn)
+    g = conv_and_gradients(xs, ws, a, dtype)
     for op in g.body.ops:
         if op.name.startswith("ember.conv2d"):
             runs = (winograd_weight_grad.runs_weight_grad if op.name.endswith("weight")

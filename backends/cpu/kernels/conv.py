@@ -40,7 +40,7 @@ from .implicit_conv import (
 )
 from .implicit_pack import valid_outputs
 from .implicit_weight_grad import emit_weight_grad, weight_bytes, weight_grad_scratch
-from .loops import for_range, loop
+from .loops import fill_zero, for_range, loop
 from .scalar import i64
 from .winograd import emit_winograd, runs_winograd
 from .winograd import scratch_bytes as winograd_scratch
@@ -343,7 +343,7 @@ def _emit(b: ir.IRBuilder, cv: Conv, y, ins, scratch, isa: Isa, threads: int, na
     weights = cv.o * cv.k
     if cv.name != "ember.conv2d":  # both gradients accumulate: start from zero
         total = weights if cv.name == "ember.conv2d_grad_weight" else cv.n * cv.c * cv.h * cv.w
-        loop(b, total, lambda i: S.store(b, y, dt, i, S.const(dt, 0)), "z")
+        fill_zero(b, y, dt, total)
     t = cv.chunk_threads(threads)
     per, offsets = cv.scratch(isa, threads)
     args = [*ins, y, scratch]
@@ -363,7 +363,7 @@ def _emit(b: ir.IRBuilder, cv: Conv, y, ins, scratch, isa: Isa, threads: int, na
             copy = byte_offset(bb, own, offsets[3])
             dw = bb.select(bb.icmp_signed("==", index, i64(0)), dw, copy)
             with bb.if_then(bb.icmp_signed("!=", index, i64(0))):
-                loop(bb, weights, lambda i: S.store(bb, copy, dt, i, S.const(dt, 0)), "z")
+                fill_zero(bb, copy, dt, weights)
         for_range(bb, lo, hi, lambda ci: _conv_chunk(bb, cv, [*ptrs[:2], dw, own], offsets,
                                                        ci, isa, 1, name), "chunk")
 

@@ -29,7 +29,7 @@ from ..parallel.outline import chunk_index, parallel_chunks, parallel_region
 from . import scalar as S
 from .conv_epilogue import Finish
 from .implicit_pack import packer
-from .loops import for_range, loop
+from .loops import fill_zero, for_range, loop
 from .scalar import i64
 
 # depth of a packed slice of the columns, about: its nr x KC buffer (32 KiB of f32 at
@@ -415,7 +415,7 @@ def emit_implicit(b: ir.IRBuilder, geo: Geometry, x, w, y, scratch, isa: Isa, th
     def run(bb, xp, wp, yp, own, eptrs, lo, hi):
         # zeros in the columns past the last panel's (which the micro-kernel reads, and
         # left from other kernels could be slow subnormals)
-        loop(bb, un.span * slice_elems, lambda i: S.store(bb, own, dt, i, S.const(dt, 0)), "z")
+        fill_zero(bb, own, dt, un.span * slice_elems)
         if finish is None or not batched:
             for_range(bb, lo, hi, lambda u: unit(bb, xp, wp, yp, own, eptrs, u), "unit")
             return

@@ -25,7 +25,7 @@ from . import implicit_weight_grad_blocks as by_blocks
 from . import scalar as S
 from .implicit_conv import Geometry, Panels, panel_width, threads_for
 from .implicit_pack import packer
-from .loops import for_range, loop
+from .loops import fill_zero, for_range, loop
 from .scalar import i64
 
 
@@ -133,7 +133,7 @@ def emit_weight_grad(b: ir.IRBuilder, geo: Geometry, x, dy, dw, scratch, isa: Is
         # dW^T's sums start at zero, and so do dy^T's columns past O (which the micro-kernel
         # reads: left from other kernels they could be slow subnormals)
         for buf, count in ((dw_t, weights), (dy_t, o_panels * nr * width)):
-            loop(bb, count, lambda i, buf=buf: S.store(bb, buf, dt, i, S.const(dt, 0)), "z")
+            fill_zero(bb, buf, dt, count)
         for_range(bb, lo, hi, lambda it: item(bb, xp, dyp, cols, dy_t, dw_t, it), "item")
 
     if t == 1:

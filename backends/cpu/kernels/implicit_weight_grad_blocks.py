@@ -27,7 +27,7 @@ from ..parallel.outline import chunk_index, parallel_chunks, parallel_region
 from . import scalar as S
 from .implicit_conv import Geometry, Panels
 from .implicit_pack import packer
-from .loops import for_range, loop
+from .loops import fill_zero, for_range, loop
 from .scalar import i64
 
 
@@ -131,7 +131,7 @@ def _multiply(b: ir.IRBuilder, lay: _Layout, x, dy_t, dw, own, isa: Isa, name: s
         """Input channels [c0, c0 + cc) of group g: dW^T's rows k0 .. k0 + cc*taps."""
         kk = cc * geo.taps
         rows_at = at(bb, buf, i64(lay.cols_elems))
-        loop(bb, kk * geo.og, lambda i: S.store(bb, rows_at, dt, i, S.const(dt, 0)), "z")
+        fill_zero(bb, rows_at, dt, kk * geo.og)
         xg = at(bb, xp, bb.mul(bb.add(bb.mul(g, i64(geo.cg)), c0), i64(geo.h * geo.w)))
 
         def panel(jp):

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from llvmlite import ir
 
 from ...strides import Dim
+from . import scalar as S
 from .scalar import I64, i64
 
 NUW = ("nuw", "nsw")
@@ -111,3 +112,8 @@ def nest(b: ir.IRBuilder, dims: Sequence[Dim], body: Callable[[list[ir.Value]], 
                                               zip(offs, strides)]), name=f"i{k}")
 
     level(0, list(base))
+
+
+def fill_zero(b: ir.IRBuilder, ptr: ir.Value, dtype: str, n: int) -> None:
+    """ptr[0:n] = 0: sums that start there, or columns a micro-kernel reads past an edge."""
+    loop(b, n, lambda i: S.store(b, ptr, dtype, i, S.const(dtype, 0)), "z")

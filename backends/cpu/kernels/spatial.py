@@ -17,7 +17,7 @@ from llvmlite import ir
 from ..parallel.outline import parallel_chunks, parallel_region
 from . import scalar as S
 from .conv import Conv, tap_position
-from .loops import for_range, loop
+from .loops import fill_zero, for_range, loop
 from .scalar import I64, i64
 
 STATUS = "ember_status"
@@ -165,7 +165,7 @@ def emit_gather_scatter(b: ir.IRBuilder, op, outs, ins, step: int) -> None:
         it = op.operands[0].type
         rows_t = t.shape[0]
         row = math.prod(t.shape[1:])
-        loop(b, t.size, lambda i: S.store(b, out, dt, i, S.const(dt, 0)), "z")
+        fill_zero(b, out, dt, t.size)
     flag = status(b.module)
 
     def one(r):

@@ -34,8 +34,9 @@ from ..machine.host import Isa, host_caches
 from ..parallel.outline import chunk_index, parallel_chunks, parallel_region
 from . import scalar as S
 from .conv_epilogue import Finish
+from .implicit_conv import panel_width
 from .implicit_pack import masked_gather
-from .loops import for_range, loop
+from .loops import fill_zero, for_range, loop
 from .scalar import I32, I64, i64
 
 E = 16  # elements of a transformed 4x4 tile
@@ -107,10 +108,6 @@ class Bands:
         return channels * self.width + SKEW
 
 
-def _nr(geo, isa: Isa) -> int:
-    return blocking(isa, geo.dtype, 1 << 20).nr(isa.lanes(geo.dtype))
-
-
 def bands(geo, isa: Isa) -> Bands | None:
     """The units of `geo`, or None where a band would fill under MIN_VECTORS vectors. A
     band's V and M take half of L2; all of it where U, which every band reads, is larger
@@ -125,7 +122,7 @@ def bands(geo, isa: Isa) -> Bands | None:
     images = max(1, min(geo.n, most // (th * tw))) if rows == th else 1
     if rows == 0 or images * rows * tw < MIN_VECTORS * isa.lanes(geo.dtype):
         return None
-    nr = _nr(geo, isa)
+    nr = panel_width(geo, isa)
     return Bands(geo.n, th, tw, rows, cdiv(th, rows), images,
                  cdiv(images * rows * tw, nr) * nr)
 
@@ -171,7 +168,7 @@ def emit_winograd(b: ir.IRBuilder, geo, x, w, y, scratch, isa: Isa, threads: int
     _transform_weight(b, geo, w, u, lanes, threads, name, flipped)
     local = byte_offset(b, scratch, i64(_transformed_weight_bytes(geo)))
     blk = blocking(isa, dt, 1 << 20)
-    nr = _nr(geo, isa)  # bd.width is a multiple
+    nr = panel_width(geo, isa)  # bd.width is a multiple
     kernels = {nv: microkernel(b.module, dt, lanes, blk.mr, nv, False)
                for nv in range(1, cdiv(nr, lanes) + 1)}
     units = bd.units
@@ -223,7 +220,7 @@ def emit_winograd(b: ir.IRBuilder, geo, x, w, y, scratch, isa: Isa, threads: int
     def run(bb, xp, up, yp, own, eptrs, lo, hi):
         # V's columns past a band's tiles are read by the micro-kernel (their sums are not
         # stored): zeros, not whatever subnormals other kernels left
-        loop(bb, per // S.size(dt), lambda i: S.store(bb, own, dt, i, S.const(dt, 0)), "z")
+        fill_zero(bb, own, dt, per // S.size(dt))
         for_range(bb, lo, hi, lambda un: unit(bb, xp, up, yp, own, eptrs, un), "unit")
 
     if t == 1:
@@ -331,6 +328,12 @@ def store_transformed(b: ir.IRBuilder, bd: Bands, dst, channels: int, dt: str, l
         masked_rt(b, "store", dt, lanes, tiles, ptr, values[e // 4][e % 4])
 
 
+def even_odd(b: ir.IRBuilder, lo, hi, lanes: int) -> tuple:
+    """The even and the odd elements of the 2 x lanes run lo, hi: two shuffles."""
+    pick = [ir.Constant(ir.VectorType(I32, lanes), list(range(k, 2 * lanes, 2))) for k in (0, 1)]
+    return b.shuffle_vector(lo, hi, pick[0]), b.shuffle_vector(lo, hi, pick[1])
+
+
 def transform_input(b: ir.IRBuilder, geo, bd: Bands, x, v, place: Place, lanes: int) -> None:
     """v[e][c][r * tw + tx] = (B^T d B)[e] for the unit's tiles, d the 4x4 patch of x's
     image at rows 2ty - 1 .., columns 2tx - 1 .. (zeros outside)."""
@@ -338,8 +341,6 @@ def transform_input(b: ir.IRBuilder, geo, bd: Bands, x, v, place: Place, lanes: 
     el = S.REG[dt]
     vi = ir.VectorType(I64, lanes)
     iota = ir.Constant(vi, list(range(lanes)))
-    evens = ir.Constant(ir.VectorType(I32, lanes), list(range(0, 2 * lanes, 2)))
-    odds = ir.Constant(ir.VectorType(I32, lanes), list(range(1, 2 * lanes, 2)))
     shift = [ir.Constant(ir.VectorType(I32, lanes), list(range(1, lanes)) + [lanes + k])
              for k in (0, 1)]
     no = ir.Constant(ir.VectorType(I1, lanes), [0] * lanes)
@@ -364,8 +365,7 @@ def transform_input(b: ir.IRBuilder, geo, bd: Bands, x, v, place: Place, lanes: 
             parts = [masked_rt(b, "load", dt, lanes, b.select(inside, col_masks[p], no),
                                b.gep(x, [b.add(start, i64(p * lanes))], source_etype=el))
                      for p in range(3)]
-            even = b.shuffle_vector(parts[0], parts[1], evens)
-            odd = b.shuffle_vector(parts[0], parts[1], odds)
+            even, odd = even_odd(b, parts[0], parts[1], lanes)
             d.append([even, odd, b.shuffle_vector(even, parts[2], shift[0]),
                       b.shuffle_vector(odd, parts[2], shift[1])])
         t = [b_t(*(d[i][j] for i in range(4))) for j in range(4)]  # t[j][i] = (B^T d)[i][j]

@@ -20,14 +20,16 @@ from ..gemm.microkernel import I1, masked_rt, microkernel, splat, transpose_lane
 from ..machine.host import Isa, host_caches
 from ..parallel.outline import chunk_index, parallel_chunks, parallel_region
 from . import scalar as S
-from .loops import for_range, loop
-from .scalar import I32, I64, i64
+from .implicit_conv import panel_width
+from .loops import fill_zero, for_range, loop
+from .scalar import I64, i64
 from .winograd import (
     Bands,
     E,
     Place,
     bands,
     each_tile_vector,
+    even_odd,
     runs_winograd,
     store_transformed,
     transform_input,
@@ -43,7 +45,7 @@ def runs_weight_grad(geo, isa: Isa) -> bool:
 
 def _o_width(geo, isa: Isa) -> int:
     """dW^T's rows: O rounded up to whole micro-kernel panels."""
-    nr = blocking(isa, geo.dtype, 1 << 20).nr(isa.lanes(geo.dtype))
+    nr = panel_width(geo, isa)
     return cdiv(geo.o, nr) * nr
 
 
@@ -75,10 +77,11 @@ def emit_weight_grad(b: ir.IRBuilder, geo, x, dy, dw, scratch, isa: Isa, threads
     lanes = isa.lanes(dt)
     bd = bands(geo, isa)
     blk = blocking(isa, dt, 1 << 20)
-    nr = blk.nr(lanes)
+    nr = panel_width(geo, isa)
     ow = _o_width(geo, isa)
-    kernels = {nv: microkernel(b.module, dt, lanes, blk.mr, nv, False)
-               for nv in range(1, cdiv(nr, lanes) + 1)}
+    panels = [min(nr, geo.o - j * nr) for j in range(cdiv(geo.o, nr))]  # their columns
+    kernels = {cdiv(cols, lanes): microkernel(b.module, dt, lanes, blk.mr, cdiv(cols, lanes),
+                                              False) for cols in panels}
     units = bd.units
     t = threads_for(geo, isa, threads)
     per, (v_at, d_at, dt_at, sums_at) = _regions(geo, isa)
@@ -98,9 +101,7 @@ def emit_weight_grad(b: ir.IRBuilder, geo, x, dy, dw, scratch, isa: Isa, threads
             ve = at(bb, v, bb.mul(e, i64(bd.plane(geo.c))))
             se = at(bb, sums, bb.mul(e, i64(geo.c * ow)))
 
-            def panel(j):
-                cols = min(nr, geo.o - j * nr)
-
+            def panel(j, cols):
                 def tile(r):
                     rows_r = S.at_most(bb, bb.sub(i64(geo.c), bb.mul(r, i64(blk.mr))), blk.mr)
                     bb.call(kernels[cdiv(cols, lanes)], [
@@ -111,14 +112,14 @@ def emit_weight_grad(b: ir.IRBuilder, geo, x, dy, dw, scratch, isa: Isa, threads
 
                 loop(bb, cdiv(geo.c, blk.mr), tile, "tile")
 
-            for j in range(cdiv(geo.o, nr)):
-                panel(j)
+            for j, cols in enumerate(panels):
+                panel(j, cols)
 
         loop(bb, E, gemm, "e")
 
     def run(bb, xp, dyp, own, lo, hi):
         # the sums start at zero, and so do V's and D^T's columns past the tiles
-        loop(bb, per, lambda i: S.store(bb, own, dt, i, S.const(dt, 0)), "z")
+        fill_zero(bb, own, dt, per)
         for_range(bb, lo, hi, lambda un: unit(bb, xp, dyp, own, un), "unit")
 
     if t == 1:
@@ -141,8 +142,6 @@ def _transform_gradient(b: ir.IRBuilder, geo, bd: Bands, dy, d, place: Place,
     dt = geo.dtype
     el = S.REG[dt]
     iota = ir.Constant(ir.VectorType(I64, lanes), list(range(lanes)))
-    evens = ir.Constant(ir.VectorType(I32, lanes), list(range(0, 2 * lanes, 2)))
-    odds = ir.Constant(ir.VectorType(I32, lanes), list(range(1, 2 * lanes, 2)))
 
     def a(v0, v1):  # A (v0, v1)
         return [v0, b.fadd(v0, v1), b.fsub(v0, v1), b.fneg(v1)]
@@ -160,7 +159,7 @@ def _transform_gradient(b: ir.IRBuilder, geo, bd: Bands, dy, d, place: Place,
             halves = [masked_rt(b, "load", dt, lanes, masks[h], b.gep(
                 dy, [b.add(start, i64(h * lanes))], inbounds=True, source_etype=el))
                 for h in (0, 1)]
-            g.append([b.shuffle_vector(*halves, evens), b.shuffle_vector(*halves, odds)])
+            g.append(list(even_odd(b, *halves, lanes)))
         col = [a(g[0][j], g[1][j]) for j in range(2)]  # col[j][i] = (A dy)[i][j]
         store_transformed(b, bd, d, geo.o, dt, lanes, o, r, tx0,
                           [a(col[0][i], col[1][i]) for i in range(4)])
