@@ -218,9 +218,10 @@ def emit_winograd(b: ir.IRBuilder, geo, x, w, y, scratch, isa: Isa, threads: int
                 "image")
 
     def run(bb, xp, up, yp, own, eptrs, lo, hi):
-        # V's columns past a band's tiles are read by the micro-kernel (their sums are not
-        # stored): zeros, not whatever subnormals other kernels left
-        fill_zero(bb, own, dt, per // S.size(dt))
+        # V's columns past a unit's tiles are read by the micro-kernel (their sums are not
+        # stored): zeros, not whatever subnormals other kernels left (M is written before
+        # it is read)
+        fill_zero(bb, own, dt, E * vp)
         for_range(bb, lo, hi, lambda un: unit(bb, xp, up, yp, own, eptrs, un), "unit")
 
     if t == 1:

@@ -118,8 +118,9 @@ def emit_weight_grad(b: ir.IRBuilder, geo, x, dy, dw, scratch, isa: Isa, threads
         loop(bb, E, gemm, "e")
 
     def run(bb, xp, dyp, own, lo, hi):
-        # the sums start at zero, and so do V's and D^T's columns past the tiles
-        fill_zero(bb, own, dt, per)
+        # the sums start at zero, and so do D^T's columns past O, which the micro-kernel
+        # reads (V and D are read only up to the unit's tiles, written before)
+        fill_zero(bb, at(bb, own, i64(dt_at)), dt, per - dt_at)
         for_range(bb, lo, hi, lambda un: unit(bb, xp, dyp, own, un), "unit")
 
     if t == 1:
