@@ -10,6 +10,7 @@ from . import (  # noqa: F401
     decompose,
     fuse,
     layout,
+    low_precision_attention,
     low_precision_gemm,
     memory,
     optimizer,

@@ -23,6 +23,8 @@ from ..passes.recompute import Recompute
 from ..settings import PASS_TIMING
 
 SIMPLIFY = ["canonicalize", "cse", "dce"]
+# legalization passes that rewrite what `fuse` made (kernel ops): they run right after it
+AFTER_FUSE = frozenset({"low-precision-attention"})
 
 
 def inference_pipeline(linear: str = "split", layout: str | None = None) -> list[str]:
@@ -78,7 +80,8 @@ def with_low_precision(pipeline: list[str], graph: Graph, legalize: str | None) 
     """`pipeline` with `legalize`, a backend's passes for bf16/f16 values (its
     `LEGALIZE_LOW_PRECISION`: `widen-low-precision` on cpu and cuda, whose kernels are f32,
     then `low-precision-gemm` on a cpu with a bf16 GEMM),
-    before the simplification that cleans up its casts, where `graph` has such values or the
+    before the simplification that cleans up its casts (those that rewrite kernel ops,
+    `AFTER_FUSE`, right after `fuse`; none without it), where `graph` has such values or the
     pipeline makes some (`autocast`); an f32 graph's pipeline (and so its stages and cache
     keys) stays as it was."""
     values = [*graph.args, *(r for op in graph.walk() for r in op.results)]
@@ -87,7 +90,11 @@ def with_low_precision(pipeline: list[str], graph: Graph, legalize: str | None) 
                                 or any(v.type.dtype in LOW_PRECISION for v in values)):
         return pipeline
     at = next((i for i, n in enumerate(names) if n in (SIMPLIFY[0], "fuse")), len(names))
-    return [*pipeline[:at], *map(str, parse_pipeline(legalize)), *pipeline[at:]]
+    passes = parse_pipeline(legalize)
+    before = [str(p) for p in passes if p.name not in AFTER_FUSE]
+    after = [str(p) for p in passes if p.name in AFTER_FUSE and "fuse" in names]
+    fused = names.index("fuse") + 1 if after else len(names)
+    return [*pipeline[:at], *before, *pipeline[at:fused], *after, *pipeline[fused:]]
 
 
 def stage_names(pipeline: list[str]) -> list[str]:

@@ -41,10 +41,13 @@ LAYOUT = "layout"
 def __getattr__(name: str) -> str:
     """`LEGALIZE_LOW_PRECISION`, the passes the runtime's pipeline runs on bf16/f16
     graphs: ops on such values run in f32 (passes/widen.py), except, where the host has
-    AMX-BF16 or AVX512-BF16, matmuls on bf16 values (passes/low_precision_gemm.py)."""
+    AMX-BF16 or AVX512-BF16, matmuls on bf16 values (passes/low_precision_gemm.py), and
+    where it has AMX tiles, fused attention on bf16 q, k, v too (low_precision_attention.py,
+    after `fuse`)."""
     if name == "LEGALIZE_LOW_PRECISION":
-        return ("widen-low-precision,low-precision-gemm" if host_isa().bf16_gemm
-                else "widen-low-precision")
+        isa = host_isa()
+        return ",".join(["widen-low-precision"] + ["low-precision-gemm"] * isa.bf16_gemm
+                        + ["low-precision-attention"] * isa.bf16_tiles)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

@@ -20,6 +20,10 @@ which the backward needs to rebuild the probabilities block by block::
     %o, %lse = "kernel.attention"(%q, %k, %v) {batch = [16, 4], causal = true,
         maps = [[16384, 16, 64, 1], ...], scale = 0.25 : f64, sizes = [256, 256, 16, 16]}
 
+On bf16 q, k and v (`low-precision-attention`) a `kernel.attention` returns f32 o and lse:
+the attention of those bf16 values, its sums in f32; a backend may multiply v by the
+probabilities rounded to bf16, as bf16 flash attention does (PyTorch's too).
+
 `kernel.attention_grad(q, k, v, o, lse, do) -> (dq, dk, dv)`: the gradients of o with
 respect to q, k and v given do, with p = exp(s - lse) recomputed and
 ds = p * (do v^T - rowsum(do * o)) * scale.
@@ -71,6 +75,7 @@ class AttentionOp(OpDef):
     optional_attrs = LAYOUT
     operand_names: tuple[str, ...] = ()
     result_names: tuple[str, ...] = ()
+    operand_dtypes: tuple[str, ...] = ("f32", "f64")
 
     @classmethod
     def infer(cls, operand_types: list[TensorType], attrs: dict[str, Any]) -> list[Type]:
@@ -80,8 +85,10 @@ class AttentionOp(OpDef):
         if math.prod(attrs["batch"]) == 0:
             raise InferenceError(f"{cls.name}: batch {attrs['batch']} is empty")
         dtype = same_dtype(cls.name, operand_types)
-        if dtype not in ("f32", "f64"):
-            raise InferenceError(f"{cls.name} needs f32 or f64 operands, got {dtype}")
+        if dtype not in cls.operand_dtypes:
+            raise InferenceError(f"{cls.name} needs {' or '.join(cls.operand_dtypes)} operands, "
+                                 f"got {dtype}")
+        dtype = "f32" if dtype == "bf16" else dtype
         maps = attrs["maps"]
         if len(maps) != len(operand_types):
             raise InferenceError(f"{cls.name}: {len(operand_types)} operands but {len(maps)} "
@@ -111,6 +118,7 @@ class Attention(AttentionOp):
     arity = (3, 3)
     operand_names = ("q", "k", "v")
     result_names = ("o", "lse")
+    operand_dtypes = ("f32", "f64", "bf16")  # bf16: f32 results (low-precision-attention)
 
 
 @register

@@ -42,8 +42,14 @@ from ..kernels.loops import for_range, loop
 from ..kernels.scalar import i64
 from ..machine.host import Isa
 from ..parallel.outline import chunk_index, parallel_chunks, parallel_region
+from .amx import amx_attention_scratch, emit_amx_attention
 from .backward import backward_item
 from .tiles import Blocking, Emitter, item_function
+
+
+def _on_tiles(op: Operation) -> bool:
+    """bf16 operands: what low-precision-attention leaves only where the cpu has tiles."""
+    return op.operands[0].type.dtype == "bf16"
 
 
 def _regions(g: Blocking, forward: bool) -> tuple[dict[str, int], int]:
@@ -72,6 +78,8 @@ def _threads(g: Blocking, forward: bool, threads: int) -> tuple[int, int]:
 
 def attention_scratch(op: Operation, isa: Isa, threads: int) -> int:
     """Scratch bytes of an attention op: one set of block buffers per thread."""
+    if _on_tiles(op):
+        return amx_attention_scratch(op, threads)
     g, forward = Blocking(op, isa), op.name == "kernel.attention"
     return _threads(g, forward, threads)[1] * _regions(g, forward)[1]
 
@@ -145,7 +153,10 @@ def _forward_item(mod: ir.Module, g: Blocking, bufs: list[str], name: str) -> ir
 def emit_attention(b: ir.IRBuilder, op: Operation, outs: list, ins: list, scratch: ir.Value,
                    isa: Isa, threads: int, name: str) -> None:
     """The op's kernel: its items (see `_threads`) over the thread pool, each thread
-    with its own block buffers in `scratch`."""
+    with its own block buffers in `scratch`; on bf16 operands, the tiles' (amx.py)."""
+    if _on_tiles(op):
+        emit_amx_attention(b, op, outs, ins, scratch, isa, threads, name)
+        return
     g, forward = Blocking(op, isa), op.name == "kernel.attention"
     offs, per = _regions(g, forward)
     item = (_forward_item if forward else backward_item)(b.module, g, list(offs), name)

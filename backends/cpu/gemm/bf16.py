@@ -110,11 +110,12 @@ def _aliases(row: int) -> bool:
     return row * 2 % 1024 == 0
 
 
-def _declare(mod: ir.Module, name: str, args: list[ir.Type]) -> ir.Function:
+def amx(mod: ir.Module, name: str, args: list[ir.Type]) -> ir.Function:
+    """The AMX intrinsic `llvm.x86.<name>` (tileloadd64, tdpbf16ps, ...)."""
     return S.declare(mod, f"llvm.x86.{name}", ir.VoidType(), args)
 
 
-def _tile_config(mod: ir.Module) -> ir.GlobalVariable:
+def tile_config(mod: ir.Module) -> ir.GlobalVariable:
     """The 64-byte `ldtilecfg` operand: palette 1, eight tiles of 16 rows x 64 bytes."""
     name = "ember.amx.config"
     if name in mod.globals:
@@ -166,13 +167,13 @@ def _vec(t: ir.Type, n: int) -> ir.VectorType:
     return ir.VectorType(t, n)
 
 
-def _vload(b: ir.IRBuilder, base, offset, t: ir.Type, n: int):
+def load_lanes(b: ir.IRBuilder, base, offset, t: ir.Type, n: int):
     """n elements of `t` at bf16 element `offset` of `base` (2-byte aligned)."""
     return b.load(b.gep(base, [offset], inbounds=True, source_etype=BF16), typ=_vec(t, n),
                   align=2)
 
 
-def _vstore(b: ir.IRBuilder, base, offset, v) -> None:
+def store_lanes(b: ir.IRBuilder, base, offset, v) -> None:
     b.store(v, b.gep(base, [offset], inbounds=True, source_etype=BF16), align=2)
 
 
@@ -197,10 +198,10 @@ def _pack_a_group(b: ir.IRBuilder, p: GemmProblem, plan: Bf16Plan, a, ap, i0) ->
 
     def block(k):  # 16 k by 16 rows: loaded along the rows, stored along k
         k0 = b.mul(k, i64(TILE))
-        cols = [_vload(b, a, b.add(b.mul(b.add(k0, i64(j)), i64(p.sa_k)), i0), BF16, TILE)
+        cols = [load_lanes(b, a, b.add(b.mul(b.add(k0, i64(j)), i64(p.sa_k)), i0), BF16, TILE)
                 for j in range(TILE)]
         for r, v in enumerate(transpose_lanes(b, cols)):
-            _vstore(b, ap, b.add(b.mul(b.add(i0, i64(r)), i64(plan.a_ld)), k0), v)
+            store_lanes(b, ap, b.add(b.mul(b.add(i0, i64(r)), i64(plan.a_ld)), k0), v)
 
     def rest(i):  # past the blocks: K's tail, then the zeros
         at = b.mul(i, i64(plan.a_ld))
@@ -249,18 +250,18 @@ def _pack_b_tile(b: ir.IRBuilder, p: GemmProblem, plan: Bf16Plan, src, bp, jt) -
             loop(b, TILE, element, "j")
 
     def interleaved_row(k2):  # rows 2 k2 and 2 k2 + 1, 16 columns each, as pairs
-        rows = [_vload(b, src, b.add(b.mul(b.add(b.mul(k2, i64(2)), i64(h)), i64(p.sb_k)),
+        rows = [load_lanes(b, src, b.add(b.mul(b.add(b.mul(k2, i64(2)), i64(h)), i64(p.sb_k)),
                                      col0), BF16, TILE) for h in (0, 1)]
         zip_ = ir.Constant(_vec(ir.IntType(32), 2 * TILE),
                            [x for j in range(TILE) for x in (j, TILE + j)])
-        _vstore(b, bp, at(k2), b.shuffle_vector(rows[0], rows[1], zip_))
+        store_lanes(b, bp, at(k2), b.shuffle_vector(rows[0], rows[1], zip_))
 
     def transposed_block(kb):  # pairs 16 kb .. 16 kb + 15 of the 16 columns
         k0 = b.mul(kb, i64(PAIR_K))
-        cols = [_vload(b, src, b.add(b.mul(b.add(col0, i64(j)), i64(p.sb_n)), k0),
+        cols = [load_lanes(b, src, b.add(b.mul(b.add(col0, i64(j)), i64(p.sb_n)), k0),
                        ir.IntType(32), TILE) for j in range(TILE)]
         for r, v in enumerate(transpose_lanes(b, cols)):
-            _vstore(b, bp, at(b.add(b.mul(kb, i64(TILE)), i64(r))), v)
+            store_lanes(b, bp, at(b.add(b.mul(kb, i64(TILE)), i64(r))), v)
 
     whole_pairs = p.k // 2
     if p.sb_k == 1 and p.sb_n != 1:
@@ -290,7 +291,7 @@ def _compute(b: ir.IRBuilder, p: GemmProblem, plan: Bf16Plan, ptrs: list, lo, hi
     ap, bp, c = ptrs
     tiles = plan.kernel == "tiles"
     if tiles:
-        b.call(_declare(mod, "ldtilecfg", [PTR]), [_tile_config(mod)])
+        b.call(amx(mod, "ldtilecfg", [PTR]), [tile_config(mod)])
     block = _tile_block if tiles else _dot_block
     buf = stack_array(b, ir.FloatType(), BLOCK * BLOCK, "cblock")
     per_group = cdiv(plan.panels, plan.groups)
@@ -315,10 +316,10 @@ def _compute(b: ir.IRBuilder, p: GemmProblem, plan: Bf16Plan, ptrs: list, lo, hi
 
     for_range(b, lo, hi, unit, "unit")
     if tiles:
-        b.call(_declare(mod, "tilerelease", []), [])
+        b.call(amx(mod, "tilerelease", []), [])
 
 
-def _tile(i: int) -> ir.Constant:
+def tile(i: int) -> ir.Constant:
     return ir.Constant(I8, i)
 
 
@@ -352,45 +353,45 @@ def _tile_block(b: ir.IRBuilder, plan: Bf16Plan, ap, bp, dst, ld, row, col, r, j
     """A 32 x 32 block of C (rows r, panel jp) in four tiles of sums over all of K, stored
     at (row, col) of dst."""
     mod = b.module
-    load = _declare(mod, "tileloadd64", [I8, PTR, I64])
-    dot = _declare(mod, "tdpbf16ps", [I8, I8, I8])
-    store = _declare(mod, "tilestored64", [I8, PTR, I64])
-    zero = _declare(mod, "tilezero", [I8])
+    load = amx(mod, "tileloadd64", [I8, PTR, I64])
+    dot = amx(mod, "tdpbf16ps", [I8, I8, I8])
+    store = amx(mod, "tilestored64", [I8, PTR, I64])
+    zero = amx(mod, "tilezero", [I8])
     for t in C_TILES:
-        b.call(zero, [_tile(t)])
+        b.call(zero, [tile(t)])
     jt = b.mul(jp, i64(2))
 
     def step(ks):
         k0 = b.mul(ks, i64(PAIR_K))
         for h, t in enumerate(A_TILES):
             at = b.add(b.mul(b.add(r, i64(h * TILE)), i64(plan.a_ld)), k0)
-            b.call(load, [_tile(t), b.gep(ap, [at], inbounds=True, source_etype=BF16),
+            b.call(load, [tile(t), b.gep(ap, [at], inbounds=True, source_etype=BF16),
                           i64(plan.a_ld * 2)])
         for h, t in enumerate(B_TILES):  # tile jt + h, pair rows 16 ks ..
             at = _b_row(b, plan, b.add(jt, i64(h)), b.mul(ks, i64(TILE)))
-            b.call(load, [_tile(t), b.gep(bp, [at], inbounds=True, source_etype=BF16),
+            b.call(load, [tile(t), b.gep(bp, [at], inbounds=True, source_etype=BF16),
                           i64(4 * TILE)])
         for i, ta in enumerate(A_TILES):
             for j, tb in enumerate(B_TILES):
-                b.call(dot, [_tile(C_TILES[2 * i + j]), _tile(ta), _tile(tb)])
+                b.call(dot, [tile(C_TILES[2 * i + j]), tile(ta), tile(tb)])
 
     loop(b, plan.kp // PAIR_K, step, "ks")
     f32 = ir.FloatType()
     for n, t in enumerate(C_TILES):
         i, j = divmod(n, 2)
         at = b.add(b.mul(b.add(row, i64(i * TILE)), ld), b.add(col, i64(j * TILE)))
-        b.call(store, [_tile(t), b.gep(dst, [at], inbounds=True, source_etype=f32),
+        b.call(store, [tile(t), b.gep(dst, [at], inbounds=True, source_etype=f32),
                        b.mul(ld, i64(4))])
 
 
-class _BFloat(ir.types.Type):
-    """LLVM's `bfloat`, which llvmlite lacks: the operand type of the dot product."""
+class BFloat(ir.types.Type):
+    """LLVM's `bfloat`, which llvmlite lacks: the type of the bf16 intrinsics' vectors."""
 
     def _to_string(self) -> str:
         return "bfloat"
 
     def __eq__(self, other) -> bool:
-        return isinstance(other, _BFloat)
+        return isinstance(other, BFloat)
 
     def __hash__(self) -> int:
         return hash("bfloat")
@@ -403,7 +404,7 @@ def _dot_block(b: ir.IRBuilder, plan: Bf16Plan, ap, bp, dst, ld, row, col, r, jp
     """A 32 x 32 block of C (rows r, panel jp) by `vdpbf16ps`, 8 rows at a time, stored at
     (row, col) of dst."""
     f32, i32 = ir.FloatType(), ir.IntType(32)
-    vf, vi, vb = _vec(f32, TILE), _vec(i32, TILE), _vec(_BFloat(), 2 * TILE)
+    vf, vi, vb = _vec(f32, TILE), _vec(i32, TILE), _vec(BFloat(), 2 * TILE)
     dot = S.declare(b.module, "llvm.x86.avx512bf16.dpbf16ps.512", vf, [vf, vb, vb])
     jt = b.mul(jp, i64(2))
     splat = ir.Constant(_vec(i32, TILE), [0] * TILE)
@@ -413,8 +414,8 @@ def _dot_block(b: ir.IRBuilder, plan: Bf16Plan, ap, bp, dst, ld, row, col, r, jp
         r8 = b.add(r, b.mul(g, i64(DOT_ROWS)))
 
         def step(k2, accs):
-            bv = [b.bitcast(_vload(b, bp, _b_row(b, plan, b.add(jt, i64(h)), k2), i32, TILE), vb)
-                  for h in (0, 1)]
+            bv = [b.bitcast(load_lanes(b, bp, _b_row(b, plan, b.add(jt, i64(h)), k2), i32,
+                                       TILE), vb) for h in (0, 1)]
             out = []
             for i in range(DOT_ROWS):
                 at = b.add(b.mul(b.add(r8, i64(i)), i64(plan.a_ld)), b.mul(k2, i64(2)))

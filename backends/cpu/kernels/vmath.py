@@ -88,17 +88,17 @@ CONTRACT = ("contract",)  # a*b+c may become an FMA: more exact, never less
 class _Emit:
     """IR helpers for one float type and the integer of its width."""
 
-    def __init__(self, b: ir.IRBuilder, dtype: str):
+    def __init__(self, b: ir.IRBuilder, dtype: str, lanes: int = 1):
         self.b = b
-        self.f = ir.FloatType() if dtype == "f32" else ir.DoubleType()
-        self.i = ir.IntType(32 if dtype == "f32" else 64)
+        self.f = _vector(ir.FloatType() if dtype == "f32" else ir.DoubleType(), lanes)
+        self.i = _vector(ir.IntType(32 if dtype == "f32" else 64), lanes)
         self.mant, self.bias = (23, 127) if dtype == "f32" else (52, 1023)
 
     def k(self, v: float) -> ir.Constant:
-        return ir.Constant(self.f, v)
+        return _splat(self.f, v)
 
     def ki(self, v: int) -> ir.Constant:
-        return ir.Constant(self.i, v)
+        return _splat(self.i, v)
 
     def fma(self, a: ir.Value, x: ir.Value, c: ir.Value) -> ir.Value:
         return self.b.fadd(self.b.fmul(a, x, flags=CONTRACT), c, flags=CONTRACT)
@@ -124,9 +124,21 @@ class _Emit:
                                          self.ki(self.mant)), self.f)
 
 
+def _vector(t: ir.Type, lanes: int) -> ir.Type:
+    return t if lanes == 1 else ir.VectorType(t, lanes)
+
+
+def _splat(t: ir.Type, v) -> ir.Constant:
+    if isinstance(t, ir.VectorType):
+        return ir.Constant(t, [ir.Constant(t.element, v)] * t.count)
+    return ir.Constant(t, v)
+
+
 def _intrinsic(b: ir.IRBuilder, name: str, t: ir.Type, args: list) -> ir.Value:
     mod = b.module
-    full = f"{name}.{'f32' if isinstance(t, ir.FloatType) else 'f64'}"
+    el = t.element if isinstance(t, ir.VectorType) else t
+    lanes = f"v{t.count}" if isinstance(t, ir.VectorType) else ""
+    full = f"{name}.{lanes}{'f32' if isinstance(el, ir.FloatType) else 'f64'}"
     f = mod.globals.get(full) or ir.Function(mod, ir.FunctionType(t, [t] * len(args)), full)
     return b.call(f, args)
 
@@ -268,25 +280,27 @@ def _erf_tiny(e: _Emit, u: ir.Value) -> ir.Value:
 _BODIES = {"exp": _exp_body, "log": _log_body, "tanh": _tanh_body, "erf": _erf_body}
 
 
-def _own(mod: ir.Module, fn: str, dtype: str) -> ir.Function:
-    """The module's internal always-inline `ember.<fn>.<dtype>`, built on first use."""
-    name = f"ember.{fn}.{dtype}"
+def _own(mod: ir.Module, fn: str, dtype: str, lanes: int) -> ir.Function:
+    """The module's internal always-inline `ember.<fn>.<dtype>` (`.v<lanes>` on vectors),
+    built on first use."""
+    name = f"ember.{fn}.{dtype}" + (f".v{lanes}" if lanes > 1 else "")
     f = mod.globals.get(name)
     if f is None:
-        t = ir.FloatType() if dtype == "f32" else ir.DoubleType()
+        t = _vector(ir.FloatType() if dtype == "f32" else ir.DoubleType(), lanes)
         f = ir.Function(mod, ir.FunctionType(t, [t]), name)
         f.linkage = "internal"
         f.attributes.add("alwaysinline")
         f.attributes.add("nounwind")
         b = ir.IRBuilder(f.append_basic_block())
-        b.ret(_BODIES[fn](_Emit(b, dtype), dtype, f.args[0]))
+        b.ret(_BODIES[fn](_Emit(b, dtype, lanes), dtype, f.args[0]))
     return f
 
 
 def call(b: ir.IRBuilder, fn: str, dtype: str, x: ir.Value) -> ir.Value:
-    """`fn(x)` for a float scalar, fn one of exp, log, tanh, erf: vectorizable, and at
-    one speed whatever x."""
-    return b.call(_own(b.module, fn, dtype), [x])
+    """`fn(x)` for a float scalar or vector of `dtype`, fn one of exp, log, tanh, erf:
+    vectorizable, and at one speed whatever x."""
+    lanes = x.type.count if isinstance(x.type, ir.VectorType) else 1
+    return b.call(_own(b.module, fn, dtype, lanes), [x])
 
 
 def exp(b: ir.IRBuilder, dtype: str, x: ir.Value) -> ir.Value:

@@ -1,0 +1,427 @@
+"""`kernel.attention` on bf16 q, k and v (passes/low_precision_attention.py) on AMX tiles:
+flash attention whose two products are `tdpbf16ps` tile multiplies, f32 sums.
+
+One item per batch element, split across threads. An item packs its keys and values once,
+bf16 with zeros past the edges: `kp` [Tkp][Dp] (the keys' rows, the scores' A tiles) and
+`vt` [DVp][Tkp] (v transposed, the values' A tiles; 16 x 16 blocks through registers).
+Then per block of 32 queries, whose q^T is packed in the VNNI layout B tiles read
+(`qt`: for each pair of q's columns, each query's two elements side by side), and per
+block of 32 keys:
+- the scores' transpose s^T = k q^T: 2 x 2 tiles over D, stored as [key][query] f32, so
+  that, as in the f32 kernel (forward.py), the online softmax's running max m, sum l and
+  rescale factor are vectors over queries and need no horizontal reductions;
+- scaled, masked (keys past Tk, and above the diagonal where causal), the block's max,
+  m' = max(m, colmax), alpha = e^(m - m'), p = exp(s - m') rounded to bf16 into `pp` in
+  the VNNI layout (two keys' p side by side per query), and l = l alpha + colsum of the
+  rounded p, so o is a weighted mean of v whose weights sum to one;
+- o^T's block = v^T p^T: per 32 rows of o^T, 2 x 2 tiles over the block's 32 keys, stored
+  to `ot`, then acc = acc alpha + ot.
+Finally o = acc / l and lse = m + log l. Rounding p to bf16 for the product with v is
+the one rounding the f32 kernel does not make (as in PyTorch's bf16 flash attention);
+every sum is f32.
+"""
+
+from __future__ import annotations
+
+import math
+
+from llvmlite import ir
+
+from ....ir import Operation
+from ....ir.dialects.kernel_attention import attention_shape
+from ...strides import cdiv, contiguous_strides
+from ..call.buffers import regions
+from ..gemm.bf16 import (
+    BF16,
+    I8,
+    PAIR_K,
+    TILE,
+    BFloat,
+    amx,
+    load_lanes,
+    store_lanes,
+    tile,
+    tile_config,
+)
+from ..gemm.matmul import byte_offset
+from ..gemm.microkernel import transpose_lanes
+from ..kernels import scalar as S
+from ..kernels import vmath
+from ..kernels.loops import carried, fill_zero, for_range, loop
+from ..kernels.scalar import I32, I64, PTR, i64
+from ..machine.host import Isa
+from ..parallel.outline import chunk_index, parallel_chunks, parallel_region
+from .tiles import item_function
+
+BQ = 32  # queries per block: two B tiles of 16 columns
+BK = 32  # keys per block: two A tiles of 16 rows of scores, one K step of the values
+NV = BQ // TILE  # query vectors per block
+F32 = ir.FloatType()
+VF = ir.VectorType(F32, TILE)
+C_TILES, A_TILES, B_TILES = (0, 1, 2, 3), (4, 5), (6, 7)
+IO = ["o", "lse", "q", "k", "v"]
+
+
+class Geometry:
+    """One bf16 attention op's sizes, padded sizes and scratch layout."""
+
+    def __init__(self, op: Operation):
+        s = attention_shape(op)
+        self.tq, self.tk, self.d, self.dv = s.tq, s.tk, s.d, s.dv
+        self.batch, self.maps, self.causal, self.scale = s.batch, s.maps, s.causal, s.scale
+        self.nb, self.nbatch = len(s.batch), math.prod(s.batch)
+        self.dp, self.dvp, self.tkp = (cdiv(n, PAIR_K) * PAIR_K for n in (s.d, s.dv, s.tk))
+        self.nqb = cdiv(s.tq, BQ)
+        # scratch per thread, bytes: packed operands, then f32 blocks and query vectors
+        self.sizes = {"kp": self.tkp * self.dp * 2, "vt": self.dvp * self.tkp * 2,
+                      "qt": self.dp * BQ * 2, "s": BK * BQ * 4, "pp": BK * BQ * 2,
+                      "ot": self.dvp * BQ * 4, "acc": self.dvp * BQ * 4,
+                      "m": BQ * 4, "l": BQ * 4}
+
+    def strides(self, name: str) -> tuple[int, int]:
+        """(row, column) element strides of buffer `name`."""
+        m = self.maps[name]
+        return m[self.nb], m[self.nb + 1]
+
+    def threads(self, threads: int) -> int:
+        flops = 2 * self.nbatch * self.tq * self.tk * (self.d + self.dv) / (
+            2 if self.causal else 1)
+        return parallel_chunks(flops / 16, self.nbatch, threads)
+
+    def regions(self) -> tuple[dict[str, int], int]:
+        offs, total = regions(*self.sizes.values())
+        return dict(zip(self.sizes, offs)), total
+
+
+def _splat(x, t: ir.Type = VF) -> ir.Constant:
+    return ir.Constant(t, [ir.Constant(t.element, x)] * t.count)
+
+
+def amx_attention_scratch(op: Operation, threads: int) -> int:
+    """Scratch bytes: one set of packed operands and block buffers per thread."""
+    g = Geometry(op)
+    return g.threads(threads) * g.regions()[1]
+
+
+class _Item:
+    """The code of one item (batch element) over one builder."""
+
+    def __init__(self, b: ir.IRBuilder, g: Geometry, a: dict[str, ir.Value]):
+        self.b, self.g, self.a = b, g, a
+        mod = b.module
+        self.load = amx(mod, "tileloadd64", [I8, PTR, I64])
+        self.dot = amx(mod, "tdpbf16ps", [I8] * 3)
+        self.store = amx(mod, "tilestored64", [I8, PTR, I64])
+        self.zero = amx(mod, "tilezero", [I8])
+
+    # --- addressing
+    def ptr(self, name: str, dtype: str, off) -> ir.Value:
+        return self.b.gep(self.a[name], [off], inbounds=True, source_etype=S.MEM[dtype])
+
+    def batch_ptr(self, name: str, bi, dtype: str) -> ir.Value:
+        """Buffer `name` advanced to batch element `bi` (through its map)."""
+        b, g, off = self.b, self.g, i64(0)
+        for n, cs, s in zip(g.batch, contiguous_strides(list(g.batch)), g.maps[name]):
+            if n > 1 and s:
+                off = b.add(off, b.mul(b.urem(b.udiv(bi, i64(cs)), i64(n)), i64(s)))
+        self.a[name] = self.ptr(name, dtype, off)
+        return self.a[name]
+
+    def ld(self, name: str, dtype: str, off) -> ir.Value:
+        return S.load(self.b, self.a[name], dtype, off)
+
+    def st(self, name: str, dtype: str, off, v) -> None:
+        S.store(self.b, self.a[name], dtype, off, v)
+
+    def vld(self, name: str, off) -> ir.Value:
+        return self.b.load(self.ptr(name, "f32", off), typ=VF, align=4)
+
+    def vst(self, name: str, off, v) -> None:
+        self.b.store(v, self.ptr(name, "f32", off), align=4)
+
+    def splat(self, x: ir.Value, vt: ir.VectorType) -> ir.Value:
+        undef = ir.Constant(vt, ir.Undefined)
+        return self.b.shuffle_vector(self.b.insert_element(undef, x, i64(0)), undef,
+                                     ir.Constant(ir.VectorType(I32, vt.count), [0] * vt.count))
+
+    def query_ivec(self, i0) -> list[ir.Value]:
+        """The block's query indices, one i32 vector per 16 queries."""
+        vt = ir.VectorType(I32, TILE)
+        base = self.splat(self.b.trunc(i0, I32), vt)
+        return [self.b.add(base, ir.Constant(vt, [v * TILE + k for k in range(TILE)]))
+                for v in range(NV)]
+
+    # --- packing
+    def pack_rows(self, dst: str, src: str, rows: int, cols: int, ld: int) -> None:
+        """dst[r][c] (leading dimension ld) = src[r, c] for r < rows, c < cols (the rest of
+        dst is zero already): the keys' rows, 32 elements a vector where unit-stride."""
+        b, (rs, cs) = self.b, self.g.strides(src)
+        vecs = cols // (2 * TILE) if cs == 1 else 0
+
+        def row(r):
+            for k in range(vecs):
+                x = load_lanes(b, self.a[src], b.add(b.mul(r, i64(rs)), i64(k * 2 * TILE)),
+                               BF16, 2 * TILE)
+                store_lanes(b, self.a[dst], b.add(b.mul(r, i64(ld)), i64(k * 2 * TILE)), x)
+            loop(b, cols - vecs * 2 * TILE, lambda c: self.st(
+                dst, "bf16", b.add(b.mul(r, i64(ld)), b.add(c, i64(vecs * 2 * TILE))),
+                self.ld(src, "bf16", b.add(b.mul(r, i64(rs)), b.mul(
+                    b.add(c, i64(vecs * 2 * TILE)), i64(cs))))), "c")
+
+        loop(b, rows, row, "r")
+
+    def pack_transposed(self, dst: str, src: str, rows: int, cols: int, ld: int,
+                        words: bool) -> None:
+        """dst[c][r] (leading dimension ld) = src[r, c] for r < rows, c < cols, as 16 x 16
+        blocks through registers where src's columns are unit-stride, element by element
+        past them. With `words`, c counts pairs of src's columns (32-bit words: the VNNI
+        layout of q^T); else bf16 elements (v^T)."""
+        b, (rs, cs) = self.b, self.g.strides(src)
+        unit = I32 if words else BF16
+        scale = 2 if words else 1  # bf16 elements per unit
+        rb, cb = (rows // TILE, cols // TILE) if cs == 1 else (0, 0)
+
+        def block(r0, c0):
+            vs = [load_lanes(b, self.a[src], b.add(b.mul(b.add(r0, i64(r)), i64(rs)),
+                                                   b.mul(c0, i64(scale))), unit, TILE)
+                  for r in range(TILE)]
+            for c, v in enumerate(transpose_lanes(b, vs)):
+                store_lanes(b, self.a[dst], b.mul(b.add(b.mul(b.add(c0, i64(c)), i64(ld)), r0),
+                                                  i64(scale)), v)
+
+        loop(b, rb, lambda i: loop(b, cb, lambda j: block(
+            b.mul(i, i64(TILE)), b.mul(j, i64(TILE))), "cb"), "rb")
+
+        def element(r, c):
+            for h in range(scale):
+                x = self.ld(src, "bf16", b.add(b.mul(r, i64(rs)),
+                                               b.mul(b.add(b.mul(c, i64(scale)), i64(h)),
+                                                     i64(cs))))
+                at = b.add(b.mul(b.add(b.mul(c, i64(ld)), r), i64(scale)), i64(h))
+                self.st(dst, "bf16", at, x)
+
+        # the rest: rows past the blocks (all columns), then columns past them
+        for_range(b, i64(rb * TILE), i64(rows), lambda r: loop(
+            b, cols, lambda c: element(r, c), "c"), "r")
+        loop(b, rb * TILE, lambda r: for_range(b, i64(cb * TILE), i64(cols),
+                                               lambda c: element(r, c), "c"), "r")
+
+    # --- tiles
+    def tiles(self, a: str, a_off, a_ld: int, bsrc: str, steps: int, a_step: int,
+              b_step: int, dst: str, d_off) -> None:
+        """dst (f32, [.][BQ]) at d_off = the 32 x 32 product of A (bf16 rows a_ld apart,
+        from a_off) and B (`bsrc`: VNNI pair rows of BQ queries, `qt` or `pp`) over `steps`
+        steps of 32 along K, A and B advancing a_step and b_step elements a step."""
+        b = self.b
+        for t in C_TILES:
+            b.call(self.zero, [tile(t)])
+
+        def step(ks):
+            for h, t in enumerate(A_TILES):
+                at = b.add(a_off, b.add(i64(h * TILE * a_ld), b.mul(ks, i64(a_step))))
+                b.call(self.load, [tile(t), self.ptr(a, "bf16", at), i64(a_ld * 2)])
+            for h, t in enumerate(B_TILES):
+                at = b.add(i64(h * TILE * 2), b.mul(ks, i64(b_step)))
+                b.call(self.load, [tile(t), self.ptr(bsrc, "bf16", at), i64(BQ * 4)])
+            for i, ta in enumerate(A_TILES):
+                for j, tb in enumerate(B_TILES):
+                    b.call(self.dot, [tile(C_TILES[2 * i + j]), tile(ta), tile(tb)])
+
+        loop(b, steps, step, "ks")
+        for n, t in enumerate(C_TILES):
+            i, j = divmod(n, 2)
+            at = b.add(d_off, i64(i * TILE * BQ + j * TILE))
+            b.call(self.store, [tile(t), self.ptr(dst, "f32", at), i64(BQ * 4)])
+
+
+def _item(mod: ir.Module, g: Geometry, bufs: list[str], name: str) -> ir.Function:
+    """`item(o, lse, q, k, v, <scratch buffers>, bi)`: batch element bi."""
+    fn = item_function(mod, f"{name}.amx", IO + bufs, {"o", "lse", *bufs})
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    e = _Item(b, g, dict(zip(IO + bufs, fn.args)))
+    bi = fn.args[-1]
+    for n in IO:
+        e.batch_ptr(n, bi, "f32" if n in ("o", "lse") else "bf16")
+    fill_zero(b, e.a["kp"], "bf16", g.tkp * g.dp)
+    fill_zero(b, e.a["vt"], "bf16", g.dvp * g.tkp)
+    e.pack_rows("kp", "k", g.tk, g.d, g.dp)
+    e.pack_transposed("vt", "v", g.tk, g.dv, g.tkp, False)
+    loop(b, g.nqb, lambda qb: _query_block(e, b.mul(qb, i64(BQ))), "qb")
+    b.ret_void()
+    return fn
+
+
+def _query_block(e: _Item, i0: ir.Value) -> None:
+    b, g = e.b, e.g
+    nq = S.at_most(b, b.sub(i64(g.tq), i0), BQ)
+    fill_zero(b, e.a["qt"], "bf16", g.dp * BQ)
+    q_rows = e.ptr("q", "bf16", b.mul(i0, i64(g.strides("q")[0])))
+    saved_q, e.a["q"] = e.a["q"], q_rows
+    full = b.icmp_signed("==", nq, i64(BQ))
+    with b.if_else(full) as (whole, edge):
+        with whole:
+            if g.d % 2:
+                _pack_q_elements(e, i64(BQ))
+            else:
+                e.pack_transposed("qt", "q", BQ, g.d // 2, BQ, True)
+        with edge:
+            _pack_q_elements(e, nq)
+    e.a["q"] = saved_q
+    fill_zero(b, e.a["acc"], "f32", g.dvp * BQ)
+    for v in range(NV):
+        e.vst("m", i64(v * TILE), _splat(-math.inf))
+        e.vst("l", i64(v * TILE), _splat(0.0))
+    blocks = i64(g.tkp // BK)
+    if g.causal:  # key blocks with a key some query of the block sees
+        last = b.udiv(b.sub(b.add(i0, nq), i64(1)), i64(BK))
+        blocks = S.at_most(b, b.add(last, i64(1)), g.tkp // BK)
+    for_range(b, i64(0), blocks, lambda kb: _key_block(e, i0, b.mul(kb, i64(BK))), "kb")
+    _store_output(e, i0, nq, full)
+
+
+def _store_output(e: _Item, i0: ir.Value, nq: ir.Value, full: ir.Value) -> None:
+    """o = acc / l (acc is o^T: 16 x 16 blocks through registers where o's rows are
+    unit-stride, element by element past them) and lse = m + log l, queries i < nq."""
+    b, g = e.b, e.g
+    (ors, ocs), lse_stride = g.strides("o"), g.maps["lse"][g.nb]
+    inv = [b.fdiv(_splat(1.0), e.vld("l", i64(v * TILE))) for v in range(NV)]
+    blocks = g.dv // TILE if ocs == 1 else 0
+
+    def block(c0):
+        for v in range(NV):
+            rows = [b.fmul(e.vld("acc", b.add(b.mul(b.add(c0, i64(c)), i64(BQ)), i64(v * TILE))),
+                           inv[v]) for c in range(TILE)]
+            for i, x in enumerate(transpose_lanes(b, rows)):
+                at = b.add(b.mul(b.add(i0, i64(v * TILE + i)), i64(ors)), c0)
+                b.store(x, e.ptr("o", "f32", at), align=4)
+
+    def element(i, c):
+        x = b.fmul(e.ld("acc", "f32", b.add(b.mul(c, i64(BQ)), i)),
+                   b.fdiv(S.const("f32", 1.0), e.ld("l", "f32", i)))
+        e.st("o", "f32", b.add(b.mul(b.add(i0, i), i64(ors)), b.mul(c, i64(ocs))), x)
+
+    with b.if_else(full) as (whole, edge):
+        with whole:
+            loop(b, blocks, lambda k: block(b.mul(k, i64(TILE))), "cb")
+            loop(b, BQ, lambda i: loop(b, g.dv - blocks * TILE, lambda c: element(
+                i, b.add(c, i64(blocks * TILE))), "c"), "i")
+        with edge:
+            for_range(b, i64(0), nq, lambda i: loop(b, g.dv, lambda c: element(i, c), "c"),
+                      "i")
+    for_range(b, i64(0), nq, lambda i: e.st("lse", "f32", b.mul(b.add(i0, i), i64(lse_stride)),
+                                            b.fadd(e.ld("m", "f32", i), vmath.call(
+                                                b, "log", "f32", e.ld("l", "f32", i)))), "i")
+
+
+def _pack_q_elements(e: _Item, nq) -> None:
+    """qt's pairs element by element, queries i < nq (the block's last, or odd D)."""
+    b, g = e.b, e.g
+    rs, cs = g.strides("q")
+
+    def one(i, c):
+        x = e.ld("q", "bf16", b.add(b.mul(i, i64(rs)), b.mul(c, i64(cs))))
+        at = b.add(b.mul(b.udiv(c, i64(2)), i64(2 * BQ)), b.add(b.mul(i, i64(2)),
+                                                              b.urem(c, i64(2))))
+        e.st("qt", "bf16", at, x)
+
+    for_range(b, i64(0), nq, lambda i: loop(b, g.d, lambda c: one(i, c), "c"), "i")
+
+
+def _key_block(e: _Item, i0: ir.Value, j0: ir.Value) -> None:
+    """Keys j0 .. j0 + 31 for the queries from i0: scores, online softmax, values. The
+    softmax runs on the two 16-query vectors of each key row."""
+    b, g = e.b, e.g
+    e.tiles("kp", b.mul(j0, i64(g.dp)), g.dp, "qt", g.dp // PAIR_K, PAIR_K, TILE * BQ * 2,
+            "s", i64(0))
+    ninf, scale = _splat(-math.inf), _splat(g.scale)
+    ivec = e.query_ivec(i0)
+    maxnum = S.declare(b.module, "llvm.maxnum.v16f32", VF, [VF, VF])
+
+    def mask(j, maxes):
+        key = b.add(j0, j)
+        gone = b.icmp_signed(">=", key, i64(g.tk))
+        kv = e.splat(b.trunc(key, I32), ir.VectorType(I32, TILE))
+        out = []
+        for v in range(NV):
+            at = b.add(b.mul(j, i64(BQ)), i64(v * TILE))
+            x = b.fmul(e.vld("s", at), scale)
+            if g.causal:
+                x = b.select(b.icmp_signed(">", kv, ivec[v]), ninf, x)
+            x = b.select(gone, ninf, x)
+            e.vst("s", at, x)
+            out.append(b.call(maxnum, [maxes[v], x]))
+        return out
+
+    _, bmax = carried(b, i64(0), i64(BK), [ninf] * NV, mask, name="j")
+    alpha, m = [], []
+    for v in range(NV):
+        mo = e.vld("m", i64(v * TILE))
+        m.append(b.call(maxnum, [mo, bmax[v]]))
+        e.vst("m", i64(v * TILE), m[v])
+        alpha.append(vmath.exp(b, "f32", b.fsub(mo, m[v])))
+    cvt = S.declare(b.module, "llvm.x86.avx512bf16.cvtne2ps2bf16.512",
+                    ir.VectorType(BFloat(), 2 * TILE), [VF, VF])
+    zip_ = ir.Constant(ir.VectorType(I32, 2 * TILE), [x for i in range(TILE)
+                                                     for x in (i, TILE + i)])
+    halves = [ir.Constant(ir.VectorType(I32, TILE), list(range(h * TILE, (h + 1) * TILE)))
+              for h in (0, 1)]
+    vi32 = ir.VectorType(I32, TILE)
+
+    def probs(j2, sums):
+        out = []
+        for v in range(NV):
+            p = [vmath.exp(b, "f32", b.fsub(e.vld("s", b.add(
+                b.mul(b.add(b.mul(j2, i64(2)), i64(h)), i64(BQ)), i64(v * TILE))), m[v]))
+                for h in (0, 1)]
+            bits = b.bitcast(b.call(cvt, [p[1], p[0]]), ir.VectorType(BF16, 2 * TILE))
+            store_lanes(b, e.a["pp"], b.mul(b.add(b.mul(j2, i64(BQ)), i64(v * TILE)), i64(2)),
+                        b.shuffle_vector(bits, bits, zip_))
+            total = sums[v]
+            for h in (0, 1):  # the rounded p, back in f32
+                wide = b.zext(b.shuffle_vector(bits, bits, halves[h]), vi32)
+                total = b.fadd(total, b.bitcast(b.shl(wide, _splat(16, vi32)), VF))
+            out.append(total)
+        return out
+
+    _, sums = carried(b, i64(0), i64(BK // 2), [_splat(0.0)] * NV, probs, name="j2")
+    loop(b, g.dvp // PAIR_K, lambda hh: e.tiles(
+        "vt", b.add(b.mul(hh, i64(PAIR_K * g.tkp)), j0), g.tkp, "pp", 1, 0, 0, "ot",
+        b.mul(hh, i64(PAIR_K * BQ))), "hh")
+
+    def accumulate(c):
+        for v in range(NV):
+            at = b.add(b.mul(c, i64(BQ)), i64(v * TILE))
+            e.vst("acc", at, b.fadd(b.fmul(e.vld("acc", at), alpha[v]), e.vld("ot", at)))
+
+    loop(b, g.dv, accumulate, "c")
+    for v in range(NV):
+        at = i64(v * TILE)
+        e.vst("l", at, b.fadd(b.fmul(e.vld("l", at), alpha[v]), sums[v]))
+
+
+def emit_amx_attention(b: ir.IRBuilder, op: Operation, outs: list, ins: list,
+                       scratch: ir.Value, isa: Isa, threads: int, name: str) -> None:
+    """The op's kernel: batch elements over the thread pool, each thread with its own
+    scratch and tile configuration."""
+    if not isa.bf16_tiles:
+        raise NotImplementedError("attention on bf16 operands needs AMX tiles; "
+                                  "low-precision-attention runs only where the cpu has them")
+    g = Geometry(op)
+    offs, per = g.regions()
+    item = _item(b.module, g, list(offs), name)
+    t = g.threads(threads)
+    ptrs = list(outs) + list(ins) + [scratch]
+    mod = b.module
+
+    def chunk(bb, ps, lo, hi):
+        base = byte_offset(bb, ps[-1], bb.mul(chunk_index(bb, lo, g.nbatch, t), i64(per)))
+        regs = [byte_offset(bb, base, off) for off in offs.values()]
+        bb.call(amx(mod, "ldtilecfg", [PTR]), [tile_config(mod)])
+        for_range(bb, lo, hi, lambda it: bb.call(item, ps[:-1] + regs + [it]), "item")
+        bb.call(amx(mod, "tilerelease", []), [])
+
+    if t == 1:
+        chunk(b, ptrs, i64(0), i64(g.nbatch))
+        return
+    parallel_region(b, f"{name}.items", ptrs, [True] * len(outs) + [False] * len(ins) + [True],
+                    g.nbatch, t, chunk)

@@ -1,0 +1,106 @@
+"""`low-precision-attention`: a fused attention whose q, k and v are f32 copies of bf16
+values reads the bf16 values, its results still f32.
+
+After `widen-low-precision` (passes/widen.py) a mixed-precision attention reaches `fuse`
+on f32 casts of bf16 projections, and `fuse` makes each cast a `kernel.fused` of its own
+(reading the bf16 buffer through a transpose, say) ahead of `kernel.attention`. A cpu with
+AMX's bf16 tiles appends this pass after `fuse`: where all three operands come from such
+casts, the attention reads the casts' bf16 inputs through the casts' maps instead (a
+bf16 `kernel.attention` multiplies on the tiles: backends/cpu/attention/amx.py), and a
+cast that nothing else reads goes. A kernel that computes a bf16 value before casting it
+(a padded v's mask) stores the bf16 value too, for the attention. Only the forward
+changes: the backward keeps the f32 copies it reads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from ..ir import Builder, Graph, Operation, Value
+from ..ir.dialects.kernel_attention import logical_shapes
+from .fuse.analysis import contiguous
+from .manager import Pass, register_pass
+from .narrow import tensor_type
+
+
+def bf16_source(v: Value, shape: list[int], m: list[int]) -> Operation | None:
+    """The `kernel.cast` to f32 of a bf16 value in the body of the `kernel.fused` that
+    stores `v`, where that kernel runs over `shape` and stores `v` in the layout that map
+    `m` reads; else None."""
+    op = v.op
+    if op is None or op.name != "kernel.fused":
+        return None
+    a, k = op.attributes, op.results.index(v)
+    cast = op.regions[0].blocks[0].ops[-1].operands[k].op
+    if cast is None or cast.name != "kernel.cast" or cast.operands[0].type.dtype != "bf16" \
+            or list(a["space"]) != shape or list(_out_maps(op)[k]) != list(m):
+        return None
+    return cast
+
+
+def _out_maps(op: Operation) -> list[list[int]]:
+    a = op.attributes
+    return a["out_maps"] if "out_maps" in a else [contiguous(list(a["space"]))]
+
+
+def read_bf16(v: Value, cast: Operation, m: list[int]) -> tuple[Value, list[int]]:
+    """(the bf16 value `cast` casts, its map): the kernel's bf16 input itself where its
+    body is only that cast, else the value as one more result of the kernel (stored in
+    `v`'s layout: a padded value's mask, say, computed before the cast)."""
+    op = v.op
+    assert op is not None  # bf16_source found its kernel
+    body = op.regions[0].blocks[0]
+    if len(body.ops) == 2 and cast.operands[0] is body.args[0]:
+        return op.operands[0], list(op.attributes["maps"][0])
+    return _stored_too(op, cast.operands[0], op.results.index(v)), list(m)
+
+
+def _stored_too(op: Operation, x: Value, k: int) -> Value:
+    """The new result of `op` (a `kernel.fused`, replaced) that stores its body's value
+    `x` in the layout of its result k."""
+    body, out_maps = op.regions[0].blocks[0], _out_maps(op)
+    body.ops[-1].add_operand(x)
+    region, op.regions = op.regions[0], []
+    types = [r.type for r in op.results]
+    types.append(tensor_type(op.results[k]).with_dtype("bf16"))
+    attrs = {**op.attributes, "out_maps": [*out_maps, out_maps[k]], "out_types": types}
+    new = Builder.before_op(op).create("kernel.fused", op.operands, attrs, types, [region])
+    for old, r in zip(op.results, new.results):
+        old.replace_all_uses_with(r)
+    op.erase()
+    return new.results[-1]
+
+
+@register_pass
+@dataclass(frozen=True)
+class LowPrecisionAttention(Pass):
+    name: ClassVar[str] = "low-precision-attention"
+
+    def apply(self, graph: Graph) -> Graph:
+        for op in list(graph.body.ops):
+            if op.name == "kernel.attention":
+                _rewrite(op)
+        return graph
+
+
+def _rewrite(op: Operation) -> None:
+    shapes = logical_shapes(op.attributes)
+    names, maps = ("q", "k", "v"), op.attributes["maps"]
+    if any(bf16_source(v, shapes[n], m) is None for v, n, m in zip(op.operands, names, maps)):
+        return
+    sources = []
+    for i, (n, m) in enumerate(zip(names, maps)):  # one at a time: a kernel may store two
+        v = op.operands[i]
+        cast = bf16_source(v, shapes[n], m)
+        assert cast is not None  # checked above; a kernel stored anew stores v still
+        sources.append(read_bf16(v, cast, m))
+    casts = [v.op for v in op.operands]
+    attrs = {**op.attributes, "maps": [m for _, m in sources]}
+    new = Builder.before_op(op).create("kernel.attention", [v for v, _ in sources], attrs)
+    for old, r in zip(op.results, new.results):
+        old.replace_all_uses_with(r)
+    op.erase()
+    for kernel in dict.fromkeys(casts):
+        if kernel is not None and not any(r.uses for r in kernel.results):
+            kernel.erase()
