@@ -1,5 +1,5 @@
-"""`low-precision-attention`: a fused attention whose q, k and v are f32 copies of bf16
-values reads the bf16 values, its results still f32.
+"""`low-precision-attention`: a fused attention whose q, k and v (and its backward's do)
+are f32 copies of bf16 values reads the bf16 values, its results still f32.
 
 After `widen-low-precision` (passes/widen.py) a mixed-precision attention reaches `fuse`
 on f32 casts of bf16 projections, and `fuse` makes each cast a `kernel.fused` of its own
@@ -8,8 +8,8 @@ AMX's bf16 tiles appends this pass after `fuse`: where all three operands come f
 casts, the attention reads the casts' bf16 inputs through the casts' maps instead (a
 bf16 `kernel.attention` multiplies on the tiles: backends/cpu/attention/amx.py), and a
 cast that nothing else reads goes. A kernel that computes a bf16 value before casting it
-(a padded v's mask) stores the bf16 value too, for the attention. Only the forward
-changes: the backward keeps the f32 copies it reads.
+(a padded v's mask) stores the bf16 value too, for the attention. The backward
+(`kernel.attention_grad`) reads its q, k, v and do so; its o and lse stay f32.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from ..ir import Builder, Graph, Operation, Value
-from ..ir.dialects.kernel_attention import logical_shapes
+from ..ir.dialects.kernel_attention import ATTENTION_OPS, AttentionOp, logical_shapes
+from ..ir.opdef import OPS
 from .fuse.analysis import contiguous
 from .manager import Pass, register_pass
 from .narrow import tensor_type
@@ -79,25 +80,27 @@ class LowPrecisionAttention(Pass):
 
     def apply(self, graph: Graph) -> Graph:
         for op in list(graph.body.ops):
-            if op.name == "kernel.attention":
+            if op.name in ATTENTION_OPS:
                 _rewrite(op)
         return graph
 
 
 def _rewrite(op: Operation) -> None:
-    shapes = logical_shapes(op.attributes)
-    names, maps = ("q", "k", "v"), op.attributes["maps"]
-    if any(bf16_source(v, shapes[n], m) is None for v, n, m in zip(op.operands, names, maps)):
+    cls = OPS[op.name]
+    assert issubclass(cls, AttentionOp)  # one of ATTENTION_OPS
+    shapes, maps = logical_shapes(op.attributes), op.attributes["maps"]
+    low = [i for i, n in enumerate(cls.operand_names) if n in cls.bf16_operands]
+    if any(bf16_source(op.operands[i], shapes[cls.operand_names[i]], maps[i]) is None
+           for i in low):
         return
-    sources = []
-    for i, (n, m) in enumerate(zip(names, maps)):  # one at a time: a kernel may store two
-        v = op.operands[i]
-        cast = bf16_source(v, shapes[n], m)
+    operands, new_maps = list(op.operands), [list(m) for m in maps]
+    casts = [op.operands[i].op for i in low]
+    for i in low:  # one at a time: a kernel may store two of them
+        v, n = op.operands[i], cls.operand_names[i]
+        cast = bf16_source(v, shapes[n], maps[i])
         assert cast is not None  # checked above; a kernel stored anew stores v still
-        sources.append(read_bf16(v, cast, m))
-    casts = [v.op for v in op.operands]
-    attrs = {**op.attributes, "maps": [m for _, m in sources]}
-    new = Builder.before_op(op).create("kernel.attention", [v for v, _ in sources], attrs)
+        operands[i], new_maps[i] = read_bf16(v, cast, maps[i])
+    new = Builder.before_op(op).create(op.name, operands, {**op.attributes, "maps": new_maps})
     for old, r in zip(op.results, new.results):
         old.replace_all_uses_with(r)
     op.erase()

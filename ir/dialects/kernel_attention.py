@@ -22,7 +22,9 @@ which the backward needs to rebuild the probabilities block by block::
 
 On bf16 q, k and v (`low-precision-attention`) a `kernel.attention` returns f32 o and lse:
 the attention of those bf16 values, its sums in f32; a backend may multiply v by the
-probabilities rounded to bf16, as bf16 flash attention does (PyTorch's too).
+probabilities rounded to bf16, as bf16 flash attention does (PyTorch's too). Likewise a
+`kernel.attention_grad` on bf16 q, k, v and do (f32 o and lse) returns f32 gradients,
+its p and ds possibly rounded to bf16 before they multiply.
 
 `kernel.attention_grad(q, k, v, o, lse, do) -> (dq, dk, dv)`: the gradients of o with
 respect to q, k and v given do, with p = exp(s - lse) recomputed and
@@ -75,7 +77,22 @@ class AttentionOp(OpDef):
     optional_attrs = LAYOUT
     operand_names: tuple[str, ...] = ()
     result_names: tuple[str, ...] = ()
-    operand_dtypes: tuple[str, ...] = ("f32", "f64")
+    # the operands that may be bf16 (low-precision-attention) where the others are f32
+    bf16_operands: tuple[str, ...] = ()
+
+    @classmethod
+    def result_dtype(cls, types: list[TensorType]) -> str:
+        """The results' dtype: the operands', f32 or f64; f32 where the operands that may
+        be bf16 are and the others f32."""
+        low = {t.dtype for n, t in zip(cls.operand_names, types) if n in cls.bf16_operands}
+        rest = {t.dtype for n, t in zip(cls.operand_names, types) if n not in cls.bf16_operands}
+        if low == {"bf16"} and rest <= {"f32"}:
+            return "f32"
+        dtype = same_dtype(cls.name, types)
+        if dtype not in ("f32", "f64"):
+            raise InferenceError(f"{cls.name} needs f32 or f64 operands (or bf16 "
+                                 f"{', '.join(cls.bf16_operands)}), got {dtype}")
+        return dtype
 
     @classmethod
     def infer(cls, operand_types: list[TensorType], attrs: dict[str, Any]) -> list[Type]:
@@ -84,11 +101,7 @@ class AttentionOp(OpDef):
                                  f"{attrs['sizes']}")
         if math.prod(attrs["batch"]) == 0:
             raise InferenceError(f"{cls.name}: batch {attrs['batch']} is empty")
-        dtype = same_dtype(cls.name, operand_types)
-        if dtype not in cls.operand_dtypes:
-            raise InferenceError(f"{cls.name} needs {' or '.join(cls.operand_dtypes)} operands, "
-                                 f"got {dtype}")
-        dtype = "f32" if dtype == "bf16" else dtype
+        dtype = cls.result_dtype(operand_types)
         maps = attrs["maps"]
         if len(maps) != len(operand_types):
             raise InferenceError(f"{cls.name}: {len(operand_types)} operands but {len(maps)} "
@@ -118,7 +131,7 @@ class Attention(AttentionOp):
     arity = (3, 3)
     operand_names = ("q", "k", "v")
     result_names = ("o", "lse")
-    operand_dtypes = ("f32", "f64", "bf16")  # bf16: f32 results (low-precision-attention)
+    bf16_operands = ("q", "k", "v")
 
 
 @register
@@ -127,6 +140,7 @@ class AttentionGrad(AttentionOp):
     arity = (6, 6)
     operand_names = ("q", "k", "v", "o", "lse", "do")
     result_names = ("dq", "dk", "dv")
+    bf16_operands = ("q", "k", "v", "do")
 
 
 ATTENTION_OPS = (Attention.name, AttentionGrad.name)

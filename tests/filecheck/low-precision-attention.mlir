@@ -60,3 +60,36 @@ module {
     func.return %o, %lse : tensor<2x8x2xf32>, tensor<2x8xf32>
   }
 }
+
+// -----
+
+// The backward reads its q, k, v and do as bf16 too; o and lse stay f32.
+// CHECK-LABEL: func.func @backward
+// CHECK-NOT:     "kernel.fused"
+// CHECK:         "kernel.attention_grad"(%q, %k, %v, %o, %lse, %do) {{.*}} : (tensor<2x8x2xbf16>, tensor<2x8x2xbf16>, tensor<2x8x2xbf16>, tensor<2x8x2xf32>, tensor<2x8xf32>, tensor<2x8x2xbf16>) -> (tensor<2x8x2xf32>, tensor<2x8x2xf32>, tensor<2x8x2xf32>)
+module {
+  func.func @backward(%q: tensor<2x8x2xbf16>, %k: tensor<2x8x2xbf16>, %v: tensor<2x8x2xbf16>, %o: tensor<2x8x2xf32>, %lse: tensor<2x8xf32>, %do: tensor<2x8x2xbf16>) -> (tensor<2x8x2xf32>, tensor<2x8x2xf32>, tensor<2x8x2xf32>) {
+    %0 = "kernel.fused"(%q) ({
+    ^bb0(%a: bf16):
+      %c = "kernel.cast"(%a) {dtype = "f32"} : (bf16) -> f32
+      "kernel.yield"(%c) : (f32) -> ()
+    }) {maps = [[16, 2, 1]], out_maps = [[16, 2, 1]], out_types = [tensor<2x8x2xf32>], space = [2, 8, 2]} : (tensor<2x8x2xbf16>) -> tensor<2x8x2xf32>
+    %1 = "kernel.fused"(%k) ({
+    ^bb0(%a: bf16):
+      %c = "kernel.cast"(%a) {dtype = "f32"} : (bf16) -> f32
+      "kernel.yield"(%c) : (f32) -> ()
+    }) {maps = [[16, 2, 1]], out_maps = [[16, 2, 1]], out_types = [tensor<2x8x2xf32>], space = [2, 8, 2]} : (tensor<2x8x2xbf16>) -> tensor<2x8x2xf32>
+    %2 = "kernel.fused"(%v) ({
+    ^bb0(%a: bf16):
+      %c = "kernel.cast"(%a) {dtype = "f32"} : (bf16) -> f32
+      "kernel.yield"(%c) : (f32) -> ()
+    }) {maps = [[16, 2, 1]], out_maps = [[16, 2, 1]], out_types = [tensor<2x8x2xf32>], space = [2, 8, 2]} : (tensor<2x8x2xbf16>) -> tensor<2x8x2xf32>
+    %3 = "kernel.fused"(%do) ({
+    ^bb0(%a: bf16):
+      %c = "kernel.cast"(%a) {dtype = "f32"} : (bf16) -> f32
+      "kernel.yield"(%c) : (f32) -> ()
+    }) {maps = [[16, 2, 1]], out_maps = [[16, 2, 1]], out_types = [tensor<2x8x2xf32>], space = [2, 8, 2]} : (tensor<2x8x2xbf16>) -> tensor<2x8x2xf32>
+    %dq, %dk, %dv = "kernel.attention_grad"(%0, %1, %2, %o, %lse, %3) {batch = [2], causal = true, maps = [[16, 2, 1], [16, 2, 1], [16, 2, 1], [16, 2, 1], [8, 1], [16, 2, 1]], scale = 0.5 : f64, sizes = [8, 8, 2, 2]} : (tensor<2x8x2xf32>, tensor<2x8x2xf32>, tensor<2x8x2xf32>, tensor<2x8x2xf32>, tensor<2x8xf32>, tensor<2x8x2xf32>) -> (tensor<2x8x2xf32>, tensor<2x8x2xf32>, tensor<2x8x2xf32>)
+    func.return %dq, %dk, %dv : tensor<2x8x2xf32>, tensor<2x8x2xf32>, tensor<2x8x2xf32>
+  }
+}

@@ -24,6 +24,8 @@ every sum is f32.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from llvmlite import ir
 
@@ -56,6 +58,7 @@ from .tiles import item_function
 BQ = 32  # queries per block: two B tiles of 16 columns
 BK = 32  # keys per block: two A tiles of 16 rows of scores, one K step of the values
 NV = BQ // TILE  # query vectors per block
+RESCALE = 8.0  # how far a max may grow before acc is rescaled: p = exp(s - m) < e^8
 F32 = ir.FloatType()
 VF = ir.VectorType(F32, TILE)
 C_TILES, A_TILES, B_TILES = (0, 1, 2, 3), (4, 5), (6, 7)
@@ -73,10 +76,18 @@ class Geometry:
         self.dp, self.dvp, self.tkp = (cdiv(n, PAIR_K) * PAIR_K for n in (s.d, s.dv, s.tk))
         self.nqb = cdiv(s.tq, BQ)
         # scratch per thread, bytes: packed operands, then f32 blocks and query vectors
-        self.sizes = {"kp": self.tkp * self.dp * 2, "vt": self.dvp * self.tkp * 2,
-                      "qt": self.dp * BQ * 2, "s": BK * BQ * 4, "pp": BK * BQ * 2,
-                      "ot": self.dvp * BQ * 4, "acc": self.dvp * BQ * 4,
-                      "m": BQ * 4, "l": BQ * 4}
+        dp, dvp, tkp = self.dp, self.dvp, self.tkp
+        if op.name == "kernel.attention":
+            self.sizes = {"kp": tkp * dp * 2, "vt": dvp * tkp * 2, "qt": dp * BQ * 2,
+                          "s": BK * BQ * 4, "pp": BK * BQ * 2, "acc": dvp * BQ * 4,
+                          "m": BQ * 4, "l": BQ * 4}
+        else:  # the backward's (amx_backward.py)
+            self.sizes = {"kp": tkp * dp * 2, "vp": tkp * dvp * 2, "kt": dp * tkp * 2,
+                          "qt": dp * BQ * 2, "dot": dvp * BQ * 2, "qv": BQ * dp * 2,
+                          "dov": BQ * dvp * 2, "s": BK * BQ * 4, "dp": BK * BQ * 4,
+                          "pa": BK * BQ * 2, "dsa": BK * BQ * 2, "dsv": BK * BQ * 2,
+                          "dka": tkp * dp * 4, "dva": tkp * dvp * 4, "dqt": dp * BQ * 4,
+                          "drow": BQ * 4, "lse_b": BQ * 4}
 
     def strides(self, name: str) -> tuple[int, int]:
         """(row, column) element strides of buffer `name`."""
@@ -103,7 +114,7 @@ def amx_attention_scratch(op: Operation, threads: int) -> int:
     return g.threads(threads) * g.regions()[1]
 
 
-class _Item:
+class Item:
     """The code of one item (batch element) over one builder."""
 
     def __init__(self, b: ir.IRBuilder, g: Geometry, a: dict[str, ir.Value]):
@@ -126,6 +137,14 @@ class _Item:
                 off = b.add(off, b.mul(b.urem(b.udiv(bi, i64(cs)), i64(n)), i64(s)))
         self.a[name] = self.ptr(name, dtype, off)
         return self.a[name]
+
+    @contextmanager
+    def rows_from(self, name: str, i0) -> Iterator[None]:
+        """Buffer `name` read from its row i0 (a query block's) inside the block."""
+        saved = self.a[name]
+        self.a[name] = self.ptr(name, "bf16", self.b.mul(i0, i64(self.g.strides(name)[0])))
+        yield
+        self.a[name] = saved
 
     def ld(self, name: str, dtype: str, off) -> ir.Value:
         return S.load(self.b, self.a[name], dtype, off)
@@ -150,6 +169,53 @@ class _Item:
         base = self.splat(self.b.trunc(i0, I32), vt)
         return [self.b.add(base, ir.Constant(vt, [v * TILE + k for k in range(TILE)]))
                 for v in range(NV)]
+
+    def unmasked(self, i0, j0) -> ir.Value:
+        """Whether the block of keys from j0 hides none from the queries from i0: none
+        past Tk, and (causal) none after the block's first query."""
+        b, g = self.b, self.g
+        last = b.add(j0, i64(BK - 1))
+        whole = b.icmp_signed("<", last, i64(g.tk))
+        return b.and_(whole, b.icmp_signed("<=", last, i0)) if g.causal else whole
+
+    def scaled_scores(self, i0, j0) -> list[ir.Value]:
+        """s[j][i] *= scale for the block's keys from j0 and queries from i0, -inf where
+        hidden (a key past Tk, or above the diagonal where causal: only in blocks that
+        have such keys); returns the columns' max, one vector per 16 queries."""
+        b, g = self.b, self.g
+        ninf, scale = _splat(-math.inf), _splat(g.scale)
+        ivec = self.query_ivec(i0)
+        maxnum = S.declare(b.module, "llvm.maxnum.v16f32", VF, [VF, VF])
+
+        def rows(masked: bool) -> list[ir.Value]:
+            def row(j, maxes):
+                key = b.add(j0, j)
+                kv = self.splat(b.trunc(key, I32), ir.VectorType(I32, TILE))
+                out = []
+                for v in range(NV):
+                    at = b.add(b.mul(j, i64(BQ)), i64(v * TILE))
+                    x = b.fmul(self.vld("s", at), scale)
+                    if masked:
+                        if g.causal:
+                            x = b.select(b.icmp_signed(">", kv, ivec[v]), ninf, x)
+                        x = b.select(b.icmp_signed(">=", key, i64(g.tk)), ninf, x)
+                    self.vst("s", at, x)
+                    out.append(b.call(maxnum, [maxes[v], x]))
+                return out
+            return carried(b, i64(0), i64(BK), [ninf] * NV, row, name="j")[1]
+
+        with b.if_else(self.unmasked(i0, j0)) as (plain, masked):
+            with plain:
+                plain_max, plain_end = rows(False), b.block
+            with masked:
+                masked_max, masked_end = rows(True), b.block
+        out = []
+        for x, y in zip(plain_max, masked_max):
+            phi = b.phi(VF)
+            phi.add_incoming(x, plain_end)
+            phi.add_incoming(y, masked_end)
+            out.append(phi)
+        return out
 
     # --- packing
     def pack_rows(self, dst: str, src: str, rows: int, cols: int, ld: int) -> None:
@@ -207,38 +273,80 @@ class _Item:
                                                lambda c: element(r, c), "c"), "r")
 
     # --- tiles
-    def tiles(self, a: str, a_off, a_ld: int, bsrc: str, steps: int, a_step: int,
-              b_step: int, dst: str, d_off) -> None:
-        """dst (f32, [.][BQ]) at d_off = the 32 x 32 product of A (bf16 rows a_ld apart,
-        from a_off) and B (`bsrc`: VNNI pair rows of BQ queries, `qt` or `pp`) over `steps`
-        steps of 32 along K, A and B advancing a_step and b_step elements a step."""
+    def tiles(self, a: str, a_off, a_ld: int, bsrc: str, b_off, b_ld: int, steps: int,
+              a_step: int, b_step: int, dst: str, d_off, d_ld: int,
+              accumulate: bool = False) -> None:
+        """The 32 x 32 block of f32 dst (rows d_ld apart, from d_off) = (with `accumulate`:
+        +=) A B over `steps` steps of 32 along K: A bf16 rows a_ld apart from a_off, B
+        (`bsrc`) VNNI pair rows of b_ld columns from b_off (bf16 elements), A and B
+        advancing a_step and b_step elements a step."""
         b = self.b
-        for t in C_TILES:
-            b.call(self.zero, [tile(t)])
+        for n, t in enumerate(C_TILES):
+            if accumulate:
+                b.call(self.load, [tile(t), self._c_ptr(dst, d_off, d_ld, n), i64(d_ld * 4)])
+            else:
+                b.call(self.zero, [tile(t)])
 
         def step(ks):
             for h, t in enumerate(A_TILES):
                 at = b.add(a_off, b.add(i64(h * TILE * a_ld), b.mul(ks, i64(a_step))))
                 b.call(self.load, [tile(t), self.ptr(a, "bf16", at), i64(a_ld * 2)])
             for h, t in enumerate(B_TILES):
-                at = b.add(i64(h * TILE * 2), b.mul(ks, i64(b_step)))
-                b.call(self.load, [tile(t), self.ptr(bsrc, "bf16", at), i64(BQ * 4)])
+                at = b.add(b_off, b.add(i64(h * TILE * 2), b.mul(ks, i64(b_step))))
+                b.call(self.load, [tile(t), self.ptr(bsrc, "bf16", at), i64(b_ld * 4)])
             for i, ta in enumerate(A_TILES):
                 for j, tb in enumerate(B_TILES):
                     b.call(self.dot, [tile(C_TILES[2 * i + j]), tile(ta), tile(tb)])
 
         loop(b, steps, step, "ks")
         for n, t in enumerate(C_TILES):
-            i, j = divmod(n, 2)
-            at = b.add(d_off, i64(i * TILE * BQ + j * TILE))
-            b.call(self.store, [tile(t), self.ptr(dst, "f32", at), i64(BQ * 4)])
+            b.call(self.store, [tile(t), self._c_ptr(dst, d_off, d_ld, n), i64(d_ld * 4)])
+
+    def _c_ptr(self, dst: str, d_off, d_ld: int, n: int) -> ir.Value:
+        i, j = divmod(n, 2)
+        return self.ptr(dst, "f32", self.b.add(d_off, i64(i * TILE * d_ld + j * TILE)))
+
+    def write_rows(self, dst: str, acc: str, i0, nq, full, width: int, scale=None) -> None:
+        """dst[i0 + i, c] = acc[c][i] (times scale[i // 16] lane i % 16, if given) for
+        queries i < nq and c < width: acc is a transposed [.][BQ] block, 16 x 16 blocks
+        through registers where dst's rows are unit-stride and the block `full`, element
+        by element past them."""
+        b, g = self.b, self.g
+        rs, cs = g.strides(dst)
+        blocks = width // TILE if cs == 1 else 0
+
+        def block(c0):
+            for v in range(NV):
+                rows = [self.vld(acc, b.add(b.mul(b.add(c0, i64(c)), i64(BQ)), i64(v * TILE)))
+                        for c in range(TILE)]
+                rows = [b.fmul(x, scale[v]) for x in rows] if scale else rows
+                for i, x in enumerate(transpose_lanes(b, rows)):
+                    self.vst(dst, b.add(b.mul(b.add(i0, i64(v * TILE + i)), i64(rs)), c0), x)
+
+        def element(i, c):
+            x = self.ld(acc, "f32", b.add(b.mul(c, i64(BQ)), i))
+            if scale:
+                lane = b.urem(i, i64(TILE))
+                pick = b.icmp_signed("<", i, i64(TILE))
+                x = b.fmul(x, b.select(pick, b.extract_element(scale[0], lane),
+                                       b.extract_element(scale[-1], lane)))
+            self.st(dst, "f32", b.add(b.mul(b.add(i0, i), i64(rs)), b.mul(c, i64(cs))), x)
+
+        with b.if_else(full) as (whole, edge):
+            with whole:
+                loop(b, blocks, lambda k: block(b.mul(k, i64(TILE))), "cb")
+                loop(b, BQ, lambda i: loop(b, width - blocks * TILE, lambda c: element(
+                    i, b.add(c, i64(blocks * TILE))), "c"), "i")
+            with edge:
+                for_range(b, i64(0), nq, lambda i: loop(b, width, lambda c: element(i, c),
+                                                        "c"), "i")
 
 
-def _item(mod: ir.Module, g: Geometry, bufs: list[str], name: str) -> ir.Function:
+def forward_item(mod: ir.Module, g: Geometry, bufs: list[str], name: str) -> ir.Function:
     """`item(o, lse, q, k, v, <scratch buffers>, bi)`: batch element bi."""
     fn = item_function(mod, f"{name}.amx", IO + bufs, {"o", "lse", *bufs})
     b = ir.IRBuilder(fn.append_basic_block("entry"))
-    e = _Item(b, g, dict(zip(IO + bufs, fn.args)))
+    e = Item(b, g, dict(zip(IO + bufs, fn.args)))
     bi = fn.args[-1]
     for n in IO:
         e.batch_ptr(n, bi, "f32" if n in ("o", "lse") else "bf16")
@@ -251,22 +359,13 @@ def _item(mod: ir.Module, g: Geometry, bufs: list[str], name: str) -> ir.Functio
     return fn
 
 
-def _query_block(e: _Item, i0: ir.Value) -> None:
+def _query_block(e: Item, i0: ir.Value) -> None:
     b, g = e.b, e.g
     nq = S.at_most(b, b.sub(i64(g.tq), i0), BQ)
     fill_zero(b, e.a["qt"], "bf16", g.dp * BQ)
-    q_rows = e.ptr("q", "bf16", b.mul(i0, i64(g.strides("q")[0])))
-    saved_q, e.a["q"] = e.a["q"], q_rows
     full = b.icmp_signed("==", nq, i64(BQ))
-    with b.if_else(full) as (whole, edge):
-        with whole:
-            if g.d % 2:
-                _pack_q_elements(e, i64(BQ))
-            else:
-                e.pack_transposed("qt", "q", BQ, g.d // 2, BQ, True)
-        with edge:
-            _pack_q_elements(e, nq)
-    e.a["q"] = saved_q
+    with e.rows_from("q", i0):
+        pack_transposed_pairs(e, "qt", "q", nq, full, g.d)
     fill_zero(b, e.a["acc"], "f32", g.dvp * BQ)
     for v in range(NV):
         e.vst("m", i64(v * TILE), _splat(-math.inf))
@@ -279,86 +378,60 @@ def _query_block(e: _Item, i0: ir.Value) -> None:
     _store_output(e, i0, nq, full)
 
 
-def _store_output(e: _Item, i0: ir.Value, nq: ir.Value, full: ir.Value) -> None:
-    """o = acc / l (acc is o^T: 16 x 16 blocks through registers where o's rows are
-    unit-stride, element by element past them) and lse = m + log l, queries i < nq."""
+def _store_output(e: Item, i0: ir.Value, nq: ir.Value, full: ir.Value) -> None:
+    """o = acc / l and lse = m + log l, queries i < nq."""
     b, g = e.b, e.g
-    (ors, ocs), lse_stride = g.strides("o"), g.maps["lse"][g.nb]
     inv = [b.fdiv(_splat(1.0), e.vld("l", i64(v * TILE))) for v in range(NV)]
-    blocks = g.dv // TILE if ocs == 1 else 0
-
-    def block(c0):
-        for v in range(NV):
-            rows = [b.fmul(e.vld("acc", b.add(b.mul(b.add(c0, i64(c)), i64(BQ)), i64(v * TILE))),
-                           inv[v]) for c in range(TILE)]
-            for i, x in enumerate(transpose_lanes(b, rows)):
-                at = b.add(b.mul(b.add(i0, i64(v * TILE + i)), i64(ors)), c0)
-                b.store(x, e.ptr("o", "f32", at), align=4)
-
-    def element(i, c):
-        x = b.fmul(e.ld("acc", "f32", b.add(b.mul(c, i64(BQ)), i)),
-                   b.fdiv(S.const("f32", 1.0), e.ld("l", "f32", i)))
-        e.st("o", "f32", b.add(b.mul(b.add(i0, i), i64(ors)), b.mul(c, i64(ocs))), x)
-
-    with b.if_else(full) as (whole, edge):
-        with whole:
-            loop(b, blocks, lambda k: block(b.mul(k, i64(TILE))), "cb")
-            loop(b, BQ, lambda i: loop(b, g.dv - blocks * TILE, lambda c: element(
-                i, b.add(c, i64(blocks * TILE))), "c"), "i")
-        with edge:
-            for_range(b, i64(0), nq, lambda i: loop(b, g.dv, lambda c: element(i, c), "c"),
-                      "i")
+    e.write_rows("o", "acc", i0, nq, full, g.dv, inv)
+    lse_stride = g.maps["lse"][g.nb]
     for_range(b, i64(0), nq, lambda i: e.st("lse", "f32", b.mul(b.add(i0, i), i64(lse_stride)),
                                             b.fadd(e.ld("m", "f32", i), vmath.call(
                                                 b, "log", "f32", e.ld("l", "f32", i)))), "i")
 
 
-def _pack_q_elements(e: _Item, nq) -> None:
-    """qt's pairs element by element, queries i < nq (the block's last, or odd D)."""
+def pack_pairs_elements(e: Item, dst: str, src: str, nq, width: int) -> None:
+    """dst's VNNI pairs of src^T (dst[c // 2][i][c % 2] = src[i, c]) element by element,
+    rows i < nq (a block's last, or odd D)."""
     b, g = e.b, e.g
-    rs, cs = g.strides("q")
+    rs, cs = g.strides(src)
 
     def one(i, c):
-        x = e.ld("q", "bf16", b.add(b.mul(i, i64(rs)), b.mul(c, i64(cs))))
+        x = e.ld(src, "bf16", b.add(b.mul(i, i64(rs)), b.mul(c, i64(cs))))
         at = b.add(b.mul(b.udiv(c, i64(2)), i64(2 * BQ)), b.add(b.mul(i, i64(2)),
                                                               b.urem(c, i64(2))))
-        e.st("qt", "bf16", at, x)
+        e.st(dst, "bf16", at, x)
 
-    for_range(b, i64(0), nq, lambda i: loop(b, g.d, lambda c: one(i, c), "c"), "i")
+    for_range(b, i64(0), nq, lambda i: loop(b, width, lambda c: one(i, c), "c"), "i")
 
 
-def _key_block(e: _Item, i0: ir.Value, j0: ir.Value) -> None:
+def pack_transposed_pairs(e: Item, dst: str, src: str, nq, full, width: int) -> None:
+    """dst (zeroed) = src^T's VNNI pairs for the block's rows i < nq (src at its first)."""
+    with e.b.if_else(full) as (whole, edge):
+        with whole:
+            if width % 2:
+                pack_pairs_elements(e, dst, src, i64(BQ), width)
+            else:
+                e.pack_transposed(dst, src, BQ, width // 2, BQ, True)
+        with edge:
+            pack_pairs_elements(e, dst, src, nq, width)
+
+
+def _key_block(e: Item, i0: ir.Value, j0: ir.Value) -> None:
     """Keys j0 .. j0 + 31 for the queries from i0: scores, online softmax, values. The
     softmax runs on the two 16-query vectors of each key row."""
     b, g = e.b, e.g
-    e.tiles("kp", b.mul(j0, i64(g.dp)), g.dp, "qt", g.dp // PAIR_K, PAIR_K, TILE * BQ * 2,
-            "s", i64(0))
-    ninf, scale = _splat(-math.inf), _splat(g.scale)
-    ivec = e.query_ivec(i0)
-    maxnum = S.declare(b.module, "llvm.maxnum.v16f32", VF, [VF, VF])
-
-    def mask(j, maxes):
-        key = b.add(j0, j)
-        gone = b.icmp_signed(">=", key, i64(g.tk))
-        kv = e.splat(b.trunc(key, I32), ir.VectorType(I32, TILE))
-        out = []
-        for v in range(NV):
-            at = b.add(b.mul(j, i64(BQ)), i64(v * TILE))
-            x = b.fmul(e.vld("s", at), scale)
-            if g.causal:
-                x = b.select(b.icmp_signed(">", kv, ivec[v]), ninf, x)
-            x = b.select(gone, ninf, x)
-            e.vst("s", at, x)
-            out.append(b.call(maxnum, [maxes[v], x]))
-        return out
-
-    _, bmax = carried(b, i64(0), i64(BK), [ninf] * NV, mask, name="j")
-    alpha, m = [], []
-    for v in range(NV):
-        mo = e.vld("m", i64(v * TILE))
-        m.append(b.call(maxnum, [mo, bmax[v]]))
-        e.vst("m", i64(v * TILE), m[v])
-        alpha.append(vmath.exp(b, "f32", b.fsub(mo, m[v])))
+    e.tiles("kp", b.mul(j0, i64(g.dp)), g.dp, "qt", i64(0), BQ, g.dp // PAIR_K, PAIR_K,
+            TILE * BQ * 2, "s", i64(0), BQ)
+    bmax = e.scaled_scores(i0, j0)
+    m = [e.vld("m", i64(v * TILE)) for v in range(NV)]
+    # rescale acc, l and m only where a query's max grew past m + RESCALE (lazily: until
+    # then p = exp(s - m) stays below e^RESCALE)
+    grown = [b.fcmp_ordered(">", bmax[v], b.fadd(m[v], _splat(RESCALE))) for v in range(NV)]
+    any_grown = b.icmp_unsigned("!=", b.bitcast(b.or_(*grown), ir.IntType(TILE)),
+                                ir.Constant(ir.IntType(TILE), 0))
+    with b.if_then(any_grown):
+        _rescale(e, m, bmax)
+    m = [e.vld("m", i64(v * TILE)) for v in range(NV)]
     cvt = S.declare(b.module, "llvm.x86.avx512bf16.cvtne2ps2bf16.512",
                     ir.VectorType(BFloat(), 2 * TILE), [VF, VF])
     zip_ = ir.Constant(ir.VectorType(I32, 2 * TILE), [x for i in range(TILE)
@@ -384,31 +457,47 @@ def _key_block(e: _Item, i0: ir.Value, j0: ir.Value) -> None:
         return out
 
     _, sums = carried(b, i64(0), i64(BK // 2), [_splat(0.0)] * NV, probs, name="j2")
-    loop(b, g.dvp // PAIR_K, lambda hh: e.tiles(
-        "vt", b.add(b.mul(hh, i64(PAIR_K * g.tkp)), j0), g.tkp, "pp", 1, 0, 0, "ot",
-        b.mul(hh, i64(PAIR_K * BQ))), "hh")
-
-    def accumulate(c):
-        for v in range(NV):
-            at = b.add(b.mul(c, i64(BQ)), i64(v * TILE))
-            e.vst("acc", at, b.fadd(b.fmul(e.vld("acc", at), alpha[v]), e.vld("ot", at)))
-
-    loop(b, g.dv, accumulate, "c")
+    for hh in range(g.dvp // PAIR_K):  # acc += v^T p^T, on the tiles
+        e.tiles("vt", b.add(i64(hh * PAIR_K * g.tkp), j0), g.tkp, "pp", i64(0), BQ, 1, 0, 0,
+                "acc", i64(hh * PAIR_K * BQ), BQ, accumulate=True)
     for v in range(NV):
         at = i64(v * TILE)
-        e.vst("l", at, b.fadd(b.fmul(e.vld("l", at), alpha[v]), sums[v]))
+        e.vst("l", at, b.fadd(e.vld("l", at), sums[v]))
+
+
+def _rescale(e: Item, m: list[ir.Value], bmax: list[ir.Value]) -> None:
+    """m' = max(m, bmax); acc and l times e^(m - m')."""
+    b, g = e.b, e.g
+    maxnum = S.declare(b.module, "llvm.maxnum.v16f32", VF, [VF, VF])
+    alpha = []
+    for v in range(NV):
+        mn = b.call(maxnum, [m[v], bmax[v]])
+        e.vst("m", i64(v * TILE), mn)
+        alpha.append(vmath.exp(b, "f32", b.fsub(m[v], mn)))
+        at = i64(v * TILE)
+        e.vst("l", at, b.fmul(e.vld("l", at), alpha[v]))
+
+    def row(c):
+        for v in range(NV):
+            at = b.add(b.mul(c, i64(BQ)), i64(v * TILE))
+            e.vst("acc", at, b.fmul(e.vld("acc", at), alpha[v]))
+
+    loop(b, g.dv, row, "c")
 
 
 def emit_amx_attention(b: ir.IRBuilder, op: Operation, outs: list, ins: list,
-                       scratch: ir.Value, isa: Isa, threads: int, name: str) -> None:
-    """The op's kernel: batch elements over the thread pool, each thread with its own
-    scratch and tile configuration."""
+                       scratch: ir.Value, isa: Isa, threads: int, name: str,
+                       item_fn: Callable[[ir.Module, Geometry, list[str], str], ir.Function]
+                       ) -> None:
+    """The op's kernel: its items (`item_fn`'s, one per batch element: `forward_item`,
+    or amx_backward's) over the thread pool, each thread with its own scratch and tile
+    configuration."""
     if not isa.bf16_tiles:
         raise NotImplementedError("attention on bf16 operands needs AMX tiles; "
                                   "low-precision-attention runs only where the cpu has them")
     g = Geometry(op)
     offs, per = g.regions()
-    item = _item(b.module, g, list(offs), name)
+    item = item_fn(b.module, g, list(offs), name)
     t = g.threads(threads)
     ptrs = list(outs) + list(ins) + [scratch]
     mod = b.module

@@ -42,7 +42,8 @@ from ..kernels.loops import for_range, loop
 from ..kernels.scalar import i64
 from ..machine.host import Isa
 from ..parallel.outline import chunk_index, parallel_chunks, parallel_region
-from .amx import amx_attention_scratch, emit_amx_attention
+from .amx import amx_attention_scratch, emit_amx_attention, forward_item
+from .amx_backward import backward_item as amx_backward_item
 from .backward import backward_item
 from .tiles import Blocking, Emitter, item_function
 
@@ -155,7 +156,8 @@ def emit_attention(b: ir.IRBuilder, op: Operation, outs: list, ins: list, scratc
     """The op's kernel: its items (see `_threads`) over the thread pool, each thread
     with its own block buffers in `scratch`; on bf16 operands, the tiles' (amx.py)."""
     if _on_tiles(op):
-        emit_amx_attention(b, op, outs, ins, scratch, isa, threads, name)
+        emit_amx_attention(b, op, outs, ins, scratch, isa, threads, name,
+                           forward_item if op.name == "kernel.attention" else amx_backward_item)
         return
     g, forward = Blocking(op, isa), op.name == "kernel.attention"
     offs, per = _regions(g, forward)
