@@ -144,8 +144,9 @@ class Optimizer(Pass):
         finite = None
         if "ember.loss_scale" in graph.attributes and grads:
             grads, finite = _unscaled(b, grads, graph.args[graph.attributes["ember.loss_scale"]])
-            kept.insert(1, finite)
-            graph.attributes["ember.grads_finite"] = 1
+            at = min(1, len(kept))  # after the loss; first in an update graph (runtime/update.py)
+            kept.insert(at, finite)
+            graph.attributes["ember.grads_finite"] = at
         if self.clip_norm > 0 and grads:
             grads = self._clip(b, grads)
         new_params, new_state, state_names = [], [], []

@@ -152,9 +152,6 @@ def compile_train_step(model: Module, loss_fn: Callable, optimizer: Optimizer,
     if shard_optimizer and data_parallel is False:
         raise ValueError("shard_optimizer shards the optimizer state across data-parallel "
                          "ranks: pass data_parallel=True (or a communicator) with it")
-    if precision == "16-mixed" and data_parallel is not False:
-        raise ValueError("precision='16-mixed' with data_parallel is not supported: its loss "
-                         "scaling runs in the single-process step; use 'bf16-mixed'")
     options = _training_options(backend, linear, _renamed(recompute, checkpoint),
                                 memory_budget, detect_anomaly, n_inputs, precision)
     options["accumulate"] = accumulate

@@ -24,6 +24,12 @@ this rank's buffers (`accumulate-grads`); calls 1..k-1 of a cycle run no collect
 (SyncBatchNorm's aside) and return the rank's own loss; the k-th writes the buffers' sums
 into the flat buffer, reduces it once and updates with the gradients scaled by
 1/(world_size * k): the ranks' k micro-batches as one global batch.
+
+Under precision="16-mixed" each rank's backward starts from the loss scale (every rank
+holds the same scaler), and the update graph divides the summed gradients by it and skips
+the update where any is not finite (passes/optimizer.py), alike on every rank; sharded,
+the ranks first agree whether all of everyone's share is finite (one allreduce of a
+count), so a shard's overflow skips every rank's update. The scaler learns the outcome.
 """
 
 from __future__ import annotations
@@ -174,7 +180,7 @@ class DataParallelStep(TrainStep):
                                            self.memory_budget)
         else:
             passes = grad_pipeline(self.linear, self.recompute, self.memory_budget)
-        passes = with_precision(passes, self.precision)
+        passes = with_precision(passes, self.precision, scale_loss=self.scaler is not None)
         if self.shard_optimizer or self.on_device:  # reduced after the run
             return passes
         return [*passes, f"bucket-grads{{bytes={self.bucket_bytes}}}"]
@@ -256,34 +262,52 @@ class DataParallelStep(TrainStep):
         per params; sharded, of this rank's params alone, then everyone's gathered."""
         scale = 1.0 / (self.comm.world_size * self.accumulate)
         shards = self.shards(table)
-        if shards is None:
-            self._update(table, ids, grads, scale, clipping=True)
+        if shards is None:  # the summed gradients, alike on every rank, say if all are finite
+            self._learn(self._update(table, ids, grads, scale, clipping=True))
             return
         assert self._zero is not None
         arena, opt = self._zero[2], self.optimizer
         by_id = dict(zip(ids, grads))
         mine = [pid for pid in shards.of_rank(self.comm.rank) if pid in by_id]
         own_grads = [by_id[pid] for pid in mine]
+        if self.scaler is not None and not self._all_finite(own_grads):
+            self._learn(False)  # every rank skips, whichever shard overflowed
+            return
         if opt.clip_norm:
-            coef = clip_coefficient(self.comm, own_grads, scale, opt.clip_norm)
+            unscale = 1.0 / self.scaler.scale if self.scaler is not None else 1.0
+            coef = clip_coefficient(self.comm, own_grads, scale * unscale, opt.clip_norm)
             if coef < 1.0:
                 for g in own_grads:
                     g *= g.dtype.type(coef)
         arena.adopt(table, self.set_param)
         keep_own_state(opt, table, mine)
-        self._update(table, mine, own_grads, scale, clipping=False)
+        self._learn(self._update(table, mine, own_grads, scale, clipping=False))
         arena.gather(self.comm, table, mine, self.set_param)
 
+    def _all_finite(self, own_grads: list[np.ndarray]) -> bool:
+        """Whether every rank's gradients are finite (one allreduce of a count)."""
+        bad = np.array([sum(not np.isfinite(g).all() for g in own_grads)], np.float64)
+        self.comm.allreduce_(bad)
+        return bad[0] == 0
+
+    def _learn(self, finite: bool) -> None:
+        """16-mixed: the scaler learns whether the update ran (as every rank decides)."""
+        if self.scaler is not None:
+            self.skipped = not finite
+            self.scaler.update(finite)
+
     def _update(self, table: dict, ids: list[str], grads: list[np.ndarray], scale: float,
-                clipping: bool) -> None:
-        """Run the update graph of params `ids` (compiled once per params and settings)."""
+                clipping: bool) -> bool:
+        """Run the update graph of params `ids` (compiled once per params and settings);
+        returns whether it ran (16-mixed: not where some gradient was not finite)."""
         if not ids:  # a rank that owns no param still counts the step
             self.optimizer.step_count += 1
-            return
-        key = (state_key(table), self.key_extra(), tuple(ids), scale, clipping)
+            return True
+        scaled = self.scaler is not None
+        key = (state_key(table), self.key_extra(), tuple(ids), scale, clipping, scaled)
         found = self._updates.get(key)
         if found is None:
-            graph = update_graph(self.optimizer, table, list(ids), scale, clipping)
+            graph = update_graph(self.optimizer, table, list(ids), scale, clipping, scaled)
             stages = Stages(graph, [*SIMPLIFY, "fuse"])
             found = (stages.graph, self.backend.compile(stages.graph),
                      UpdateLayout.of(stages.graph))
@@ -292,10 +316,14 @@ class DataParallelStep(TrainStep):
             self._updates[key] = found
         graph, run, layout = found
         lr_dtype = next(a for a in graph.args if a.name == "lr").type.dtype
-        args = (grads + hyper_inputs(self.optimizer, lr_dtype)
+        args = (grads + ([np.array(self.scaler.scale, np.float32)] if scaled else [])
+                + hyper_inputs(self.optimizer, lr_dtype)
                 + state_inputs(self.optimizer, layout, table))
         outs = run(args, self.params(table))
-        write_back(self.optimizer, layout, table, outs, self.set_param)
+        at = graph.attributes.get("ember.grads_finite")
+        finite = at is None or bool(to_host(outs[at]))
+        write_back(self.optimizer, layout, table, outs, self.set_param, count=finite)
+        return finite
 
     def broadcast_params(self, table: dict) -> None:
         """Rank 0's params and buffers to every rank (flags stay each rank's own)."""

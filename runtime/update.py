@@ -108,16 +108,22 @@ def write_back(opt, layout: UpdateLayout, table: dict, outs: list, set_param=Non
 
 
 def update_graph(opt, table: dict, ids: list[str], scale: float = 1.0,
-                 clipping: bool = True) -> Graph:
+                 clipping: bool = True, loss_scale: bool = False) -> Graph:
     """The optimizer's update of params `ids` alone: gradients in (multiplied by `scale`:
     a data-parallel step's 1/world_size), new params and state out; without `clipping`
-    whatever the optimizer's clip_norm (a sharded step clips before: runtime/zero.py)."""
+    whatever the optimizer's clip_norm (a sharded step clips before: runtime/zero.py).
+    With `loss_scale` the gradients are scaled losses' (16-mixed): the graph takes the
+    scale after them, divides by it and keeps the old values where any gradient is not
+    finite, its first result saying whether all were (passes/optimizer.py)."""
     graph = Graph("update", [TensorType(table[pid].shape, table[pid].dtype) for pid in ids])
+    if loss_scale:
+        graph.body.add_arg(TensorType((), "f32"), "loss_scale")
+        graph.attributes["ember.loss_scale"] = len(ids)
     b = Builder(graph.body)
     for pid in ids:
         b.create("ember.param", [], {"id": pid, "path": pid},
                  result_types=[TensorType(table[pid].shape, table[pid].dtype)])
-    grads = list(graph.args)
+    grads = list(graph.args[:len(ids)])
     if scale != 1.0:
         grads = [b.op("ember.mul", g, b.op("ember.constant", value=np.array(
             scale, dtype=numpy_dtype(g.type.dtype)))) for g in grads]

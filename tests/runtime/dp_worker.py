@@ -10,6 +10,9 @@ test_distributed.py: trains on its shard and writes its final params to OUT/rank
 --case lr: rank 1 changes its learning rate after 3 steps.
 --case batch: rank 1 passes a shorter batch at step 5.
 --case files: each rank resumes from a checkpoint of its own (they differ).
+--case f16: precision="16-mixed", one sample of the data 1e30 (it overflows f16 at the
+  step whose batch holds it, on whichever rank gets it: every rank must skip that update);
+  writes OUT/scaler<r>.txt (the final scale and the optimizer's step count).
 --shard: ZeRO-1 (shard_optimizer=True); with --case train it also saves a checkpoint at
   step 10 and trains again from it, writing OUT/resumed<r>.npz and OUT/state<r>.txt (the
   bytes of this rank's optimizer state).
@@ -28,12 +31,15 @@ from ember import nn, optim
 from ember.runtime.data_parallel import DataParallelStep
 
 STEPS, BATCH = 20, 16
+POISONED = 100  # the sample that overflows f16 in --case f16
 
 
-def data():
+def data(case: str = "train"):
     rng = np.random.default_rng(7)
     x = rng.standard_normal((512, 20)).astype(np.float32)
     y = (x[:, :10].argmax(axis=1)).astype(np.int64)
+    if case == "f16":
+        x[POISONED] = 1e30
     return x, y
 
 
@@ -59,10 +65,11 @@ def train(case: str, comm, rank: int, world_size: int, steps: int = STEPS,
            if case in ("batchnorm", "syncbn") else
            optim.Adam(lr=optim.Cosine(3e-3, steps), clip_norm=0.5))
     step = em.compile_train_step(m, nn.functional.cross_entropy, opt, backend=backend,
-                                 data_parallel=comm or False, shard_optimizer=shard)
+                                 data_parallel=comm or False, shard_optimizer=shard,
+                                 precision="16-mixed" if case == "f16" else "32")
     if resume is not None:
         step.load_checkpoint(resume)
-    x, y = data()
+    x, y = data(case)
     loader = em.DataLoader(x, y, batch, seed=1, rank=rank, world_size=world_size)
     done, skip = 0, opt.step_count
     while done < steps:
@@ -107,6 +114,9 @@ def main() -> int:
         m, step = train(args.case, comm, r, comm.world_size, backend=args.backend,
                         seed=100 + r, shard=args.shard, save=save)
         np.savez(os.path.join(args.out, f"rank{r}.npz"), **values(m))
+        if step.scaler is not None:
+            with open(os.path.join(args.out, f"scaler{r}.txt"), "w") as f:
+                f.write(f"{step.scaler.scale} {step.optimizer.step_count}")
         if save is not None:
             state = sum(a.nbytes for slots in step.optimizer.state.values()
                         for a in slots.values())

@@ -4,6 +4,7 @@ against single-process training on the global batch."""
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import shutil
 import signal
@@ -93,6 +94,27 @@ def test_sharded_optimizer_equals_data_parallel_and_resumes_in_any_world_size(tm
         np.testing.assert_allclose(v, ref[k], rtol=1e-5, atol=1e-6, err_msg=k)
 
 
+@pytest.mark.parametrize("shard", [False, True], ids=["replicated", "sharded"])
+def test_16_mixed_ranks_skip_an_overflowing_update_together(tmp_path, shard):
+    """precision="16-mixed" on 2 gloo ranks: the step whose batch holds the sample that
+    overflows f16 (on one rank) is skipped on both, the scale halved on both (sharded: the
+    ranks agree on it before any shard updates), and the params equal single-process
+    training on the global batch, which skips that step too."""
+    run = torchrun("f16", tmp_path, 2, 180, *(["--shard"] if shard else []))
+    assert run.returncode == 0, run.stderr[-3000:]
+    r0, r1 = params(tmp_path / "rank0.npz"), params(tmp_path / "rank1.npz")
+    m, step = dp_worker.train("f16", em.distributed.Communicator(), 0, 1,
+                              batch=2 * dp_worker.BATCH, seed=100)
+    ref = dp_worker.values(m)
+    for k in ref:  # a rank's f16 weight gradient is its half batch's sum rounded to f16
+        assert np.array_equal(r0[k], r1[k]), f"replicas differ at {k}"
+        np.testing.assert_allclose(r0[k], ref[k], rtol=2e-3, atol=5e-5, err_msg=k)
+    scale, count = step.scaler.scale, step.optimizer.step_count
+    assert scale < 2.0 ** 16 and count == dp_worker.STEPS - math.log2(2.0 ** 16 / scale)
+    for r in (0, 1):
+        assert (tmp_path / f"scaler{r}.txt").read_text() == f"{scale} {count}"
+
+
 def test_batchnorm_buffers_are_averaged_so_replicas_stay_equal(tmp_path):
     run = torchrun("batchnorm", tmp_path)
     assert run.returncode == 0, run.stderr[-3000:]
@@ -177,6 +199,33 @@ def test_two_mpi_ranks_equal_single_process(tmp_path, options):
     for k in ref:
         assert np.array_equal(r0[k], r1[k]), k
         np.testing.assert_allclose(r0[k], ref[k], rtol=1e-5, atol=1e-6, err_msg=k)
+
+
+@pytest.mark.parametrize("shard", [False, True], ids=["replicated", "sharded"])
+def test_one_rank_16_mixed_data_parallel_step_equals_the_fused_step(shard):
+    """world_size 1 under 16-mixed: the split step scales, unscales, skips an overflowing
+    update (the scale forced up) and halves the scale as the fused step does."""
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((32, 20)).astype(np.float32), rng.integers(0, 10, 32)
+    finals = []
+    for dp in (False, em.distributed.Communicator()):
+        em.seed(0)
+        m = dp_worker.model("train")
+        opt = optim.Adam(lr=1e-2, clip_norm=0.5)
+        step = em.compile_train_step(m, nn.functional.cross_entropy, opt, data_parallel=dp,
+                                     shard_optimizer=shard and bool(dp), precision="16-mixed")
+        trace = []
+        for k in range(4):
+            if k >= 2:  # the backward overflows f16, then the scale is set back
+                step.scaler.scale = 2.0 ** 60 if k == 2 else 2.0 ** 16
+            trace.append((step(x, y), step.skipped, step.scaler.scale, opt.step_count))
+        finals.append((trace, [p.val().copy() for _, p in m.all_params()]))
+    (t0, p0), (t1, p1) = finals
+    assert [t[1:] for t in t0] == [t[1:] for t in t1]
+    assert [t[1] for t in t0] == [False, False, True, False] and t0[2][2] == 2.0 ** 59
+    np.testing.assert_allclose([t[0] for t in t0], [t[0] for t in t1], rtol=1e-6)
+    for a, b in zip(p0, p1):  # f16 results: two graphs' GEMMs may round one an ulp apart
+        np.testing.assert_allclose(a, b, rtol=2e-3, atol=1e-5)
 
 
 @pytest.mark.parametrize("shard", [False, True], ids=["replicated", "sharded"])

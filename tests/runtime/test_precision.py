@@ -78,13 +78,6 @@ def test_a_precision_not_among_the_three_is_a_usage_error():
         main(["train", "--precision", "bf16"])
 
 
-def test_16_mixed_data_parallel_is_refused():
-    model, _ = gpt_step("32")
-    with pytest.raises(ValueError, match="'16-mixed' with data_parallel is not supported"):
-        em.compile_train_step(model, lm_loss, optim.SGD(lr=0.1), precision="16-mixed",
-                              data_parallel=True)
-
-
 @pytest.mark.parametrize("precision", ["bf16-mixed", "16-mixed"])
 def test_mixed_precision_trains_as_f32_does(precision):
     f32, mixed = final_loss("32"), final_loss(precision)
