@@ -1,5 +1,6 @@
 """`kernel.attention` on bf16 q, k and v (passes/low_precision_attention.py) on AMX tiles:
-flash attention whose two products are `tdpbf16ps` tile multiplies, f32 sums.
+flash attention whose two products are `tdpbf16ps` tile multiplies, f32 sums (the
+backward, amx_backward.py, shares the blocks and the tile code here).
 
 One item per batch element, split across threads. An item packs its keys and values once,
 bf16 with zeros past the edges: `kp` [Tkp][Dp] (the keys' rows, the scores' A tiles) and
@@ -8,14 +9,16 @@ Then per block of 32 queries, whose q^T is packed in the VNNI layout B tiles rea
 (`qt`: for each pair of q's columns, each query's two elements side by side), and per
 block of 32 keys:
 - the scores' transpose s^T = k q^T: 2 x 2 tiles over D, stored as [key][query] f32, so
-  that, as in the f32 kernel (forward.py), the online softmax's running max m, sum l and
-  rescale factor are vectors over queries and need no horizontal reductions;
-- scaled, masked (keys past Tk, and above the diagonal where causal), the block's max,
-  m' = max(m, colmax), alpha = e^(m - m'), p = exp(s - m') rounded to bf16 into `pp` in
-  the VNNI layout (two keys' p side by side per query), and l = l alpha + colsum of the
-  rounded p, so o is a weighted mean of v whose weights sum to one;
-- o^T's block = v^T p^T: per 32 rows of o^T, 2 x 2 tiles over the block's 32 keys, stored
-  to `ot`, then acc = acc alpha + ot.
+  that, as in the f32 kernel (forward.py), the running max m and sum l are vectors over
+  queries and need no horizontal reductions;
+- scaled, masked (keys past Tk, and above the diagonal where causal: only in blocks that
+  hide a key), the block's column max; where it passes m + RESCALE for some query, m
+  becomes the max and acc and l are rescaled by e^(m_old - m) (lazily, so rarely: p
+  stays below e^RESCALE); p = exp(s - m) rounded to bf16 into `pp` in the VNNI layout
+  (two keys' p side by side per query), and l += the column sums of the rounded p, so o
+  is a weighted mean of v whose weights sum to one;
+- acc (o^T, f32) += v^T p^T: per 32 rows of o^T, 2 x 2 tiles loaded from acc, over the
+  block's 32 keys, stored back.
 Finally o = acc / l and lse = m + log l. Rounding p to bf16 for the product with v is
 the one rounding the f32 kernel does not make (as in PyTorch's bf16 flash attention);
 every sum is f32.
@@ -63,6 +66,11 @@ F32 = ir.FloatType()
 VF = ir.VectorType(F32, TILE)
 C_TILES, A_TILES, B_TILES = (0, 1, 2, 3), (4, 5), (6, 7)
 IO = ["o", "lse", "q", "k", "v"]
+VB = ir.VectorType(BF16, 2 * TILE)  # 32 bf16 (their bits): two rows of 16, or 16 pairs
+# two 16-lane rows as 16 pairs (the VNNI layout), and each row alone
+ZIP = ir.Constant(ir.VectorType(I32, 2 * TILE), [x for i in range(TILE) for x in (i, TILE + i)])
+HALVES = [ir.Constant(ir.VectorType(I32, TILE), list(range(h * TILE, (h + 1) * TILE)))
+          for h in (0, 1)]
 
 
 class Geometry:
@@ -104,7 +112,7 @@ class Geometry:
         return dict(zip(self.sizes, offs)), total
 
 
-def _splat(x, t: ir.Type = VF) -> ir.Constant:
+def splat(x, t: ir.Type = VF) -> ir.Constant:
     return ir.Constant(t, [ir.Constant(t.element, x)] * t.count)
 
 
@@ -170,6 +178,18 @@ class Item:
         return [self.b.add(base, ir.Constant(vt, [v * TILE + k for k in range(TILE)]))
                 for v in range(NV)]
 
+    def to_bf16(self, lo: ir.Value, hi: ir.Value) -> ir.Value:
+        """Two f32 vectors rounded to bf16 (to nearest even), lo's 16 then hi's (`VB`):
+        `HALVES` takes each back out, `ZIP` pairs them lane by lane."""
+        cvt = S.declare(self.b.module, "llvm.x86.avx512bf16.cvtne2ps2bf16.512",
+                        ir.VectorType(BFloat(), 2 * TILE), [VF, VF])
+        return self.b.bitcast(self.b.call(cvt, [hi, lo]), VB)
+
+    def widen(self, bits: ir.Value) -> ir.Value:
+        """16 bf16 (their bits) as f32."""
+        vi32 = ir.VectorType(I32, TILE)
+        return self.b.bitcast(self.b.shl(self.b.zext(bits, vi32), splat(16, vi32)), VF)
+
     def unmasked(self, i0, j0) -> ir.Value:
         """Whether the block of keys from j0 hides none from the queries from i0: none
         past Tk, and (causal) none after the block's first query."""
@@ -178,31 +198,37 @@ class Item:
         whole = b.icmp_signed("<", last, i64(g.tk))
         return b.and_(whole, b.icmp_signed("<=", last, i0)) if g.causal else whole
 
+    def score(self, at, key, queries: ir.Value, masked: bool) -> ir.Value:
+        """The 16 scores s[at..] times the scale, for `key` and the `queries` (an i32
+        vector of their indices); `masked`, -inf where the key is past Tk or (causal)
+        after the query."""
+        b, g = self.b, self.g
+        x = b.fmul(self.vld("s", at), splat(g.scale))
+        if masked and g.causal:
+            kv = self.splat(b.trunc(key, I32), ir.VectorType(I32, TILE))
+            x = b.select(b.icmp_signed(">", kv, queries), splat(-math.inf), x)
+        if masked:
+            x = b.select(b.icmp_signed(">=", key, i64(g.tk)), splat(-math.inf), x)
+        return x
+
     def scaled_scores(self, i0, j0) -> list[ir.Value]:
         """s[j][i] *= scale for the block's keys from j0 and queries from i0, -inf where
         hidden (a key past Tk, or above the diagonal where causal: only in blocks that
         have such keys); returns the columns' max, one vector per 16 queries."""
-        b, g = self.b, self.g
-        ninf, scale = _splat(-math.inf), _splat(g.scale)
+        b = self.b
         ivec = self.query_ivec(i0)
         maxnum = S.declare(b.module, "llvm.maxnum.v16f32", VF, [VF, VF])
 
         def rows(masked: bool) -> list[ir.Value]:
             def row(j, maxes):
-                key = b.add(j0, j)
-                kv = self.splat(b.trunc(key, I32), ir.VectorType(I32, TILE))
                 out = []
                 for v in range(NV):
                     at = b.add(b.mul(j, i64(BQ)), i64(v * TILE))
-                    x = b.fmul(self.vld("s", at), scale)
-                    if masked:
-                        if g.causal:
-                            x = b.select(b.icmp_signed(">", kv, ivec[v]), ninf, x)
-                        x = b.select(b.icmp_signed(">=", key, i64(g.tk)), ninf, x)
+                    x = self.score(at, b.add(j0, j), ivec[v], masked)
                     self.vst("s", at, x)
                     out.append(b.call(maxnum, [maxes[v], x]))
                 return out
-            return carried(b, i64(0), i64(BK), [ninf] * NV, row, name="j")[1]
+            return carried(b, i64(0), i64(BK), [splat(-math.inf)] * NV, row, name="j")[1]
 
         with b.if_else(self.unmasked(i0, j0)) as (plain, masked):
             with plain:
@@ -368,8 +394,8 @@ def _query_block(e: Item, i0: ir.Value) -> None:
         pack_transposed_pairs(e, "qt", "q", nq, full, g.d)
     fill_zero(b, e.a["acc"], "f32", g.dvp * BQ)
     for v in range(NV):
-        e.vst("m", i64(v * TILE), _splat(-math.inf))
-        e.vst("l", i64(v * TILE), _splat(0.0))
+        e.vst("m", i64(v * TILE), splat(-math.inf))
+        e.vst("l", i64(v * TILE), splat(0.0))
     blocks = i64(g.tkp // BK)
     if g.causal:  # key blocks with a key some query of the block sees
         last = b.udiv(b.sub(b.add(i0, nq), i64(1)), i64(BK))
@@ -381,7 +407,7 @@ def _query_block(e: Item, i0: ir.Value) -> None:
 def _store_output(e: Item, i0: ir.Value, nq: ir.Value, full: ir.Value) -> None:
     """o = acc / l and lse = m + log l, queries i < nq."""
     b, g = e.b, e.g
-    inv = [b.fdiv(_splat(1.0), e.vld("l", i64(v * TILE))) for v in range(NV)]
+    inv = [b.fdiv(splat(1.0), e.vld("l", i64(v * TILE))) for v in range(NV)]
     e.write_rows("o", "acc", i0, nq, full, g.dv, inv)
     lse_stride = g.maps["lse"][g.nb]
     for_range(b, i64(0), nq, lambda i: e.st("lse", "f32", b.mul(b.add(i0, i), i64(lse_stride)),
@@ -426,19 +452,12 @@ def _key_block(e: Item, i0: ir.Value, j0: ir.Value) -> None:
     m = [e.vld("m", i64(v * TILE)) for v in range(NV)]
     # rescale acc, l and m only where a query's max grew past m + RESCALE (lazily: until
     # then p = exp(s - m) stays below e^RESCALE)
-    grown = [b.fcmp_ordered(">", bmax[v], b.fadd(m[v], _splat(RESCALE))) for v in range(NV)]
+    grown = [b.fcmp_ordered(">", bmax[v], b.fadd(m[v], splat(RESCALE))) for v in range(NV)]
     any_grown = b.icmp_unsigned("!=", b.bitcast(b.or_(*grown), ir.IntType(TILE)),
                                 ir.Constant(ir.IntType(TILE), 0))
     with b.if_then(any_grown):
         _rescale(e, m, bmax)
     m = [e.vld("m", i64(v * TILE)) for v in range(NV)]
-    cvt = S.declare(b.module, "llvm.x86.avx512bf16.cvtne2ps2bf16.512",
-                    ir.VectorType(BFloat(), 2 * TILE), [VF, VF])
-    zip_ = ir.Constant(ir.VectorType(I32, 2 * TILE), [x for i in range(TILE)
-                                                     for x in (i, TILE + i)])
-    halves = [ir.Constant(ir.VectorType(I32, TILE), list(range(h * TILE, (h + 1) * TILE)))
-              for h in (0, 1)]
-    vi32 = ir.VectorType(I32, TILE)
 
     def probs(j2, sums):
         out = []
@@ -446,17 +465,16 @@ def _key_block(e: Item, i0: ir.Value, j0: ir.Value) -> None:
             p = [vmath.exp(b, "f32", b.fsub(e.vld("s", b.add(
                 b.mul(b.add(b.mul(j2, i64(2)), i64(h)), i64(BQ)), i64(v * TILE))), m[v]))
                 for h in (0, 1)]
-            bits = b.bitcast(b.call(cvt, [p[1], p[0]]), ir.VectorType(BF16, 2 * TILE))
+            bits = e.to_bf16(p[0], p[1])
             store_lanes(b, e.a["pp"], b.mul(b.add(b.mul(j2, i64(BQ)), i64(v * TILE)), i64(2)),
-                        b.shuffle_vector(bits, bits, zip_))
+                        b.shuffle_vector(bits, bits, ZIP))
             total = sums[v]
             for h in (0, 1):  # the rounded p, back in f32
-                wide = b.zext(b.shuffle_vector(bits, bits, halves[h]), vi32)
-                total = b.fadd(total, b.bitcast(b.shl(wide, _splat(16, vi32)), VF))
+                total = b.fadd(total, e.widen(b.shuffle_vector(bits, bits, HALVES[h])))
             out.append(total)
         return out
 
-    _, sums = carried(b, i64(0), i64(BK // 2), [_splat(0.0)] * NV, probs, name="j2")
+    _, sums = carried(b, i64(0), i64(BK // 2), [splat(0.0)] * NV, probs, name="j2")
     for hh in range(g.dvp // PAIR_K):  # acc += v^T p^T, on the tiles
         e.tiles("vt", b.add(i64(hh * PAIR_K * g.tkp), j0), g.tkp, "pp", i64(0), BQ, 1, 0, 0,
                 "acc", i64(hh * PAIR_K * BQ), BQ, accumulate=True)

@@ -22,12 +22,12 @@ import math
 
 from llvmlite import ir
 
-from ..gemm.bf16 import BF16, PAIR_K, TILE, BFloat, load_lanes, store_lanes
+from ..gemm.bf16 import BF16, PAIR_K, TILE, load_lanes, store_lanes
 from ..kernels import scalar as S
 from ..kernels import vmath
 from ..kernels.loops import fill_zero, for_range, loop
-from ..kernels.scalar import I32, i64
-from .amx import BK, BQ, NV, VF, Geometry, Item, _splat, pack_transposed_pairs
+from ..kernels.scalar import i64
+from .amx import BK, BQ, HALVES, NV, ZIP, Geometry, Item, pack_transposed_pairs, splat
 from .tiles import item_function
 
 IO = ["dq", "dk", "dv", "q", "k", "v", "o", "lse", "do"]
@@ -66,8 +66,6 @@ def _pack_rows_by_pairs(e: Item, dst: str, src: str, nq, full, width: int, ld: i
     b, g = e.b, e.g
     rs, cs = g.strides(src)
     vecs = width // TILE if cs == 1 else 0
-    zip_ = ir.Constant(ir.VectorType(I32, 2 * TILE), [x for i in range(TILE)
-                                                     for x in (i, TILE + i)])
 
     def pair(r2):
         for k in range(vecs):
@@ -75,7 +73,7 @@ def _pack_rows_by_pairs(e: Item, dst: str, src: str, nq, full, width: int, ld: i
                                                         i64(rs)), i64(k * TILE)), BF16, TILE)
                     for h in (0, 1)]
             store_lanes(b, e.a[dst], b.mul(b.add(b.mul(r2, i64(ld)), i64(k * TILE)), i64(2)),
-                        b.shuffle_vector(rows[0], rows[1], zip_))
+                        b.shuffle_vector(rows[0], rows[1], ZIP))
 
     def element(i, c):
         x = e.ld(src, "bf16", b.add(b.mul(i, i64(rs)), b.mul(c, i64(cs))))
@@ -136,42 +134,29 @@ def _key_block(e: Item, i0: ir.Value, j0: ir.Value) -> None:
             TILE * BQ * 2, "s", i64(0), BQ)
     e.tiles("vp", b.mul(j0, i64(g.dvp)), g.dvp, "dot", i64(0), BQ, g.dvp // PAIR_K, PAIR_K,
             TILE * BQ * 2, "dp", i64(0), BQ)
-    ninf, scale = _splat(-math.inf), _splat(g.scale)
+    scale = splat(g.scale)
     lse = [e.vld("lse_b", i64(v * TILE)) for v in range(NV)]
     drow = [e.vld("drow", i64(v * TILE)) for v in range(NV)]
     ivec = e.query_ivec(i0)
-    cvt = S.declare(b.module, "llvm.x86.avx512bf16.cvtne2ps2bf16.512",
-                    ir.VectorType(BFloat(), 2 * TILE), [VF, VF])
-    vb = ir.VectorType(BF16, 2 * TILE)
-    zip_ = ir.Constant(ir.VectorType(I32, 2 * TILE), [x for i in range(TILE)
-                                                     for x in (i, TILE + i)])
-    halves = [ir.Constant(ir.VectorType(I32, TILE), list(range(h * TILE, (h + 1) * TILE)))
-              for h in (0, 1)]
 
     def pair(j2, masked: bool):
         for v in range(NV):
             p, ds = [], []
             for h in (0, 1):
                 j = b.add(b.mul(j2, i64(2)), i64(h))
-                key = b.add(j0, j)
                 at = b.add(b.mul(j, i64(BQ)), i64(v * TILE))
-                x = b.fmul(e.vld("s", at), scale)
-                if masked and g.causal:
-                    kv = e.splat(b.trunc(key, I32), ir.VectorType(I32, TILE))
-                    x = b.select(b.icmp_signed(">", kv, ivec[v]), ninf, x)
-                if masked:
-                    x = b.select(b.icmp_signed(">=", key, i64(g.tk)), ninf, x)
+                x = e.score(at, b.add(j0, j), ivec[v], masked)
                 p.append(vmath.exp(b, "f32", b.fsub(x, lse[v])))
                 ds.append(b.fmul(b.fmul(p[h], b.fsub(e.vld("dp", at), drow[v])), scale))
             for vals, rows_buf, pairs_buf in ((p, "pa", None), (ds, "dsa", "dsv")):
-                bits = b.bitcast(b.call(cvt, [vals[1], vals[0]]), vb)
+                bits = e.to_bf16(vals[0], vals[1])
                 for h in (0, 1):  # the two keys' rows
                     row = b.add(b.mul(b.add(b.mul(j2, i64(2)), i64(h)), i64(BQ)), i64(v * TILE))
-                    store_lanes(b, e.a[rows_buf], row, b.shuffle_vector(bits, bits, halves[h]))
+                    store_lanes(b, e.a[rows_buf], row, b.shuffle_vector(bits, bits, HALVES[h]))
                 if pairs_buf:
                     store_lanes(b, e.a[pairs_buf],
                                 b.mul(b.add(b.mul(j2, i64(BQ)), i64(v * TILE)), i64(2)),
-                                b.shuffle_vector(bits, bits, zip_))
+                                b.shuffle_vector(bits, bits, ZIP))
 
     with b.if_else(e.unmasked(i0, j0)) as (plain, masked):
         with plain:
