@@ -133,8 +133,9 @@ def _scores(a: dict, q: np.ndarray, k: np.ndarray) -> np.ndarray:
 
 
 def _results(op: Operation, values: list[np.ndarray]) -> list[np.ndarray]:
-    """The results in their buffers: each logical value through its result map."""
-    return [place(x, m, r.type)
+    """The results in their buffers: each logical value through its result map (a bf16
+    result is the f32 one rounded: low-precision-attention's)."""
+    return [place(x.astype(np.float32) if r.type.dtype == "bf16" else x, m, r.type)
             for x, m, r in zip(values, result_maps(op.name, op.attributes), op.results)]
 
 

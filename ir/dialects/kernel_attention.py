@@ -11,7 +11,8 @@ lse [*batch, Tq]. Results are contiguous in their logical shapes unless the op c
 `out_maps` and `out_types` (both or neither): then result k is a buffer of type
 `out_types[k]` whose element at logical index i is `flat[sum(i * out_maps[k])]`, each
 element written once, so o, dq, dk and dv land in the [B, T, H, D] layout the projections
-read (no transpose is copied after the op either).
+read (no transpose is copied after the op either); an f32 result may be stored as bf16
+(rounded, as a cast would round it).
 
 `kernel.attention(q, k, v) -> (o, lse)`: o = softmax(s) v with s = q k^T * scale (key j
 hidden from query i when j > i if `causal`), and lse = logsumexp over each row of s,
@@ -23,8 +24,8 @@ which the backward needs to rebuild the probabilities block by block::
 On bf16 q, k and v (`low-precision-attention`) a `kernel.attention` returns f32 o and lse:
 the attention of those bf16 values, its sums in f32; a backend may multiply v by the
 probabilities rounded to bf16, as bf16 flash attention does (PyTorch's too). Likewise a
-`kernel.attention_grad` on bf16 q, k, v and do (f32 o and lse) returns f32 gradients,
-its p and ds possibly rounded to bf16 before they multiply.
+`kernel.attention_grad` on bf16 q, k, v and do (o f32 or bf16, lse f32) returns f32
+gradients, its p and ds possibly rounded to bf16 before they multiply.
 
 `kernel.attention_grad(q, k, v, o, lse, do) -> (dq, dk, dv)`: the gradients of o with
 respect to q, k and v given do, with p = exp(s - lse) recomputed and
@@ -77,16 +78,18 @@ class AttentionOp(OpDef):
     optional_attrs = LAYOUT
     operand_names: tuple[str, ...] = ()
     result_names: tuple[str, ...] = ()
-    # the operands that may be bf16 (low-precision-attention) where the others are f32
+    # low-precision-attention's operands: these bf16 (the others f32), and those either
     bf16_operands: tuple[str, ...] = ()
+    either_operands: tuple[str, ...] = ()
 
     @classmethod
     def result_dtype(cls, types: list[TensorType]) -> str:
-        """The results' dtype: the operands', f32 or f64; f32 where the operands that may
-        be bf16 are and the others f32."""
-        low = {t.dtype for n, t in zip(cls.operand_names, types) if n in cls.bf16_operands}
-        rest = {t.dtype for n, t in zip(cls.operand_names, types) if n not in cls.bf16_operands}
-        if low == {"bf16"} and rest <= {"f32"}:
+        """The results' dtype: the operands', f32 or f64; f32 where `bf16_operands` are
+        bf16, `either_operands` bf16 or f32 and the others f32."""
+        by_name = {n: t.dtype for n, t in zip(cls.operand_names, types)}
+        if cls.bf16_operands and all(by_name[n] == "bf16" for n in cls.bf16_operands) and all(
+                d == "f32" or (n in cls.either_operands and d == "bf16")
+                for n, d in by_name.items() if n not in cls.bf16_operands):
             return "f32"
         dtype = same_dtype(cls.name, types)
         if dtype not in ("f32", "f64"):
@@ -114,10 +117,11 @@ class AttentionOp(OpDef):
         if "out_types" not in attrs:
             return [TensorType(tuple(shapes[n]), dtype) for n in cls.result_names]
         outs, out_maps = attrs["out_types"], attrs["out_maps"]
+        stored = (dtype, "bf16") if dtype == "f32" else (dtype,)  # bf16: the f32 rounded
         if len(outs) != len(cls.result_names) or len(out_maps) != len(outs) or not all(
-                isinstance(t, TensorType) and t.dtype == dtype for t in outs):
-            raise InferenceError(f"{cls.name}: out_types and out_maps must list one {dtype} "
-                                 f"tensor type and one map per result "
+                isinstance(t, TensorType) and t.dtype in stored for t in outs):
+            raise InferenceError(f"{cls.name}: out_types and out_maps must list one "
+                                 f"{' or '.join(stored)} tensor type and one map per result "
                                  f"({', '.join(cls.result_names)}), got {outs!r}")
         for k, (name, m, t) in enumerate(zip(cls.result_names, out_maps, outs)):
             check_map(cls.name, f"result {name}", shapes[name], m, t)
@@ -141,6 +145,7 @@ class AttentionGrad(AttentionOp):
     operand_names = ("q", "k", "v", "o", "lse", "do")
     result_names = ("dq", "dk", "dv")
     bf16_operands = ("q", "k", "v", "do")
+    either_operands = ("o",)
 
 
 ATTENTION_OPS = (Attention.name, AttentionGrad.name)

@@ -63,12 +63,17 @@ module {
 
 // -----
 
-// The backward reads its q, k, v and do as bf16 too; o and lse stay f32.
+// The backward reads its q, k, v and do as bf16 too; o and lse stay f32. A result that
+// only a cast to bf16 reads is stored as bf16 in the layout the cast's readers read: dq
+// through a transpose, dk in the cast kernel's transposed layout and through a transpose
+// to the same one; dv, returned as it is, stays f32.
 // CHECK-LABEL: func.func @backward
 // CHECK-NOT:     "kernel.fused"
-// CHECK:         "kernel.attention_grad"(%q, %k, %v, %o, %lse, %do) {{.*}} : (tensor<2x8x2xbf16>, tensor<2x8x2xbf16>, tensor<2x8x2xbf16>, tensor<2x8x2xf32>, tensor<2x8xf32>, tensor<2x8x2xbf16>) -> (tensor<2x8x2xf32>, tensor<2x8x2xf32>, tensor<2x8x2xf32>)
+// CHECK:         [[DQ:%[0-9]+]], [[DK:%[0-9]+]], [[DV:%[0-9]+]] = "kernel.attention_grad"(%q, %k, %v, %o, %lse, %do) {{.*}}out_maps = {{\[}}[2, 4, 1], [2, 4, 1], [16, 2, 1]], out_types = [tensor<8x2x2xbf16>, tensor<8x2x2xbf16>, tensor<2x8x2xf32>]{{.*}} : (tensor<2x8x2xbf16>, tensor<2x8x2xbf16>, tensor<2x8x2xbf16>, tensor<2x8x2xf32>, tensor<2x8xf32>, tensor<2x8x2xbf16>) -> (tensor<8x2x2xbf16>, tensor<8x2x2xbf16>, tensor<2x8x2xf32>)
+// CHECK-NOT:     "ember.transpose"
+// CHECK:         func.return [[DQ]], [[DK]], [[DK]], [[DV]] :
 module {
-  func.func @backward(%q: tensor<2x8x2xbf16>, %k: tensor<2x8x2xbf16>, %v: tensor<2x8x2xbf16>, %o: tensor<2x8x2xf32>, %lse: tensor<2x8xf32>, %do: tensor<2x8x2xbf16>) -> (tensor<2x8x2xf32>, tensor<2x8x2xf32>, tensor<2x8x2xf32>) {
+  func.func @backward(%q: tensor<2x8x2xbf16>, %k: tensor<2x8x2xbf16>, %v: tensor<2x8x2xbf16>, %o: tensor<2x8x2xf32>, %lse: tensor<2x8xf32>, %do: tensor<2x8x2xbf16>) -> (tensor<8x2x2xbf16>, tensor<8x2x2xbf16>, tensor<8x2x2xbf16>, tensor<2x8x2xf32>) {
     %0 = "kernel.fused"(%q) ({
     ^bb0(%a: bf16):
       %c = "kernel.cast"(%a) {dtype = "f32"} : (bf16) -> f32
@@ -90,6 +95,18 @@ module {
       "kernel.yield"(%c) : (f32) -> ()
     }) {maps = [[16, 2, 1]], out_maps = [[16, 2, 1]], out_types = [tensor<2x8x2xf32>], space = [2, 8, 2]} : (tensor<2x8x2xbf16>) -> tensor<2x8x2xf32>
     %dq, %dk, %dv = "kernel.attention_grad"(%0, %1, %2, %o, %lse, %3) {batch = [2], causal = true, maps = [[16, 2, 1], [16, 2, 1], [16, 2, 1], [16, 2, 1], [8, 1], [16, 2, 1]], scale = 0.5 : f64, sizes = [8, 8, 2, 2]} : (tensor<2x8x2xf32>, tensor<2x8x2xf32>, tensor<2x8x2xf32>, tensor<2x8x2xf32>, tensor<2x8xf32>, tensor<2x8x2xf32>) -> (tensor<2x8x2xf32>, tensor<2x8x2xf32>, tensor<2x8x2xf32>)
-    func.return %dq, %dk, %dv : tensor<2x8x2xf32>, tensor<2x8x2xf32>, tensor<2x8x2xf32>
+    %4 = "kernel.fused"(%dq) ({
+    ^bb0(%a: f32):
+      %c = "kernel.cast"(%a) {dtype = "bf16"} : (f32) -> bf16
+      "kernel.yield"(%c) : (bf16) -> ()
+    }) {maps = [[16, 2, 1]], out_maps = [[16, 2, 1]], out_types = [tensor<2x8x2xbf16>], space = [2, 8, 2]} : (tensor<2x8x2xf32>) -> tensor<2x8x2xbf16>
+    %5 = "ember.transpose"(%4) {perm = [1, 0, 2]} : (tensor<2x8x2xbf16>) -> tensor<8x2x2xbf16>
+    %6, %7 = "kernel.fused"(%dk) ({
+    ^bb0(%a: f32):
+      %c = "kernel.cast"(%a) {dtype = "bf16"} : (f32) -> bf16
+      "kernel.yield"(%c, %c) : (bf16, bf16) -> ()
+    }) {maps = [[16, 2, 1]], out_maps = [[16, 2, 1], [2, 4, 1]], out_types = [tensor<2x8x2xbf16>, tensor<8x2x2xbf16>], space = [2, 8, 2]} : (tensor<2x8x2xf32>) -> (tensor<2x8x2xbf16>, tensor<8x2x2xbf16>)
+    %8 = "ember.transpose"(%6) {perm = [1, 0, 2]} : (tensor<2x8x2xbf16>) -> tensor<8x2x2xbf16>
+    func.return %5, %8, %7, %dv : tensor<8x2x2xbf16>, tensor<8x2x2xbf16>, tensor<8x2x2xbf16>, tensor<2x8x2xf32>
   }
 }

@@ -83,6 +83,9 @@ class Geometry:
         self.nb, self.nbatch = len(s.batch), math.prod(s.batch)
         self.dp, self.dvp, self.tkp = (cdiv(n, PAIR_K) * PAIR_K for n in (s.d, s.dv, s.tk))
         self.nqb = cdiv(s.tq, BQ)
+        # each buffer's dtype: bf16 operands, f32 results (or bf16: low-precision-attention
+        # folds a cast to bf16 into them)
+        self.dtypes = {n: v.type.dtype for n, v in zip(s.maps, [*op.operands, *op.results])}
         # scratch per thread, bytes: packed operands, then f32 blocks and query vectors
         dp, dvp, tkp = self.dp, self.dvp, self.tkp
         if op.name == "kernel.attention":
@@ -137,20 +140,21 @@ class Item:
     def ptr(self, name: str, dtype: str, off) -> ir.Value:
         return self.b.gep(self.a[name], [off], inbounds=True, source_etype=S.MEM[dtype])
 
-    def batch_ptr(self, name: str, bi, dtype: str) -> ir.Value:
+    def batch_ptr(self, name: str, bi) -> ir.Value:
         """Buffer `name` advanced to batch element `bi` (through its map)."""
         b, g, off = self.b, self.g, i64(0)
         for n, cs, s in zip(g.batch, contiguous_strides(list(g.batch)), g.maps[name]):
             if n > 1 and s:
                 off = b.add(off, b.mul(b.urem(b.udiv(bi, i64(cs)), i64(n)), i64(s)))
-        self.a[name] = self.ptr(name, dtype, off)
+        self.a[name] = self.ptr(name, g.dtypes[name], off)
         return self.a[name]
 
     @contextmanager
     def rows_from(self, name: str, i0) -> Iterator[None]:
         """Buffer `name` read from its row i0 (a query block's) inside the block."""
         saved = self.a[name]
-        self.a[name] = self.ptr(name, "bf16", self.b.mul(i0, i64(self.g.strides(name)[0])))
+        self.a[name] = self.ptr(name, self.g.dtypes[name],
+                                self.b.mul(i0, i64(self.g.strides(name)[0])))
         yield
         self.a[name] = saved
 
@@ -333,12 +337,14 @@ class Item:
         return self.ptr(dst, "f32", self.b.add(d_off, i64(i * TILE * d_ld + j * TILE)))
 
     def write_rows(self, dst: str, acc: str, i0, nq, full, width: int, scale=None) -> None:
-        """dst[i0 + i, c] = acc[c][i] (times scale[i // 16] lane i % 16, if given) for
-        queries i < nq and c < width: acc is a transposed [.][BQ] block, 16 x 16 blocks
+        """dst[i0 + i, c] = acc[c][i] (times scale[i // 16] lane i % 16, if given; rounded
+        where dst is bf16) for queries i < nq and c < width: acc is a transposed [.][BQ]
+        block, 16 x 16 blocks
         through registers where dst's rows are unit-stride and the block `full`, element
         by element past them."""
         b, g = self.b, self.g
         rs, cs = g.strides(dst)
+        dtype = g.dtypes[dst]
         blocks = width // TILE if cs == 1 else 0
 
         def block(c0):
@@ -347,7 +353,12 @@ class Item:
                         for c in range(TILE)]
                 rows = [b.fmul(x, scale[v]) for x in rows] if scale else rows
                 for i, x in enumerate(transpose_lanes(b, rows)):
-                    self.vst(dst, b.add(b.mul(b.add(i0, i64(v * TILE + i)), i64(rs)), c0), x)
+                    at = b.add(b.mul(b.add(i0, i64(v * TILE + i)), i64(rs)), c0)
+                    if dtype == "bf16":
+                        bits = self.to_bf16(x, x)
+                        store_lanes(b, self.a[dst], at, b.shuffle_vector(bits, bits, HALVES[0]))
+                    else:
+                        self.vst(dst, at, x)
 
         def element(i, c):
             x = self.ld(acc, "f32", b.add(b.mul(c, i64(BQ)), i))
@@ -356,7 +367,8 @@ class Item:
                 pick = b.icmp_signed("<", i, i64(TILE))
                 x = b.fmul(x, b.select(pick, b.extract_element(scale[0], lane),
                                        b.extract_element(scale[-1], lane)))
-            self.st(dst, "f32", b.add(b.mul(b.add(i0, i), i64(rs)), b.mul(c, i64(cs))), x)
+            self.st(dst, dtype, b.add(b.mul(b.add(i0, i), i64(rs)), b.mul(c, i64(cs))),
+                    S.cast(b, x, "f32", dtype))
 
         with b.if_else(full) as (whole, edge):
             with whole:
@@ -375,7 +387,7 @@ def forward_item(mod: ir.Module, g: Geometry, bufs: list[str], name: str) -> ir.
     e = Item(b, g, dict(zip(IO + bufs, fn.args)))
     bi = fn.args[-1]
     for n in IO:
-        e.batch_ptr(n, bi, "f32" if n in ("o", "lse") else "bf16")
+        e.batch_ptr(n, bi)
     fill_zero(b, e.a["kp"], "bf16", g.tkp * g.dp)
     fill_zero(b, e.a["vt"], "bf16", g.dvp * g.tkp)
     e.pack_rows("kp", "k", g.tk, g.d, g.dp)

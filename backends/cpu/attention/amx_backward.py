@@ -31,7 +31,6 @@ from .amx import BK, BQ, HALVES, NV, ZIP, Geometry, Item, pack_transposed_pairs,
 from .tiles import item_function
 
 IO = ["dq", "dk", "dv", "q", "k", "v", "o", "lse", "do"]
-BF16_IO = {"q", "k", "v", "do"}
 
 
 def backward_item(mod: ir.Module, g: Geometry, bufs: list[str], name: str) -> ir.Function:
@@ -41,7 +40,7 @@ def backward_item(mod: ir.Module, g: Geometry, bufs: list[str], name: str) -> ir
     e = Item(b, g, dict(zip(IO + bufs, fn.args)))
     bi = fn.args[-1]
     for n in IO:
-        e.batch_ptr(n, bi, "bf16" if n in BF16_IO else "f32")
+        e.batch_ptr(n, bi)
     for buf, n in (("kp", g.tkp * g.dp), ("vp", g.tkp * g.dvp), ("kt", g.dp * g.tkp)):
         fill_zero(b, e.a[buf], "bf16", n)
     for buf, n in (("dka", g.tkp * g.dp), ("dva", g.tkp * g.dvp)):
@@ -52,9 +51,11 @@ def backward_item(mod: ir.Module, g: Geometry, bufs: list[str], name: str) -> ir
     loop(b, g.nqb, lambda qb: _query_block(e, b.mul(qb, i64(BQ))), "qb")
     for res, acc, width, ld in (("dk", "dka", g.d, g.dp), ("dv", "dva", g.dv, g.dvp)):
         rs, cs = g.strides(res)
-        loop(b, g.tk, lambda j, res=res, acc=acc, width=width, ld=ld, rs=rs, cs=cs: loop(
-            b, width, lambda c: e.st(res, "f32", b.add(b.mul(j, i64(rs)), b.mul(c, i64(cs))),
-                                     e.ld(acc, "f32", b.add(b.mul(j, i64(ld)), c))), "c"), "j")
+        dt = g.dtypes[res]
+        loop(b, g.tk, lambda j, res=res, acc=acc, width=width, ld=ld, rs=rs, cs=cs, dt=dt: loop(
+            b, width, lambda c: e.st(res, dt, b.add(b.mul(j, i64(rs)), b.mul(c, i64(cs))),
+                                     S.cast(b, e.ld(acc, "f32", b.add(b.mul(j, i64(ld)), c)),
+                                            "f32", dt)), "c"), "j")
     b.ret_void()
     return fn
 
@@ -112,7 +113,8 @@ def _query_block(e: Item, i0: ir.Value) -> None:
         loop(b, g.dv, lambda c: e.st("drow", "f32", i, b.fadd(e.ld("drow", "f32", i), b.fmul(
             S.cast(b, e.ld("do", "bf16", b.add(b.mul(r, i64(drs)), b.mul(c, i64(dcs)))),
                    "bf16", "f32"),
-            e.ld("o", "f32", b.add(b.mul(r, i64(ors)), b.mul(c, i64(ocs))))))), "c")
+            S.cast(b, e.ld("o", g.dtypes["o"], b.add(b.mul(r, i64(ors)), b.mul(c, i64(ocs)))),
+                   g.dtypes["o"], "f32")))), "c")
         e.st("drow", "f32", i, b.select(inside, e.ld("drow", "f32", i), S.const("f32", 0.0)))
         e.st("lse_b", "f32", i, b.select(inside, e.ld("lse", "f32", b.mul(r, i64(lse_stride))),
                                          S.const("f32", math.inf)))
