@@ -47,14 +47,9 @@ def bf16_source(v: Value, shape: list[int], m: list[int]) -> Operation | None:
     a, k = op.attributes, op.results.index(v)
     cast = op.regions[0].blocks[0].ops[-1].operands[k].op
     if cast is None or cast.name != "kernel.cast" or cast.operands[0].type.dtype != "bf16" \
-            or list(a["space"]) != shape or list(_out_maps(op)[k]) != list(m):
+            or list(a["space"]) != shape or list(a["out_maps"][k]) != list(m):
         return None
     return cast
-
-
-def _out_maps(op: Operation) -> list[list[int]]:
-    a = op.attributes
-    return a["out_maps"] if "out_maps" in a else [contiguous(list(a["space"]))]
 
 
 def read_bf16(v: Value, cast: Operation, m: list[int]) -> tuple[Value, list[int]]:
@@ -72,7 +67,7 @@ def read_bf16(v: Value, cast: Operation, m: list[int]) -> tuple[Value, list[int]
 def _stored_too(op: Operation, x: Value, k: int) -> Value:
     """The new result of `op` (a `kernel.fused`, replaced) that stores its body's value
     `x` in the layout of its result k."""
-    body, out_maps = op.regions[0].blocks[0], _out_maps(op)
+    body, out_maps = op.regions[0].blocks[0], op.attributes["out_maps"]
     body.ops[-1].add_operand(x)
     region, op.regions = op.regions[0], []
     types = [r.type for r in op.results]
@@ -140,8 +135,8 @@ def _store_bf16(op: Operation) -> None:
             continue
         plan = _one_layout(cast)
         if plan is not None:
-            plans[k] = (cast, plan[2])
-            maps[k], types[k] = plan[0], plan[1]
+            maps[k], types[k], readers = plan
+            plans[k] = (cast, readers)
     if not plans:
         return
     op.attributes["out_maps"], op.attributes["out_types"] = maps, types
@@ -159,7 +154,7 @@ def _one_layout(cast: Operation) -> tuple[list[int], TensorType, list[Value]] | 
     result read as it is, or through transposes (the values are those results and
     transposes, each of which the layout replaces); None where they read several."""
     layouts, values = set(), []
-    for r, m in zip(cast.results, _out_maps(cast)):
+    for r, m in zip(cast.results, cast.attributes["out_maps"]):
         t = tensor_type(r)
         readers = [u for u, _ in r.uses]
         if readers and all(u.name == "ember.transpose" for u in readers):

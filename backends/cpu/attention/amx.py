@@ -37,7 +37,10 @@ from ....ir.dialects.kernel_attention import attention_shape
 from ...strides import cdiv, contiguous_strides
 from ..call.buffers import regions
 from ..gemm.bf16 import (
+    A_TILES,
+    B_TILES,
     BF16,
+    C_TILES,
     I8,
     PAIR_K,
     TILE,
@@ -49,14 +52,15 @@ from ..gemm.bf16 import (
     tile_config,
 )
 from ..gemm.matmul import byte_offset
-from ..gemm.microkernel import transpose_lanes
+from ..gemm.microkernel import splat, transpose_lanes
 from ..kernels import scalar as S
 from ..kernels import vmath
 from ..kernels.loops import carried, fill_zero, for_range, loop
 from ..kernels.scalar import I32, I64, PTR, i64
+from ..kernels.vmath import splat_constant
 from ..machine.host import Isa
 from ..parallel.outline import chunk_index, parallel_chunks, parallel_region
-from .tiles import item_function
+from .tiles import item_function, query_indices
 
 BQ = 32  # queries per block: two B tiles of 16 columns
 BK = 32  # keys per block: two A tiles of 16 rows of scores, one K step of the values
@@ -64,7 +68,6 @@ NV = BQ // TILE  # query vectors per block
 RESCALE = 8.0  # how far a max may grow before acc is rescaled: p = exp(s - m) < e^8
 F32 = ir.FloatType()
 VF = ir.VectorType(F32, TILE)
-C_TILES, A_TILES, B_TILES = (0, 1, 2, 3), (4, 5), (6, 7)
 IO = ["o", "lse", "q", "k", "v"]
 VB = ir.VectorType(BF16, 2 * TILE)  # 32 bf16 (their bits): two rows of 16, or 16 pairs
 # two 16-lane rows as 16 pairs (the VNNI layout), and each row alone
@@ -113,10 +116,6 @@ class Geometry:
     def regions(self) -> tuple[dict[str, int], int]:
         offs, total = regions(*self.sizes.values())
         return dict(zip(self.sizes, offs)), total
-
-
-def splat(x, t: ir.Type = VF) -> ir.Constant:
-    return ir.Constant(t, [ir.Constant(t.element, x)] * t.count)
 
 
 def amx_attention_scratch(op: Operation, threads: int) -> int:
@@ -170,18 +169,6 @@ class Item:
     def vst(self, name: str, off, v) -> None:
         self.b.store(v, self.ptr(name, "f32", off), align=4)
 
-    def splat(self, x: ir.Value, vt: ir.VectorType) -> ir.Value:
-        undef = ir.Constant(vt, ir.Undefined)
-        return self.b.shuffle_vector(self.b.insert_element(undef, x, i64(0)), undef,
-                                     ir.Constant(ir.VectorType(I32, vt.count), [0] * vt.count))
-
-    def query_ivec(self, i0) -> list[ir.Value]:
-        """The block's query indices, one i32 vector per 16 queries."""
-        vt = ir.VectorType(I32, TILE)
-        base = self.splat(self.b.trunc(i0, I32), vt)
-        return [self.b.add(base, ir.Constant(vt, [v * TILE + k for k in range(TILE)]))
-                for v in range(NV)]
-
     def to_bf16(self, lo: ir.Value, hi: ir.Value) -> ir.Value:
         """Two f32 vectors rounded to bf16 (to nearest even), lo's 16 then hi's (`VB`):
         `HALVES` takes each back out, `ZIP` pairs them lane by lane."""
@@ -192,7 +179,15 @@ class Item:
     def widen(self, bits: ir.Value) -> ir.Value:
         """16 bf16 (their bits) as f32."""
         vi32 = ir.VectorType(I32, TILE)
-        return self.b.bitcast(self.b.shl(self.b.zext(bits, vi32), splat(16, vi32)), VF)
+        return self.b.bitcast(self.b.shl(self.b.zext(bits, vi32), splat_constant(vi32, 16)), VF)
+
+    def key_blocks(self, i0, nq) -> ir.Value:
+        """How many key blocks the nq queries from i0 see (causal: up to the last's)."""
+        b, g = self.b, self.g
+        if not g.causal:
+            return i64(g.tkp // BK)
+        last = b.udiv(b.sub(b.add(i0, nq), i64(1)), i64(BK))
+        return S.at_most(b, b.add(last, i64(1)), g.tkp // BK)
 
     def unmasked(self, i0, j0) -> ir.Value:
         """Whether the block of keys from j0 hides none from the queries from i0: none
@@ -207,12 +202,12 @@ class Item:
         vector of their indices); `masked`, -inf where the key is past Tk or (causal)
         after the query."""
         b, g = self.b, self.g
-        x = b.fmul(self.vld("s", at), splat(g.scale))
+        x = b.fmul(self.vld("s", at), splat_constant(VF, g.scale))
         if masked and g.causal:
-            kv = self.splat(b.trunc(key, I32), ir.VectorType(I32, TILE))
-            x = b.select(b.icmp_signed(">", kv, queries), splat(-math.inf), x)
+            kv = splat(b, b.trunc(key, I32), TILE)
+            x = b.select(b.icmp_signed(">", kv, queries), splat_constant(VF, -math.inf), x)
         if masked:
-            x = b.select(b.icmp_signed(">=", key, i64(g.tk)), splat(-math.inf), x)
+            x = b.select(b.icmp_signed(">=", key, i64(g.tk)), splat_constant(VF, -math.inf), x)
         return x
 
     def scaled_scores(self, i0, j0) -> list[ir.Value]:
@@ -220,7 +215,7 @@ class Item:
         hidden (a key past Tk, or above the diagonal where causal: only in blocks that
         have such keys); returns the columns' max, one vector per 16 queries."""
         b = self.b
-        ivec = self.query_ivec(i0)
+        ivec = query_indices(b, i0, TILE, NV)
         maxnum = S.declare(b.module, "llvm.maxnum.v16f32", VF, [VF, VF])
 
         def rows(masked: bool) -> list[ir.Value]:
@@ -232,7 +227,8 @@ class Item:
                     self.vst("s", at, x)
                     out.append(b.call(maxnum, [maxes[v], x]))
                 return out
-            return carried(b, i64(0), i64(BK), [splat(-math.inf)] * NV, row, name="j")[1]
+            ninf = splat_constant(VF, -math.inf)
+            return carried(b, i64(0), i64(BK), [ninf] * NV, row, name="j")[1]
 
         with b.if_else(self.unmasked(i0, j0)) as (plain, masked):
             with plain:
@@ -339,9 +335,8 @@ class Item:
     def write_rows(self, dst: str, acc: str, i0, nq, full, width: int, scale=None) -> None:
         """dst[i0 + i, c] = acc[c][i] (times scale[i // 16] lane i % 16, if given; rounded
         where dst is bf16) for queries i < nq and c < width: acc is a transposed [.][BQ]
-        block, 16 x 16 blocks
-        through registers where dst's rows are unit-stride and the block `full`, element
-        by element past them."""
+        block, 16 x 16 blocks through registers where dst's rows are unit-stride and the
+        block `full`, element by element past them."""
         b, g = self.b, self.g
         rs, cs = g.strides(dst)
         dtype = g.dtypes[dst]
@@ -406,20 +401,17 @@ def _query_block(e: Item, i0: ir.Value) -> None:
         pack_transposed_pairs(e, "qt", "q", nq, full, g.d)
     fill_zero(b, e.a["acc"], "f32", g.dvp * BQ)
     for v in range(NV):
-        e.vst("m", i64(v * TILE), splat(-math.inf))
-        e.vst("l", i64(v * TILE), splat(0.0))
-    blocks = i64(g.tkp // BK)
-    if g.causal:  # key blocks with a key some query of the block sees
-        last = b.udiv(b.sub(b.add(i0, nq), i64(1)), i64(BK))
-        blocks = S.at_most(b, b.add(last, i64(1)), g.tkp // BK)
-    for_range(b, i64(0), blocks, lambda kb: _key_block(e, i0, b.mul(kb, i64(BK))), "kb")
+        e.vst("m", i64(v * TILE), splat_constant(VF, -math.inf))
+        e.vst("l", i64(v * TILE), splat_constant(VF, 0.0))
+    for_range(b, i64(0), e.key_blocks(i0, nq), lambda kb: _key_block(e, i0, b.mul(kb, i64(BK))),
+              "kb")
     _store_output(e, i0, nq, full)
 
 
 def _store_output(e: Item, i0: ir.Value, nq: ir.Value, full: ir.Value) -> None:
     """o = acc / l and lse = m + log l, queries i < nq."""
     b, g = e.b, e.g
-    inv = [b.fdiv(splat(1.0), e.vld("l", i64(v * TILE))) for v in range(NV)]
+    inv = [b.fdiv(splat_constant(VF, 1.0), e.vld("l", i64(v * TILE))) for v in range(NV)]
     e.write_rows("o", "acc", i0, nq, full, g.dv, inv)
     lse_stride = g.maps["lse"][g.nb]
     for_range(b, i64(0), nq, lambda i: e.st("lse", "f32", b.mul(b.add(i0, i), i64(lse_stride)),
@@ -464,7 +456,8 @@ def _key_block(e: Item, i0: ir.Value, j0: ir.Value) -> None:
     m = [e.vld("m", i64(v * TILE)) for v in range(NV)]
     # rescale acc, l and m only where a query's max grew past m + RESCALE (lazily: until
     # then p = exp(s - m) stays below e^RESCALE)
-    grown = [b.fcmp_ordered(">", bmax[v], b.fadd(m[v], splat(RESCALE))) for v in range(NV)]
+    grown = [b.fcmp_ordered(">", bmax[v], b.fadd(m[v], splat_constant(VF, RESCALE)))
+             for v in range(NV)]
     any_grown = b.icmp_unsigned("!=", b.bitcast(b.or_(*grown), ir.IntType(TILE)),
                                 ir.Constant(ir.IntType(TILE), 0))
     with b.if_then(any_grown):
@@ -486,7 +479,7 @@ def _key_block(e: Item, i0: ir.Value, j0: ir.Value) -> None:
             out.append(total)
         return out
 
-    _, sums = carried(b, i64(0), i64(BK // 2), [splat(0.0)] * NV, probs, name="j2")
+    _, sums = carried(b, i64(0), i64(BK // 2), [splat_constant(VF, 0.0)] * NV, probs, name="j2")
     for hh in range(g.dvp // PAIR_K):  # acc += v^T p^T, on the tiles
         e.tiles("vt", b.add(i64(hh * PAIR_K * g.tkp), j0), g.tkp, "pp", i64(0), BQ, 1, 0, 0,
                 "acc", i64(hh * PAIR_K * BQ), BQ, accumulate=True)

@@ -27,8 +27,9 @@ from ..kernels import scalar as S
 from ..kernels import vmath
 from ..kernels.loops import fill_zero, for_range, loop
 from ..kernels.scalar import i64
-from .amx import BK, BQ, HALVES, NV, ZIP, Geometry, Item, pack_transposed_pairs, splat
-from .tiles import item_function
+from ..kernels.vmath import splat_constant
+from .amx import BK, BQ, HALVES, NV, VF, ZIP, Geometry, Item, pack_transposed_pairs
+from .tiles import item_function, query_indices
 
 IO = ["dq", "dk", "dv", "q", "k", "v", "o", "lse", "do"]
 
@@ -121,11 +122,8 @@ def _query_block(e: Item, i0: ir.Value) -> None:
 
     loop(b, BQ, rows, "i")
     fill_zero(b, e.a["dqt"], "f32", g.dp * BQ)
-    blocks = i64(g.tkp // BK)
-    if g.causal:
-        last = b.udiv(b.sub(b.add(i0, nq), i64(1)), i64(BK))
-        blocks = S.at_most(b, b.add(last, i64(1)), g.tkp // BK)
-    for_range(b, i64(0), blocks, lambda kb: _key_block(e, i0, b.mul(kb, i64(BK))), "kb")
+    for_range(b, i64(0), e.key_blocks(i0, nq), lambda kb: _key_block(e, i0, b.mul(kb, i64(BK))),
+              "kb")
     e.write_rows("dq", "dqt", i0, nq, full, g.d)
 
 
@@ -136,10 +134,10 @@ def _key_block(e: Item, i0: ir.Value, j0: ir.Value) -> None:
             TILE * BQ * 2, "s", i64(0), BQ)
     e.tiles("vp", b.mul(j0, i64(g.dvp)), g.dvp, "dot", i64(0), BQ, g.dvp // PAIR_K, PAIR_K,
             TILE * BQ * 2, "dp", i64(0), BQ)
-    scale = splat(g.scale)
+    scale = splat_constant(VF, g.scale)
     lse = [e.vld("lse_b", i64(v * TILE)) for v in range(NV)]
     drow = [e.vld("drow", i64(v * TILE)) for v in range(NV)]
-    ivec = e.query_ivec(i0)
+    ivec = query_indices(b, i0, TILE, NV)
 
     def pair(j2, masked: bool):
         for v in range(NV):

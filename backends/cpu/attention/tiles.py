@@ -12,6 +12,7 @@ from llvmlite import ir
 from ....ir import Operation
 from ....ir.dialects.kernel_attention import attention_shape
 from ...strides import cdiv, contiguous_strides
+from ..gemm.microkernel import splat
 from ..kernels import scalar as S
 from ..kernels.loops import carried, for_range, loop
 from ..kernels.scalar import I32, I64, PTR, i64
@@ -91,12 +92,6 @@ class Emitter:
     def vst(self, v, ptr, *terms) -> None:
         self.b.store(v, self.at(ptr, *terms), align=S.size(self.g.dtype))
 
-    def splat(self, x: ir.Value, vt: ir.VectorType | None = None) -> ir.Value:
-        vt = vt or self.vt
-        undef = ir.Constant(vt, ir.Undefined)
-        zeros = ir.Constant(ir.VectorType(I32, vt.count), [ir.Constant(I32, 0)] * vt.count)
-        return self.b.shuffle_vector(self.b.insert_element(undef, x, i64(0)), undef, zeros)
-
     def imin(self, x: ir.Value, y: ir.Value) -> ir.Value:
         return self.b.select(self.b.icmp_signed("<", x, y), x, y)
 
@@ -129,7 +124,7 @@ class Emitter:
             bv = {v: self.vld(bptr, (k, b_rs), v * lanes) for v in vecs}
             out = []
             for r, row in enumerate(rows):
-                x = self.splat(self.ld(row, (k, a_cs))) if row is not None else None
+                x = splat(b, self.ld(row, (k, a_cs)), lanes) if row is not None else None
                 out += [b.call(self.fma, [x, bv[v], acc[r, v]]) if x is not None
                         else b.fadd(acc[r, v], bv[v]) for v in vecs]
             return out
@@ -228,7 +223,6 @@ class Emitter:
         bmax = max(bmax, column max)."""
         g, b = self.g, self.b
         rs, cs = g.strides(name)
-        i32v = ir.VectorType(I32, g.lanes)
         ninf = ir.Constant(self.vt, [self.c(-math.inf)] * g.lanes)
 
         def group(grp):
@@ -249,7 +243,7 @@ class Emitter:
                     col = {}
                     for r, (j, inside) in enumerate(keys):
                         if masked and g.causal:
-                            jj = self.splat(b.trunc(b.select(inside, j, i64(BIG)), I32), i32v)
+                            jj = splat(b, b.trunc(b.select(inside, j, i64(BIG)), I32), g.lanes)
                         for v in range(c, g.nv):
                             x = accs[r][v]
                             if masked and g.causal:
@@ -354,10 +348,15 @@ class Emitter:
 
     def query_ivec(self, i0) -> list[ir.Value]:
         """The query indices of a block, one i32 vector per tile vector."""
-        vt, n = ir.VectorType(I32, self.g.lanes), self.g.lanes
-        base = self.splat(self.b.trunc(i0, I32), vt)
-        return [self.b.add(base, ir.Constant(vt, [ir.Constant(I32, v * n + k) for k in range(n)]))
-                for v in range(self.g.nv)]
+        return query_indices(self.b, i0, self.g.lanes, self.g.nv)
+
+
+def query_indices(b: ir.IRBuilder, i0: ir.Value, lanes: int, vectors: int) -> list[ir.Value]:
+    """i0, i0 + 1, ... as `vectors` i32 vectors of `lanes` (a query block's indices)."""
+    vt = ir.VectorType(I32, lanes)
+    base = splat(b, b.trunc(i0, I32), lanes)
+    return [b.add(base, ir.Constant(vt, [ir.Constant(I32, v * lanes + k) for k in range(lanes)]))
+            for v in range(vectors)]
 
 
 def item_function(mod: ir.Module, name: str, names: list[str], noalias: set[str]) -> ir.Function:

@@ -95,10 +95,10 @@ class _Emit:
         self.mant, self.bias = (23, 127) if dtype == "f32" else (52, 1023)
 
     def k(self, v: float) -> ir.Constant:
-        return _splat(self.f, v)
+        return splat_constant(self.f, v)
 
     def ki(self, v: int) -> ir.Constant:
-        return _splat(self.i, v)
+        return splat_constant(self.i, v)
 
     def fma(self, a: ir.Value, x: ir.Value, c: ir.Value) -> ir.Value:
         return self.b.fadd(self.b.fmul(a, x, flags=CONTRACT), c, flags=CONTRACT)
@@ -128,7 +128,8 @@ def _vector(t: ir.Type, lanes: int) -> ir.Type:
     return t if lanes == 1 else ir.VectorType(t, lanes)
 
 
-def _splat(t: ir.Type, v) -> ir.Constant:
+def splat_constant(t: ir.Type, v) -> ir.Constant:
+    """`v` in every lane of vector type `t` (or of scalar type `t`)."""
     if isinstance(t, ir.VectorType):
         return ir.Constant(t, [ir.Constant(t.element, v)] * t.count)
     return ir.Constant(t, v)
