@@ -7,6 +7,7 @@ import math
 
 from llvmlite import ir
 
+from ..kernels import scalar as S
 from ..kernels import vmath
 from ..kernels.loops import for_range, loop
 from ..kernels.scalar import i64
@@ -34,7 +35,7 @@ def backward_item(mod: ir.Module, g: Blocking, bufs: list[str], name: str) -> ir
 
     def query_block(qb):
         i0 = b.mul(qb, i64(g.bq))
-        nq = e.imin(i64(g.bq), b.sub(i64(g.tq), i0))
+        nq = S.at_most(b, b.sub(i64(g.tq), i0), g.bq)
         e.pack(a["qt"], q, "q", i0, nq, g.d, False, g.scale)
         e.pack(a["qp"], q, "q", i0, nq, g.d, True)
         e.pack(a["dot"], do, "do", i0, nq, g.dv, False)

@@ -99,7 +99,7 @@ def _forward_item(mod: ir.Module, g: Blocking, bufs: list[str], name: str) -> ir
     bi, qb = b.udiv(it, i64(g.nqb)), b.urem(it, i64(g.nqb))
     q, k, v, o, lse = (e.batch_ptr(a[n], bi, n) for n in ("q", "k", "v", "o", "lse"))
     i0 = b.mul(qb, i64(g.bq))
-    nq = e.imin(i64(g.bq), b.sub(i64(g.tq), i0))
+    nq = S.at_most(b, b.sub(i64(g.tq), i0), g.bq)
     e.pack(a["qt"], q, "q", i0, nq, g.d, False, g.scale)
     m, l_, alpha, bmax, s, acc = (a[n] for n in ("m", "l", "alpha", "bmax", "s", "acc"))
 

@@ -92,9 +92,6 @@ class Emitter:
     def vst(self, v, ptr, *terms) -> None:
         self.b.store(v, self.at(ptr, *terms), align=S.size(self.g.dtype))
 
-    def imin(self, x: ir.Value, y: ir.Value) -> ir.Value:
-        return self.b.select(self.b.icmp_signed("<", x, y), x, y)
-
     def pos(self, x: ir.Value) -> ir.Value:
         return self.b.select(self.b.icmp_signed(">", x, i64(0)), x, i64(0))
 
@@ -163,9 +160,9 @@ class Emitter:
         """(first key, keys the block's queries may see, MR-row groups covering them)."""
         g, b = self.g, self.b
         j0 = b.mul(kb, i64(g.bk))
-        nk = self.imin(i64(g.bk), b.sub(i64(g.tk), j0))
+        nk = S.at_most(b, b.sub(i64(g.tk), j0), g.bk)
         if g.causal:
-            nk = self.imin(nk, b.sub(b.add(i0, nq), j0))
+            nk = S.at_most(b, nk, b.sub(b.add(i0, nq), j0))
         return j0, nk, b.udiv(b.add(nk, i64(MR - 1)), i64(MR))
 
     def key_blocks(self, i0, nq) -> ir.Value:
@@ -173,7 +170,7 @@ class Emitter:
         if not self.g.causal:
             return i64(self.g.nkb)
         last = self.b.udiv(self.b.sub(self.b.add(i0, nq), i64(1)), i64(self.g.bk))
-        return self.imin(i64(self.g.nkb), self.b.add(last, i64(1)))
+        return S.at_most(self.b, self.b.add(last, i64(1)), self.g.nkb)
 
     def first_vector(self, jf, i0) -> ir.Value:
         """The first query vector of the block that key jf (and every later key) may see:
@@ -181,7 +178,7 @@ class Emitter:
         if not self.g.causal or self.g.nv == 1:
             return i64(0)
         v = self.b.udiv(self.pos(self.b.sub(jf, i0)), i64(self.g.lanes))
-        return self.imin(v, i64(self.g.nv - 1))
+        return S.at_most(self.b, v, self.g.nv - 1)
 
     def by_first_vector(self, v0: ir.Value, emit) -> None:
         """emit(c) in the branch where v0 == c (c < nv, compile-time): one copy of a
@@ -212,7 +209,7 @@ class Emitter:
         for c in range(1, g.nv):
             x = self.pos(b.sub(b.add(i0, i64(c * g.lanes)), j0))
             rows = b.mul(b.udiv(b.add(x, i64(MR - 1)), i64(MR)), i64(MR))
-            out.append(self.imin(rows, nk))
+            out.append(S.at_most(b, rows, nk))
         return out + [nk]
 
     def scores(self, dst, src, name: str, qt, depth: int, j0, groups, i0, ivec,
