@@ -40,10 +40,13 @@ echo "== GPU tests (op parity with the interpreter, fused attention, digits MLP/
 # -rs lists every skip with its reason: on a GPU machine no GPU test may be skipped.
 timeout 210 python -m pytest -q -p no:warnings -rs -o cache_dir=/tmp/ember-pytest-cache \
   tests/backends/test_cuda_ops.py tests/backends/test_cuda_training.py \
-  tests/backends/test_cuda_codegen.py tests/backends/test_cuda_attention.py || status=1
+  tests/backends/test_cuda_codegen.py tests/backends/test_cuda_attention.py \
+  tests/backends/test_cuda_cublas.py || status=1
 
 echo "== GPT on the GPU (losses against the cpu backend and torch cuda, ms per step)"
 timeout 90 python benchmarks/gpu_gpt.py --config A --steps 20 || status=1
+echo "== GPT B in bf16-mixed (cuBLAS bf16 tensor-core GEMMs) against torch cuda autocast"
+timeout 120 python benchmarks/gpu_gpt.py --config B --steps 20 --precision bf16-mixed || status=1
 
 echo "== GPU benchmark (ms per training step)"
 timeout $(( 290 - (SECONDS - start) > 30 ? 290 - (SECONDS - start) : 30 )) \

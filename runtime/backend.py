@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 
+import ml_dtypes
 import numpy as np
 
 BACKENDS = ("interpreter", "cpu", "cuda")
@@ -32,8 +33,13 @@ def get_backend(name: str):
 
 
 def to_host(a) -> np.ndarray:
-    """A numpy array of `a` (a device array is copied back; numpy arrays pass through)."""
+    """A numpy array of `a` (a device array is copied back; numpy arrays pass through).
+    A device array of uint16 holds bf16 bits (cupy has no bfloat16, ember no uint16):
+    its host copy is ml_dtypes' bfloat16."""
     if isinstance(a, np.ndarray):
         return a
     get = getattr(a, "get", None)
-    return get() if callable(get) else np.asarray(a)
+    if not callable(get):
+        return np.asarray(a)
+    host = get()
+    return host.view(ml_dtypes.bfloat16) if host.dtype == np.uint16 else host

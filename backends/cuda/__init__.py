@@ -14,9 +14,9 @@ from ..errors import UnsupportedOpError
 from .codegen import CudaCompileError, Program, emit_cuda, lower
 from .device import CudaUnavailableError, check_available, parse_device
 
-# bf16 and f16 values are only stored, moved and cast here: ops on them run in f32
-# (passes/widen.py), as the runtime's pipeline arranges
-LEGALIZE_LOW_PRECISION = "widen-low-precision"
+# ops on bf16 and f16 values run in f32 here (passes/widen.py), except matmuls of them,
+# which cuBLAS runs on the tensor cores with f32 sums (passes/low_precision_gemm.py)
+LEGALIZE_LOW_PRECISION = "widen-low-precision,low-precision-gemm,low-precision-gemm{dtype=f16}"
 
 
 def compile(graph: Graph, device: str = "cuda"):  # noqa: A001  (the backend interface's name)

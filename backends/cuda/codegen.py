@@ -8,7 +8,8 @@ transposes, reductions, matmuls and the `kernel` dialect's fused ops are lowered
 ops with kernels of their own by the modules whose tables make up LOWERINGS (windows.py,
 indexing.py, dropout.py, collective.py, spatial.py, attention.py). Results and scratch
 are placed in one arena by `program.plan_arena`.
-Steps are kernel launches, cuBLAS GEMMs (`cupy.matmul` on strided views) and memsets.
+Steps are kernel launches, cuBLAS GEMMs (`cupy.matmul` on strided views; on bf16/f16
+operands a planned GemmEx call, cublas.py) and memsets.
 This module is pure Python: everything it decides is testable without a GPU.
 """
 
@@ -19,12 +20,12 @@ import re
 import numpy as np
 
 from ...ir import Graph, Operation, TensorType, Value, numpy_dtype, verify
-from ...ir.dialects.kernel import CONV_KERNELS, holds_product
+from ...ir.dialects.kernel import CONV_KERNELS, accumulator_dtype, holds_product
 from ...ir.memory_plan import in_place_operands
 from ...ir.printer import GraphPrinter
 from ..errors import CodegenError, UnsupportedOpError
 from ..strides import broadcast_strides, contiguous_strides
-from . import attention, collective, dropout, indexing, spatial, windows
+from . import attention, collective, cublas, dropout, indexing, spatial, windows
 from . import launch as L
 from .fused import Body, epilogue_kernel, fused_kernel
 from .program import Gemm, KernelInfo, Launch, Program, Slot, View, plan_arena
@@ -106,7 +107,26 @@ class Lowering:
     def gemm(self, out: View, a: View, b: View) -> None:
         a, b = _drop_broadcast(a), _drop_broadcast(b)
         out, a = _fold_rows(out, a, b)
-        self.p.steps.append(Gemm(out, a, b, self.op_index))
+        dtypes = tuple(self.p.slots[v.slot].type.dtype for v in (a, b, out))
+        ex = None
+        if cublas.low_precision(dtypes):
+            ex = cublas.plan(out, a, b, dtypes)
+            if ex is None:  # an operand cuBLAS cannot read in place: contiguous copies
+                batch = out.shape[:-2]
+                a, b = (self.packed(cublas.expanded(v, batch), d) for v, d in zip((a, b), dtypes))
+                ex = cublas.plan(out, a, b, dtypes)
+        self.p.steps.append(Gemm(out, a, b, self.op_index, ex))
+
+    def packed(self, v: View, dtype: str) -> View:
+        """`v` copied to contiguous scratch (by a map kernel) unless it is contiguous."""
+        strides = tuple(contiguous_strides(v.shape))
+        if v.strides == strides:
+            return v
+        slot = self.scratch(v.shape, dtype)
+        k = map_kernel(f"k{self.op_index}_pack{slot}", v.shape, out_operands([dtype], v.shape),
+                       [Operand(dtype, v.strides)], _identity, sm_count=self.sm)
+        self.launch(k, [slot, v.slot])
+        return View(slot, v.shape, strides)
 
     def name(self, op: Operation, suffix: str = "") -> str:
         base = re.sub(r"\W", "_", op.name.split(".", 1)[-1])
@@ -263,12 +283,13 @@ class Lowering:
         contiguous = tuple(contiguous_strides(out_space))
         outs = [self.result(r) for r in op.results]
         body = Body(op)
+        product = accumulator_dtype(op)
         single = (len(outs) == 1 and tuple(at["out_maps"][0][:-1]) == contiguous
-                  and at["out_types"][0].dtype == a.type.dtype)
+                  and at["out_types"][0].dtype == product)
         if single and not body.ops and list(body.yields) == [body.args[0]]:
             self.gemm(View(outs[0], out_space, contiguous), av, bv)  # no epilogue
             return
-        acc = outs[0] if single else self.scratch(out_space, a.type.dtype)
+        acc = outs[0] if single else self.scratch(out_space, product)
         self.gemm(View(acc, out_space, contiguous), av, bv)
         self.epilogue(op, outs, acc, single)
 
@@ -278,7 +299,7 @@ class Lowering:
         outs = [self.result(r) for r in op.results]
         single = len(outs) == 1 and holds_product(op)
         acc = outs[0] if single else self.scratch(op.attributes["space"],
-                                                  op.operands[0].type.dtype)
+                                                  accumulator_dtype(op))
         (conv_into if op.name == "kernel.conv2d" else conv_nhwc_into)(self, op, acc)
         self.epilogue(op, outs, acc, single)
 

@@ -30,7 +30,8 @@ from ...settings import EMU_CACHE
 from .. import collectives
 from . import launch as L
 from .codegen import lower
-from .program import Gemm, HostAllReduce, Launch, Memset, Program
+from .cublas import OP_N
+from .program import Gemm, GemmEx, HostAllReduce, Launch, Matrix, Memset, Program
 
 HEADER = r"""
 #include <cmath>
@@ -286,6 +287,8 @@ class EmulatedExecutable:
                                          0 if self._barriers[step.kernel] else 1)
                 if rc:
                     raise RuntimeError(f"emulated launch of {step.kernel} failed")
+            elif isinstance(step, Gemm) and step.ex is not None:
+                _gemm_ex(step.ex, arrays)
             elif isinstance(step, Gemm):
                 out = _view(arrays, step.out, writeable=True)
                 out[...] = np.matmul(_view(arrays, step.a), _view(arrays, step.b))
@@ -300,6 +303,23 @@ class EmulatedExecutable:
             out.append(a.copy() if i in seen else a)
             seen.add(i)
         return out
+
+
+def _gemm_ex(call: GemmEx, arrays) -> None:
+    """cublasGemmStridedBatchedEx on its own column-major terms (not the row-major views
+    the call was planned from): products of bf16/f16 values, summed in f32."""
+    def matrix(mx: Matrix, rows: int, cols: int, writeable: bool = False) -> np.ndarray:
+        flat = arrays[mx.slot].reshape(-1)
+        shape = (rows, cols) if mx.op == OP_N else (cols, rows)  # as stored
+        m = np.lib.stride_tricks.as_strided(
+            flat, (call.batch, *shape), tuple(s * flat.itemsize for s in (mx.stride, 1, mx.ld)),
+            writeable=writeable)
+        return m if mx.op == OP_N else m.transpose(0, 2, 1)
+
+    a = matrix(call.a, call.m, call.k).astype(np.float32)
+    b = matrix(call.b, call.k, call.n).astype(np.float32)
+    with np.errstate(all="ignore"):  # inf and NaN as the GPU makes them, silently
+        matrix(call.c, call.m, call.n, writeable=True)[...] = a @ b
 
 
 def _view(arrays, v, writeable=False) -> np.ndarray:

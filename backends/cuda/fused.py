@@ -18,7 +18,7 @@ import math
 from collections.abc import Callable, Sequence
 
 from ...ir import Operation, Value
-from ...ir.dialects.kernel import epilogue_maps, varying
+from ...ir.dialects.kernel import accumulator_dtype, epilogue_maps, varying
 from ..errors import UnsupportedOpError
 from ..strides import collapse, contiguous_strides
 from . import launch as L
@@ -120,8 +120,7 @@ def epilogue_kernel(name: str, op: Operation, restrict: bool,
     `in0` is the product (contiguous), `in1...` the epilogue operands."""
     space, maps, out_maps = epilogue_maps(op)
     body = Body(op)
-    dt = op.operands[0].type.dtype
-    ins = [Operand(dt, tuple(contiguous_strides(space)))] + [
+    ins = [Operand(accumulator_dtype(op), tuple(contiguous_strides(space)))] + [
         Operand(v.type.dtype, tuple(m)) for v, m in zip(op.operands[2:], maps)]
     outs = [Operand(t.dtype, tuple(m)) for t, m in zip(op.attributes["out_types"], out_maps)]
     return map_kernel(name, space, outs, ins, map_body(body, space), restrict=restrict,

@@ -39,14 +39,44 @@ class Launch:
     op: int          # index into Program.ops
 
 
+@dataclass(frozen=True)
+class Matrix:
+    """One operand of a GemmEx as cuBLAS reads it: `op` (cublas.OP_N or OP_T) of the
+    column-major matrix of `ld` elements per column, the next batch `stride` elements on
+    (0: the same matrix)."""
+
+    slot: int
+    dtype: str
+    op: int
+    ld: int
+    stride: int
+
+
+@dataclass(frozen=True)
+class GemmEx:
+    """One cublasGemmStridedBatchedEx call (planned by cublas.py): C (m x n, column-major)
+    = op(A) op(B) over `batch` matrices, sums in f32."""
+
+    m: int
+    n: int
+    k: int
+    batch: int
+    a: Matrix
+    b: Matrix
+    c: Matrix
+
+
 @dataclass
 class Gemm:
-    """out = a @ b through cuBLAS (numpy matmul broadcasting over batch dims)."""
+    """out = a @ b through cuBLAS (numpy matmul broadcasting over batch dims): cupy's
+    matmul, or on bf16/f16 operands with f32 sums the planned cublasGemmStridedBatchedEx
+    call `ex` (cublas.py)."""
 
     out: View
     a: View
     b: View
     op: int
+    ex: GemmEx | None = None
 
 
 @dataclass

@@ -16,6 +16,7 @@ import ember as em
 from ember import nn, optim
 from ember.backends import cuda
 from ember.backends.cuda import emulate
+from ember.backends.cuda.program import Gemm
 from ember.runtime.data import digits
 from ember.runtime.models import Cnn, Mlp
 
@@ -63,9 +64,9 @@ def test_emulated_cuda_steps_equal_the_interpreter(emulated_cuda, make_model, im
         np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=1e-5, err_msg=k)
 
 
-@needs_emulator
-def test_emulated_cuda_16_mixed_steps_equal_the_interpreter(emulated_cuda):
-    """f16 matmuls and attention between casts, loss scaling, and a skipped step."""
+def _gpt_runs(precision: str, overflow: bool):
+    """Three GPT steps on the emulator and on the interpreter in `precision`, the last
+    (with `overflow`) under a loss scale that overflows the f16 backward."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
     from gpt import Gpt, batches, lm_loss
 
@@ -74,15 +75,45 @@ def test_emulated_cuda_16_mixed_steps_equal_the_interpreter(emulated_cuda):
         em.seed(0)
         step = em.compile_train_step(Gpt(vocab=17, n_embd=16, n_head=2, n_layer=1, block=8),
                                      lm_loss, optim.AdamW(lr=1e-2), backend=backend,
-                                     precision="16-mixed")
+                                     precision=precision)
         data = batches(17, 4, 8, 3)
         losses = [step(x, y) for x, y in data[:2]]
-        step.scaler.scale = 2.0 ** 40  # overflows the f16 backward: skipped
+        if overflow:
+            step.scaler.scale = 2.0 ** 40
         losses.append(step(*data[2]))
-        runs.append((losses, step.skipped, step.optimizer.step_count, step.scaler.scale))
-    (got, *got_rest), (want, *want_rest) = runs
+        runs.append((losses, step))
+    return runs
+
+
+@needs_emulator
+def test_emulated_cuda_16_mixed_steps_equal_the_interpreter(emulated_cuda):
+    """f16 matmuls (cuBLAS's Ex call) and attention between casts, loss scaling, and a
+    skipped step."""
+    (got, step), (want, ref) = _gpt_runs("16-mixed", overflow=True)
     np.testing.assert_allclose(got, want, rtol=1e-4)
-    assert got_rest == want_rest == [True, 2, 2.0 ** 39]
+    for s in (step, ref):
+        assert (s.skipped, s.optimizer.step_count, s.scaler.scale) == (True, 2, 2.0 ** 39)
+
+
+@needs_emulator
+def test_emulated_cuda_bf16_mixed_steps_equal_the_interpreter(emulated_cuda):
+    """bf16 values held, moved and cast on the device; every Linear's matmuls (forward and
+    both gradients) are cuBLAS Ex calls on the bf16 values with f32 sums."""
+    (got, step), (want, _) = _gpt_runs("bf16-mixed", overflow=False)
+    np.testing.assert_allclose(got, want, rtol=1e-4)
+    gemms = [s for s in cuda.lower(step.graph).steps if isinstance(s, Gemm)]
+    ex = [s.ex for s in gemms if s.ex is not None]
+    assert {(e.a.dtype, e.b.dtype, e.c.dtype) for e in ex} == {("bf16", "bf16", "f32")}
+    assert len(ex) == 7 * 3  # 7 Linears (q, k, v, out, fc, proj, head): the forward, the
+    #                           input's and the weight's gradients
+
+
+@needs_gpu
+def test_bf16_mixed_steps_on_the_gpu_equal_the_interpreter():
+    """cuBLAS's tensor-core sums differ from numpy's in order only: the losses agree to
+    bf16's rounding of what the sums feed."""
+    (got, _), (want, _) = _gpt_runs("bf16-mixed", overflow=False)
+    np.testing.assert_allclose(got, want, rtol=2e-3)
 
 
 def _fit(model, data, backend):
