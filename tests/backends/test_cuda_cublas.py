@@ -137,6 +137,35 @@ def test_a_bf16_linear_on_the_emulator_equals_the_interpreter():
         np.testing.assert_array_equal(got[k].view(np.uint16), want[k].view(np.uint16))
 
 
+@pytest.mark.skipif(not emulate.available(), reason="the emulator needs g++")
+def test_a_batch_that_broadcasts_both_ways_is_copied_first():
+    """[2, 1] rows of A against [3] of B: no one batch stride reads either, so both go
+    through a contiguous copy (a map kernel) at the result's batch."""
+    g = Graph("f", [TensorType((2, 1, 5, 4), "bf16"), TensorType((3, 4, 6), "bf16")])
+    b = Builder(g.body)
+    b.create("func.return", [b.op("ember.matmul", *g.args, dtype="f32")])
+    rng = np.random.default_rng(1)
+    inputs = [rng.standard_normal(t.shape).astype(ml_dtypes.bfloat16)
+              for t in (a.type for a in g.args)]
+    steps = cuda.lower(g).steps
+    assert [type(s).__name__ for s in steps] == ["Launch", "Launch", "Gemm"]
+    assert steps[-1].ex.batch == 6
+    got = emulate.EmulatedExecutable(g)(inputs)[0]
+    np.testing.assert_allclose(got, interpret(g, inputs)[0], rtol=1e-6)
+    if _nvrtc_loads():  # the bf16 copy kernels as the GPU's compiler takes them
+        assert cuda.compile_ptx(g).count(".entry") == 2
+
+
+def _nvrtc_loads() -> bool:
+    try:
+        from cupy.cuda import nvrtc
+
+        nvrtc.getVersion()
+    except Exception:  # noqa: BLE001  (no cupy, or no libnvrtc)
+        return False
+    return True
+
+
 @pytest.mark.skipif(GPU_REASON is not None, reason=GPU_REASON or "")
 def test_a_bf16_linear_on_the_gpu_equals_the_emulator():
     """bf16 crosses the device boundary as its bits (cupy uint16), `to_host` gives it back
