@@ -2,7 +2,8 @@
 `ember.matmul {dtype = "f32"}` of bf16 operands equals float64's product of the same
 values within f32's rounding, for every edge (M, N, K not multiples of the tiles), every
 operand layout the packers read (rows, columns, strided), 1 to 4 threads, with and without
-an epilogue; a CPU with neither keeps the matmuls in f32 and says so once."""
+an epilogue (after the whole product, or on each block of rows as it is finished); a CPU
+with neither keeps the matmuls in f32 and says so once."""
 
 from __future__ import annotations
 
@@ -14,9 +15,10 @@ import pytest
 
 import ember.backends.cpu as cpu
 from ember.backends.cpu import codegen
+from ember.backends.cpu.gemm import bf16
 from ember.backends.cpu.gemm.bf16 import plan_bf16
 from ember.backends.cpu.gemm.matmul import plan_matmul
-from ember.backends.cpu.machine.host import Isa, host_isa
+from ember.backends.cpu.machine.host import Caches, Isa, host_isa
 from ember.ir.parser import parse
 from ember.passes import PassManager, parse_pipeline
 
@@ -103,6 +105,25 @@ def test_threads_and_epilogue(kernel, shape, threads):
     bias = np.random.default_rng(1).standard_normal(n).astype(np.float32)
     exe = cpu.compile(matmul_graph(m, n, k, False, True, bias=True), threads=threads)
     got = exe([a, b, bias], {})[0]
+    want = np.maximum(reference(a, b, False, True) + bias, 0)
+    np.testing.assert_allclose(got, want, rtol=0, atol=k * 2.0 ** -23 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_the_epilogue_follows_each_block_of_rows(kernel, monkeypatch, threads):
+    """Where A spans several blocks of rows (L2 made small here), each thread runs the
+    epilogue on every block it finishes, the last block's rows past M left out."""
+    monkeypatch.setattr(bf16, "host_caches", lambda: Caches(48 << 10, 256 << 10))
+    m, n, k = 1000, 40, 96
+    graph = matmul_graph(m, n, k, False, True, bias=True)
+    (op,) = [o for o in graph.walk() if o.name == "kernel.matmul"]
+    pl = plan_matmul(op, codegen.host_isa(), threads)
+    assert pl.problem.finish_rows and bf16.bf16_finishes_rows(pl.problem, codegen.host_isa(),
+                                                                threads)
+    assert plan_bf16(pl.problem, codegen.host_isa(), threads).blocks > threads
+    a, b = operands(m, n, k, False, True)
+    bias = np.random.default_rng(2).standard_normal(n).astype(np.float32)
+    got = cpu.compile(graph, threads=threads)([a, b, bias], {})[0]
     want = np.maximum(reference(a, b, False, True) + bias, 0)
     np.testing.assert_allclose(got, want, rtol=0, atol=k * 2.0 ** -23 * np.abs(want).max())
 

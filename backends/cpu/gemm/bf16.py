@@ -37,6 +37,7 @@ from ..kernels.loops import carried, for_range, loop
 from ..kernels.scalar import I64, PTR, i64
 from ..machine.host import Isa, host_caches
 from ..parallel.outline import parallel_region, stack_array
+from .emit import RowsDone
 from .microkernel import GemmProblem, transpose_lanes
 
 I8 = ir.IntType(8)
@@ -134,10 +135,19 @@ def tile_config(mod: ir.Module) -> ir.GlobalVariable:
     return g
 
 
+def bf16_finishes_rows(p: GemmProblem, isa: Isa, threads: int) -> bool:
+    """Whether each work unit of `p`'s GEMM is whole rows of C (all of its panels), so that
+    a `RowsDone` can follow each: not where threads share a block's panels."""
+    return p.m > 0 and p.n > 0 and plan_bf16(p, isa, threads).groups == 1
+
+
 def emit_bf16(b: ir.IRBuilder, p: GemmProblem, a, b_ptr, c, scratch, isa: Isa, threads: int,
-              name: str) -> None:
+              name: str, rows_done: RowsDone | None = None) -> None:
     """C = A B (C f32, row-major, leading dimension p.ldc) on AMX tiles or AVX512-BF16 dot
-    products; a, b_ptr, c are element pointers, `scratch` `plan_bf16(...).scratch` bytes."""
+    products; a, b_ptr, c are element pointers, `scratch` `plan_bf16(...).scratch` bytes.
+    `rows_done` (where `bf16_finishes_rows`) follows each block of rows a thread finishes,
+    while they are in its cache (an epilogue: a Linear's bias and GELU, AdamW's update of
+    a weight from its gradient)."""
     if p.m == 0 or p.n == 0:
         return
     plan = plan_bf16(p, isa, threads)
@@ -147,10 +157,11 @@ def emit_bf16(b: ir.IRBuilder, p: GemmProblem, a, b_ptr, c, scratch, isa: Isa, t
                     units, min(plan.threads, units),
                     lambda cb, ptrs, lo, hi: for_range(
                         cb, lo, hi, lambda u: _pack(cb, p, plan, ptrs, u), "u"))
-    parallel_region(b, f"{name}.bf16", [a if plan.a_direct else scratch, bp, c],
-                    [False, True, True],
+    extra = rows_done.pointers if rows_done else []
+    parallel_region(b, f"{name}.bf16", [a if plan.a_direct else scratch, bp, c, *extra],
+                    [False, True, True] + [False] * len(extra),
                     plan.blocks * plan.groups, plan.threads,
-                    lambda cb, ptrs, lo, hi: _compute(cb, p, plan, ptrs, lo, hi))
+                    lambda cb, ptrs, lo, hi: _compute(cb, p, plan, ptrs, lo, hi, rows_done))
 
 
 def _pack(b: ir.IRBuilder, p: GemmProblem, plan: Bf16Plan, ptrs: list, u) -> None:
@@ -284,11 +295,13 @@ def _pack_b_tile(b: ir.IRBuilder, p: GemmProblem, plan: Bf16Plan, src, bp, jt) -
     loop(b, plan.kp // 2, scalar_row, "k2")
 
 
-def _compute(b: ir.IRBuilder, p: GemmProblem, plan: Bf16Plan, ptrs: list, lo, hi) -> None:
+def _compute(b: ir.IRBuilder, p: GemmProblem, plan: Bf16Plan, ptrs: list, lo, hi,
+             rows_done: RowsDone | None) -> None:
     """Work units lo..hi: unit = block * groups + group, a block's mb rows times its group's
-    column panels, 32 x 32 blocks of C each over all of K."""
+    column panels, 32 x 32 blocks of C each over all of K; then `rows_done` on the
+    block's rows (one group: all of them)."""
     mod = b.module
-    ap, bp, c = ptrs
+    ap, bp, c, *extra = ptrs
     tiles = plan.kernel == "tiles"
     if tiles:
         b.call(amx(mod, "ldtilecfg", [PTR]), [tile_config(mod)])
@@ -313,6 +326,10 @@ def _compute(b: ir.IRBuilder, p: GemmProblem, plan: Bf16Plan, ptrs: list, lo, hi
                     b, plan, ap, bp, dst, ld, row, col, r, jp))
             for_range(b, i64(0), nsub, sub, "s")
         for_range(b, p0, p1, panel, "jp")
+        if rows_done is not None:
+            end = b.add(r0, rows)
+            rows_done.emit(b, extra, r0, b.select(b.icmp_signed("<", end, i64(p.m)), end,
+                                                  i64(p.m)))
 
     for_range(b, lo, hi, unit, "unit")
     if tiles:

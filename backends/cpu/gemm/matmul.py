@@ -31,7 +31,7 @@ from ..kernels.scalar import i64
 from ..machine.host import Isa
 from ..parallel.outline import parallel_chunks, parallel_region
 from . import blas as B
-from .bf16 import emit_bf16, plan_bf16
+from .bf16 import bf16_finishes_rows, emit_bf16, plan_bf16
 from .cost import choose
 from .emit import THREAD_FLOPS, GemmProblem, RowsDone, emit_own, finishes_rows, packs_b, plan_own
 
@@ -151,15 +151,19 @@ def plan_matmul(op, isa: Isa, threads: int, prepack: bool = False) -> MatmulPlan
 def _low_precision_plan(op, p: GemmProblem, loop, a_batch, b_batch, c_batch, c_map,
                         in_place: bool, isa: Isa, threads: int) -> MatmulPlan:
     """The plan of a GEMM on bf16 operands (f32 sums, gemm/bf16.py): not swapped, not split
-    along K, its epilogue a pass of its own over the product."""
+    along K; one GEMM (no batch loop) runs its epilogue on each block of rows a thread
+    finishes, as the own engine does."""
     if p.dtype != "bf16" or p.c_dtype != "f32" or not isa.bf16_gemm:
         raise UnsupportedOpError(f"the cpu backend multiplies {p.dtype} into {p.c_dtype} only "
                                  "as bf16 into f32, with AMX or AVX512-BF16: run "
                                  "widen-low-precision, without low-precision-gemm")
+    trivial = _trivial(op, in_place)
+    if not trivial and _prod(loop) == 1:
+        p = replace(p, finish_rows=True)
     c_bytes = 0 if in_place else _prod(loop) * p.m * p.n * S.size(p.c_dtype)
     (_, gemm_offset), total = regions(c_bytes, plan_bf16(p, isa, threads).scratch)
     return MatmulPlan(loop, p, a_batch, b_batch, c_batch, c_map, in_place, "bf16",
-                      _trivial(op, in_place), False, gemm_offset, total)
+                      trivial, False, gemm_offset, total)
 
 
 def _trivial(op, in_place: bool) -> bool:
@@ -224,10 +228,10 @@ def gemm_scratch(p: GemmProblem, engine: str, isa: Isa, threads: int) -> int:
 def gemm_call(b: ir.IRBuilder, p: GemmProblem, engine: str, pa, pb, pc, scratch, isa: Isa,
               threads: int, name: str, accumulate: bool = False,
               rows_done: RowsDone | None = None) -> None:
-    """C (+)= A B for element pointers pa, pb, pc with `engine` (`rows_done`: own only)."""
+    """C (+)= A B for element pointers pa, pb, pc with `engine` (`accumulate`: not bf16)."""
     if engine == "bf16":
-        assert not accumulate and rows_done is None
-        emit_bf16(b, p, pa, pb, pc, scratch, isa, threads, name)
+        assert not accumulate
+        emit_bf16(b, p, pa, pb, pc, scratch, isa, threads, name, rows_done)
     elif engine == "blas":
         ta, lda = B.layout(p.m, p.k, p.sa_m, p.sa_k)
         tb, ldb = B.layout(p.k, p.n, p.sb_k, p.sb_n)
@@ -350,12 +354,13 @@ def _epilogue(op, pl: MatmulPlan, name: str) -> FusedEmitter:
 
 def _rows_done(b: ir.IRBuilder, epilogue: FusedEmitter | None, pl: MatmulPlan, ins: list,
                outs: list, isa: Isa, threads: int) -> RowsDone | None:
-    """The epilogue on each block of rows the own GEMM finishes, where it can: one GEMM
-    (no batch loop) computing the product itself (not its transpose), threads finishing
-    whole rows, and an epilogue that maps over the product's rows."""
+    """The epilogue on each block of rows the own or bf16 GEMM finishes, where it can: one
+    GEMM (no batch loop) computing the product itself (not its transpose), threads
+    finishing whole rows, and an epilogue that maps over the product's rows."""
     p = pl.problem
-    if epilogue is None or not p.finish_rows or not finishes_rows(p, isa, threads):
-        return None  # (`finish_rows`: plan_matmul's own GEMM, unbatched, unswapped, unsliced)
+    finishes = bf16_finishes_rows if pl.engine == "bf16" else finishes_rows
+    if epilogue is None or not p.finish_rows or not finishes(p, isa, threads):
+        return None  # (`finish_rows`: plan_matmul's GEMM, unbatched, unswapped, unsliced)
     unit = epilogue.row_unit(p.m, p.n)
     if unit is None:
         return None
