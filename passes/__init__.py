@@ -12,6 +12,7 @@ from . import (  # noqa: F401
     layout,
     low_precision_attention,
     low_precision_gemm,
+    low_precision_storage,
     memory,
     optimizer,
     pad_mask,

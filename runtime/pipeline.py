@@ -24,7 +24,7 @@ from ..settings import PASS_TIMING
 
 SIMPLIFY = ["canonicalize", "cse", "dce"]
 # legalization passes that rewrite what `fuse` made (kernel ops): they run right after it
-AFTER_FUSE = frozenset({"low-precision-attention"})
+AFTER_FUSE = frozenset({"low-precision-attention", "low-precision-storage"})
 
 
 def inference_pipeline(linear: str = "split", layout: str | None = None) -> list[str]:

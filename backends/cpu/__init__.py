@@ -43,11 +43,13 @@ def __getattr__(name: str) -> str:
     graphs: ops on such values run in f32 (passes/widen.py), except, where the host has
     AMX-BF16 or AVX512-BF16, matmuls on bf16 values (passes/low_precision_gemm.py), and
     where it has AMX tiles, fused attention on bf16 q, k, v too (low_precision_attention.py,
-    after `fuse`)."""
+    after `fuse`); kernels store the bf16 values they widen as bf16
+    (low_precision_storage.py, after `fuse`)."""
     if name == "LEGALIZE_LOW_PRECISION":
         isa = host_isa()
         return ",".join(["widen-low-precision"] + ["low-precision-gemm"] * isa.bf16_gemm
-                        + ["low-precision-attention"] * isa.bf16_tiles)
+                        + ["low-precision-attention"] * isa.bf16_tiles
+                        + ["low-precision-storage"])
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

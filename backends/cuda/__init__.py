@@ -15,8 +15,10 @@ from .codegen import CudaCompileError, Program, emit_cuda, lower
 from .device import CudaUnavailableError, check_available, parse_device
 
 # ops on bf16 and f16 values run in f32 here (passes/widen.py), except matmuls of them,
-# which cuBLAS runs on the tensor cores with f32 sums (passes/low_precision_gemm.py)
-LEGALIZE_LOW_PRECISION = "widen-low-precision,low-precision-gemm,low-precision-gemm{dtype=f16}"
+# which cuBLAS runs on the tensor cores with f32 sums (passes/low_precision_gemm.py); the
+# kernels store what they widen in low precision (passes/low_precision_storage.py)
+LEGALIZE_LOW_PRECISION = ("widen-low-precision,low-precision-gemm,low-precision-gemm{dtype=f16},"
+                          "low-precision-storage")
 
 
 def compile(graph: Graph, device: str = "cuda"):  # noqa: A001  (the backend interface's name)

@@ -149,7 +149,7 @@ def test_plan_reads_aligned_rows_in_place(isa):
 def test_without_a_bf16_gemm_low_precision_runs_in_f32_and_says_so_once(monkeypatch):
     monkeypatch.setattr(cpu, "host_isa", lambda: Isa(512, 32))
     cpu._f32_notice.cache_clear()
-    assert cpu.LEGALIZE_LOW_PRECISION == "widen-low-precision"
+    assert cpu.LEGALIZE_LOW_PRECISION == "widen-low-precision,low-precision-storage"
     graph = parse("""func.func @main(%x: tensor<4xf32>) -> tensor<4xbf16> {
       %y = "ember.cast"(%x) {dtype = "bf16"} : (tensor<4xf32>) -> tensor<4xbf16>
       func.return %y : tensor<4xbf16>
