@@ -76,9 +76,10 @@ def _collapse(batch: tuple[int, ...], strides: list[tuple[int, ...]]
 
 def _matrix(slot: int, dtype: str, unit: int, step: int, rows: int, cols: int,
             stride: int) -> Matrix | None:
-    """The row-major view X^T (rows x cols: X's element (i, j) at i*`step` + j*`unit`) as
-    cuBLAS's column-major operand: X itself (OP_N) where X's columns are unit strided,
-    its transpose (OP_T) where X's rows are."""
+    """The cuBLAS operand (rows x cols, column-major) that is the transpose of a row-major
+    view X (cols x rows, element (i, j) at i * `step` + j * `unit`): X's memory as it is
+    (OP_N, leading dimension `step`) where `unit` is 1, or read transposed (OP_T, leading
+    dimension `unit`) where `step` is 1; None where neither is."""
     if unit == 1 or rows == 1:  # X is cols x rows, row-major: column-major rows x cols
         ld = step if cols > 1 else rows
         return Matrix(slot, dtype, OP_N, max(ld, 1), stride) if ld >= rows else None
