@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from ..ir import Builder, Graph, Operation, TensorType, Value
+from ..ir.dialects.kernel import widening_cast
 from ..ir.dialects.kernel_attention import (
     ATTENTION_OPS,
     AttentionOp,
@@ -45,8 +46,8 @@ def bf16_source(v: Value, shape: list[int], m: list[int]) -> Operation | None:
     if op is None or op.name != "kernel.fused":
         return None
     a, k = op.attributes, op.results.index(v)
-    cast = op.regions[0].blocks[0].ops[-1].operands[k].op
-    if cast is None or cast.name != "kernel.cast" or cast.operands[0].type.dtype != "bf16" \
+    cast = widening_cast(op, k)
+    if cast is None or cast.operands[0].type.dtype != "bf16" \
             or list(a["space"]) != shape or list(a["out_maps"][k]) != list(m):
         return None
     return cast

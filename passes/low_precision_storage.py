@@ -18,8 +18,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from ..ir import Builder, Graph, Operation, ScalarType, Value
-from ..ir.dialects.kernel import EPILOGUE_KERNELS
-from ..ir.types import LOW_PRECISION
+from ..ir.dialects.kernel import EPILOGUE_KERNELS, widening_cast
 from .manager import Pass, register_pass
 from .narrow import tensor_type
 
@@ -54,14 +53,14 @@ def _narrow(op: Operation, k: int) -> None:
     """Result k of `op` stored in low precision, where its body yields a widened
     low-precision value and only bodies read it."""
     result, yield_op = op.results[k], op.regions[0].blocks[0].ops[-1]
-    cast = yield_op.operands[k].op
-    if cast is None or cast.name != "kernel.cast" or tensor_type(result).dtype != "f32":
+    cast = widening_cast(op, k)
+    if cast is None:
+        return
+    reads = _reads(result)
+    if reads is None:
         return
     low = cast.operands[0]
     dtype = low.type.dtype
-    reads = _reads(result)
-    if dtype not in LOW_PRECISION or reads is None:
-        return
     readers, reshapes = reads
     t = tensor_type(result).with_dtype(dtype)
     result.type = t

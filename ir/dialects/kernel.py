@@ -327,6 +327,16 @@ class Conv2dNhwc(_ConvKernel):
 
 # -- helpers shared by the pass and the backends ----------------------------------------
 
+def widening_cast(op: Operation, k: int) -> Operation | None:
+    """The `kernel.cast` to f32 of a bf16/f16 value that a kernel's body yields as its
+    result k, if that is what it yields (the result holds low-precision values)."""
+    cast = op.regions[0].blocks[0].ops[-1].operands[k].op
+    if cast is None or cast.name != "kernel.cast" or cast.attributes["dtype"] != "f32" \
+            or cast.operands[0].type.dtype not in LOW_PRECISION:
+        return None
+    return cast
+
+
 def accumulator_dtype(op: Operation) -> str:
     """The dtype of a kernel.matmul's or kernel.conv2d's product (its body's first
     argument): its operands', or f32 on bf16/f16 operands where the body says so (an

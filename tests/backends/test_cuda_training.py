@@ -65,8 +65,9 @@ def test_emulated_cuda_steps_equal_the_interpreter(emulated_cuda, make_model, im
 
 
 def _gpt_runs(precision: str, overflow: bool):
-    """Three GPT steps on the emulator and on the interpreter in `precision`, the last
-    (with `overflow`) under a loss scale that overflows the f16 backward."""
+    """Three GPT steps on backend "cuda" (the emulator under `emulated_cuda`) and on the
+    interpreter in `precision`, the last (with `overflow`) under a loss scale that
+    overflows the f16 backward."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
     from gpt import Gpt, batches, lm_loss
 

@@ -327,9 +327,7 @@ def _compute(b: ir.IRBuilder, p: GemmProblem, plan: Bf16Plan, ptrs: list, lo, hi
             for_range(b, i64(0), nsub, sub, "s")
         for_range(b, p0, p1, panel, "jp")
         if rows_done is not None:
-            end = b.add(r0, rows)
-            rows_done.emit(b, extra, r0, b.select(b.icmp_signed("<", end, i64(p.m)), end,
-                                                  i64(p.m)))
+            rows_done.emit(b, extra, r0, S.at_most(b, b.add(r0, rows), p.m))
 
     for_range(b, lo, hi, unit, "unit")
     if tiles:
