@@ -8,14 +8,17 @@ Run: `python benchmarks/dp.py` (`--quick`: fewer steps). Rows, per model:
 - 2 processes under torchrun (gloo), batch B per rank: the global batch is 2B;
 - the same with `shard_optimizer=True` (ZeRO-1: reduce-scatter, update of half the params,
   all-gather);
-- 2 processes under mpiexec (mpi4py), where mpiexec and mpi4py are installed.
+- 2 processes under mpiexec (mpi4py), where mpiexec and mpi4py are installed;
+- 2 fused steps in 2 independent processes at once, batch B each: no communication, so
+  their scaling is the most this machine gives two processes (on a VM the two vCPUs may
+  share a core or memory bandwidth); read the data-parallel rows against it.
 Columns: median step time, global samples/s, scaling efficiency (samples/s over twice
 the fused 1-process figure), time per step spent in collectives, bytes they moved per
 step, and the optimizer state (AdamW's moments) held by rank 0.
 Models: the large MLP (784-512-512-10, B 128) and "GPT A" (a char-level GPT: 2 layers,
 n_embd 64, 4 heads, T 64, vocab 65, B 16, as issue 15 defines it); not in the default
 `--models` (minutes): `gpt2`, issue 36's GPT-2-small body (benchmarks/memory.py's: 12
-layers, n_embd 768, T 256; B 2 per process, 2 timed steps after 2 untimed).
+layers, n_embd 768, T 256; B 2 per process, 4 timed steps after 2 untimed).
 The data-parallel step reduces each 25 MiB bucket of gradients while the backward computes
 the next (passes/bucket_grads.py): the collectives column is the time the update waited
 for them, not their length.
@@ -141,14 +144,27 @@ def measure(name: str, mode: str, steps: int) -> dict:
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "result.json")
         args = [sys.executable, __file__, "--worker", name, mode, str(steps), out]
+        if mode == "pair":  # two fused steps at once, the slower one counts
+            outs = [out + str(k) for k in range(2)]
+            runs = [subprocess.Popen([*args[:-3], "fused", str(steps), o], env=env)
+                    for o in outs]
+            if any([r.wait() for r in runs]):
+                raise RuntimeError(f"a {name} worker of the pair failed")
+            results = [_result(o) for o in outs]
+            slow = max(results, key=lambda r: r["step"])
+            return {**slow, "batch": 2 * slow["batch"]}
         torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                     "--nproc_per_node=2"]
         launch = {"dp": torchrun, "shard": torchrun,
                   "mpi": ["mpiexec", "--oversubscribe", "-n", "2"]}
         cmd = launch.get(mode, []) + (args[1:] if mode in ("dp", "shard") else args)
         subprocess.run(cmd, env=env, check=True, capture_output=True, text=True)
-        with open(out) as f:
-            return json.load(f)
+        return _result(out)
+
+
+def _result(path: str) -> dict:
+    with open(path) as f:
+        return json.load(f)
 
 
 def main() -> None:
@@ -170,13 +186,14 @@ def main() -> None:
                  ("dp", "2 (gloo, torchrun)"), ("shard", "2 (gloo, sharded)")]
         if shutil.which("mpiexec") and importlib.util.find_spec("mpi4py"):
             modes.append(("mpi", "2 (mpi4py, mpiexec)"))
-        steps = 2 if name == "gpt2" else default
+        modes.append(("pair", "2 fused, independent"))
+        steps = 4 if name == "gpt2" else default
         for mode, label in modes:
             r = measure(name, mode, steps)
             rate = r["batch"] / r["step"]
             base = base or rate
-            scaling = rate / (base * (2 if mode in ("dp", "shard", "mpi") else 1))
-            print(f"{name:10} {label:22} {r['step'] * 1e3:8.2f} {rate:10,.0f} {scaling:8.2f} "
+            scaling = rate / (base * (2 if mode in ("dp", "shard", "mpi", "pair") else 1))
+            print(f"{name:10} {label:22} {r['step'] * 1e3:8.2f} {rate:10,.1f} {scaling:8.2f} "
                   f"{r['allreduce'] * 1e3:12.2f} {r['bytes'] / 2**20:8.2f} "
                   f"{r['state'] / 2**20:9.2f}")
 
