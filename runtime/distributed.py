@@ -186,7 +186,7 @@ class GlooCommunicator(Communicator):
         own[:counts[self.rank]] = torch.from_numpy(self.segment(array, counts))
         padded = own.new_empty(self.world_size * longest)
         self._collective("all_gather",
-                         lambda: self._dist.all_gather_into_tensor(padded, own))
+                         lambda: self._dist.all_gather_single(padded, own))
         for r in range(self.world_size):
             self.segment(array, counts, r)[:] = padded[r * longest:][:counts[r]].numpy()
         return array
