@@ -22,7 +22,9 @@ with those dims matching (the other dims are matched by size). That one rule fus
 Where to cut follows from the cost rules: a kernel reduces over one set of dims (a value
 reduced along another axis is materialized and read by a second kernel); an epilogue
 never reduces; two matmuls never share a kernel; nothing is recomputed — a value that
-consumers outside its kernel read is stored as one more result of the kernel; an
+consumers outside its kernel read is stored as one more result of the kernel, and an op
+whose value is stored never joins a kernel over dims it does not vary along (unless the
+kernel reduces them: then it runs once per row, after the reduction); an
 elementwise op that a reduction reads joins an epilogue only where that stores less (not
 when what it reads there is stored anyway: a layer norm's backward reads dy and gamma, not
 three products of them); and no merge may create a cycle between kernels. On a joint

@@ -2,7 +2,8 @@
 merges with the groups producing its operands when one iteration space embeds into the
 other, subject to the cost rules (one reduced dim set per kernel, no reducing epilogue,
 one matmul or conv per kernel, no forward/backward mixing, no cycle between kernels, no epilogue
-result that only adds a store (`only_adds_a_result`), and on a recomputed graph
+result that only adds a store (`only_adds_a_result`), no stored value computed again along
+dims it does not vary along (`repeats_stores`), and on a recomputed graph
 recomputed copies grouped as their originals and no input kept alive at a cost). Before
 that, a matmul whose rows a reshape splits (a Linear on [B, T, C]) is rewritten to
 produce that shape itself (`unflatten_matmuls`), so its consumers can join it, and
@@ -439,7 +440,8 @@ class Grouper:
         once per row) while a value of theirs is read outside the two: its store, and the
         ops computing it, would repeat at each of those points. An optimizer's update of
         every bias joined an embedding's by the step-count scalars they share: 65 times
-        the work and the stores (a data-parallel GPT-2-small update, 37 of its 196 ms)."""
+        the work and the stores (a data-parallel GPT-2-small update graph took 207 ms for
+        149; 16-mixed's fused step 2.13 s for 1.98)."""
         image = set(phi.values())
         if all(size == 1 or d in image or d in host.reduce
                for d, size in enumerate(host.space)):
