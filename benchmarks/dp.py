@@ -81,10 +81,10 @@ class Timed(Communicator):
     def allreduce_(self, array):
         return self._timed(lambda: self.inner.allreduce_(array), array)
 
-    def allreduce_start(self, array):
+    def _started(self, start, array):
         """Started during the backward: timed are the start and the wait for the end."""
         pending = []
-        self._timed(lambda: pending.append(self.inner.allreduce_start(array)), array)
+        self._timed(lambda: pending.append(start()), array)
 
         def wait():
             t = time.perf_counter()
@@ -92,6 +92,12 @@ class Timed(Communicator):
             self.seconds += time.perf_counter() - t
 
         return Pending(wait)
+
+    def allreduce_start(self, array):
+        return self._started(lambda: self.inner.allreduce_start(array), array)
+
+    def reduce_scatter_start(self, array, counts):
+        return self._started(lambda: self.inner.reduce_scatter_start(array, counts), array)
 
     def reduce_scatter_(self, array, counts):
         return self._timed(lambda: self.inner.reduce_scatter_(array, counts), array)

@@ -70,17 +70,18 @@ from .zero import (
 class FlatBuffers:
     """Where the reduced results of one gradient graph sit: one buffer per dtype, and a
     view of it for each result position (the loss, scalar metrics, buffers, gradients).
-    A buffer's first segment holds what every rank averages (`head`); then the gradients:
-    one segment per bucket (`ember.grad_buckets`, passes/bucket_grads.py), each reduced
-    as soon as the backward has finished it (`start`, while the backward goes on) where
-    the kernels write its gradients in place, else after the run; or, sharded (ZeRO-1),
-    one segment per rank that updates them, reduce-scattered after the run."""
+    A buffer's first segment holds what every rank averages (`head`); then the gradients,
+    one span per bucket (`ember.grad_buckets`, passes/bucket_grads.py), each reduced as
+    soon as the backward has finished it (`start`, while the backward goes on) where the
+    kernels write its gradients in place, else after the run. Sharded (ZeRO-1), a bucket's
+    span is one segment per rank, the gradients of the params it updates, and the bucket
+    is reduce-scattered: each rank gets the sums of its own segments."""
 
     flats: list[Flat]
     views: dict[int, np.ndarray]  # result position -> its place, in the result's shape
     head: list[int]  # positions averaged here (not by the update graph): loss, metrics, buffers
-    sharded: bool
-    buckets: list[list[np.ndarray]]  # each bucket's span of every buffer it has a part in
+    world: int  # segments per bucket: world_size when sharded, else 1
+    buckets: list[list[tuple[np.ndarray, list[int]]]]  # per bucket, per buffer: (span, counts)
     early: frozenset[int]  # the buckets `start` reduces during the run
     pending: list[Pending] = field(default_factory=list)
 
@@ -94,45 +95,50 @@ class FlatBuffers:
         scalars = [k for k in main if types[k].shape == ()]
         head = [k for k in scalars + buffers if types[k].dtype.startswith(("f", "bf"))]
         ids = entry.graph.attributes["ember.grads"]
-        buckets = [] if shards else entry.graph.attributes.get(
-            "ember.grad_buckets", [list(range(len(grads)))])
+        buckets = entry.graph.attributes.get("ember.grad_buckets", [list(range(len(grads)))])
         bucket_of = {j: b for b, js in enumerate(buckets) for j in js}
-        segment = [1 + (shards.owner[pid] if shards else bucket_of[j])
+        world = shards.world_size if shards else 1
+        segment = [1 + bucket_of[j] * world + (shards.owner[pid] if shards else 0)
                    for j, pid in enumerate(ids)]
         items = [Item(k, types[k].shape, numpy_dtype(types[k].dtype), 0) for k in head]
         items += [Item(k, types[k].shape, numpy_dtype(types[k].dtype), segment[j])
                   for j, k in enumerate(grads)]
-        flats, views = lay_out(items, 1 + (shards.world_size if shards else len(buckets)))
-        spans = [[flat.buffer[sum(flat.counts[:1 + b]):sum(flat.counts[:2 + b])]
-                  for flat in flats if flat.counts[1 + b]] for b in range(len(buckets))]
+        flats, views = lay_out(items, 1 + len(buckets) * world)
+        spans = []
+        for b in range(len(buckets)):
+            first = 1 + b * world
+            spans.append([(flat.buffer[sum(flat.counts[:first]):
+                                       sum(flat.counts[:first + world])],
+                           flat.counts[first:first + world])
+                          for flat in flats if any(flat.counts[first:first + world])])
         early = frozenset(b for b, js in enumerate(buckets)
                           if all(grads[j] in direct for j in js))
-        return cls(flats, views, head, shards is not None, spans, early)
+        return cls(flats, views, head, world, spans, early)
+
+    def _reduce_start(self, comm: Communicator, bucket: int) -> list[Pending]:
+        return [comm.reduce_scatter_start(span, counts) if self.world > 1
+                else comm.allreduce_start(span) for span, counts in self.buckets[bucket]]
 
     def start(self, comm: Communicator, bucket: int) -> None:
         """The backward has finished `bucket`: begin its reduction, if its gradients are
         in place already."""
         if bucket in self.early:
-            self.pending += [comm.allreduce_start(span) for span in self.buckets[bucket]]
+            self.pending += self._reduce_start(comm, bucket)
 
     def reduce(self, comm: Communicator) -> None:
-        """Sum every rank's buffers: the buckets `start` did not begin, then wait for those
-        it did; or, sharded, the head everywhere and each rank's gradient segment on that
-        rank alone (one reduce-scatter)."""
+        """Sum every rank's buffers: the head, the buckets `start` did not begin, then wait
+        for those it did (a run that started none, unsharded, is one allreduce a buffer)."""
         started, self.pending = self.pending, []
         for flat in self.flats:
-            head, grads = flat.counts[0], flat.counts[1:]
-            if not started and not self.sharded:
+            if not started and self.world == 1:
                 comm.allreduce_(flat.buffer)
-            elif head:
-                comm.allreduce_(flat.buffer[:head])
-            if self.sharded:
-                comm.reduce_scatter_(flat.buffer[head:], grads)
-        if started:
-            for b, spans in enumerate(self.buckets):
-                if b not in self.early:
-                    for span in spans:
-                        comm.allreduce_(span)
+            elif flat.counts[0]:
+                comm.allreduce_(flat.buffer[:flat.counts[0]])
+        if started or self.world > 1:
+            for b in range(len(self.buckets)):
+                if b not in self.early or not started:
+                    for p in self._reduce_start(comm, b):
+                        p.wait()
         for p in started:
             p.wait()
 
@@ -181,7 +187,7 @@ class DataParallelStep(TrainStep):
         else:
             passes = grad_pipeline(self.linear, self.recompute, self.memory_budget)
         passes = with_precision(passes, self.precision, scale_loss=self.scaler is not None)
-        if self.shard_optimizer or self.on_device:  # reduced after the run
+        if self.on_device:  # reduced after the run
             return passes
         return [*passes, f"bucket-grads{{bytes={self.bucket_bytes}}}"]
 

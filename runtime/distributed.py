@@ -68,6 +68,12 @@ class Communicator:
         backends below move only the segments."""
         return self.allreduce_(array)
 
+    def reduce_scatter_start(self, array: np.ndarray, counts: list[int]) -> Pending:
+        """`reduce_scatter_` begun (here, and on MPI, done at once; gloo reduces while the
+        caller computes on)."""
+        self.reduce_scatter_(array, counts)
+        return Pending(lambda: None)
+
     def all_gather_(self, array: np.ndarray, counts: list[int]) -> np.ndarray:
         """Here by `allreduce_` of the array with every other rank's segments zeroed."""
         if self.world_size > 1:
@@ -171,13 +177,22 @@ class GlooCommunicator(Communicator):
         return Pending(lambda: self._collective("allreduce", lambda: (work.wait(), t)))
 
     def reduce_scatter_(self, array, counts):
+        self.reduce_scatter_start(array, counts).wait()
+        return array
+
+    def reduce_scatter_start(self, array, counts):
         torch = self._torch
         segments = [torch.from_numpy(self.segment(array, counts, r))
                     for r in range(self.world_size)]
         mine = torch.empty_like(segments[self.rank])  # gloo's output must not alias an input
-        self._collective("reduce_scatter", lambda: self._dist.reduce_scatter(mine, segments))
-        segments[self.rank].copy_(mine)
-        return array
+        work = self._collective("reduce_scatter", lambda: self._dist.reduce_scatter(
+            mine, segments, async_op=True))
+
+        def finish():
+            work.wait()
+            segments[self.rank].copy_(mine)
+
+        return Pending(lambda: self._collective("reduce_scatter", finish))
 
     def all_gather_(self, array, counts):
         """gloo gathers equal sizes only: every segment padded to the longest."""

@@ -5,8 +5,10 @@ Params are dealt to ranks whole, largest first, each to the rank holding the few
 elements so far: PyTorch's ZeroRedundancyOptimizer partitions the same way, so a param's
 update never spans ranks and per-param rules (weight decay, Adam's moments) are unchanged.
 A step (runtime/data_parallel.py): the gradient graph writes its gradients into a flat
-buffer ordered by owner; one reduce-scatter leaves each rank the sums of its own params'
-gradients (the loss, metrics and buffers are allreduced, as unsharded); the update graph
+buffer laid out by bucket (passes/bucket_grads.py) and, within one, by owner; each
+bucket's reduce-scatter, begun as soon as the backward has finished it, leaves each rank
+the sums of its own params' gradients (the loss, metrics and buffers are allreduced, as
+unsharded); the update graph
 of its own params runs (clipping's global norm is one allreduce of each rank's sum of
 squares, the update itself compiled without clipping); then one all-gather of the param
 arena, where every trainable param lives in the same layout on every rank, brings each
