@@ -126,19 +126,21 @@ class FlatBuffers:
             self.pending += self._reduce_start(comm, bucket)
 
     def reduce(self, comm: Communicator) -> None:
-        """Sum every rank's buffers: the head, the buckets `start` did not begin, then wait
-        for those it did (a run that started none, unsharded, is one allreduce a buffer)."""
+        """Sum every rank's buffers: the head, each bucket `start` did not begin, then wait
+        for those it did; unsharded with none begun, one allreduce a buffer."""
         started, self.pending = self.pending, []
-        for flat in self.flats:
-            if not started and self.world == 1:
+        if not started and self.world == 1:
+            for flat in self.flats:
                 comm.allreduce_(flat.buffer)
-            elif flat.counts[0]:
+            return
+        for flat in self.flats:
+            if flat.counts[0]:
                 comm.allreduce_(flat.buffer[:flat.counts[0]])
-        if started or self.world > 1:
-            for b in range(len(self.buckets)):
-                if b not in self.early or not started:
-                    for p in self._reduce_start(comm, b):
-                        p.wait()
+        begun = self.early if started else frozenset()
+        for b in range(len(self.buckets)):
+            if b not in begun:
+                for p in self._reduce_start(comm, b):
+                    p.wait()
         for p in started:
             p.wait()
 
