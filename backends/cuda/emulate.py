@@ -31,7 +31,7 @@ from .. import collectives
 from . import launch as L
 from .codegen import lower
 from .cublas import OP_N
-from .program import Gemm, GemmEx, HostAllReduce, Launch, Matrix, Memset, Program
+from .program import Gemm, GemmEx, HostAllReduce, Launch, Matrix, Memset, Program, View
 
 HEADER = r"""
 #include <cmath>
@@ -309,11 +309,9 @@ def _gemm_ex(call: GemmEx, arrays) -> None:
     """cublasGemmStridedBatchedEx on its own column-major terms (not the row-major views
     the call was planned from): products of bf16/f16 values, summed in f32."""
     def matrix(mx: Matrix, rows: int, cols: int, writeable: bool = False) -> np.ndarray:
-        flat = arrays[mx.slot].reshape(-1)
         shape = (rows, cols) if mx.op == OP_N else (cols, rows)  # as stored
-        m = np.lib.stride_tricks.as_strided(
-            flat, (call.batch, *shape), tuple(s * flat.itemsize for s in (mx.stride, 1, mx.ld)),
-            writeable=writeable)
+        m = _view(arrays, View(mx.slot, (call.batch, *shape), (mx.stride, 1, mx.ld)),
+                  writeable)
         return m if mx.op == OP_N else m.transpose(0, 2, 1)
 
     a = matrix(call.a, call.m, call.k).astype(np.float32)
